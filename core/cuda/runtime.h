@@ -1,0 +1,47 @@
+#pragma once
+// The CUDA side of the device runtime: one stream per device that all framework work is ordered
+// on, memory from the stream-ordered pool (cudaMallocAsync), and the cuBLAS / cuBLASLt handles,
+// created once per device and reused (a training step never creates a handle or a plan).
+//
+// Built only with CUDA (MT_WITH_CUDA). Nothing here synchronizes the host unless its name says so.
+#include <cstddef>
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+namespace mt::cuda {
+
+// Number of visible GPUs; 0 (never an exception) when there is no driver or no device.
+int device_count();
+inline bool available() { return device_count() > 0; }
+
+// The framework's stream on `device` (created on first use, non-blocking).
+cudaStream_t stream(int device);
+
+// Stream-ordered allocation on the framework's stream. Out of memory is an mt::Error that names
+// the bytes asked for and the pool's current usage.
+void* alloc(size_t nbytes, int device);
+void free(void* ptr, int device);
+// Bytes the pool currently holds for live allocations (cudaMemPoolAttrUsedMemCurrent).
+size_t pool_used_bytes(int device);
+
+// Page-locked host memory for fast, asynchronous host->device copies (the data loader).
+void* alloc_pinned(size_t nbytes);
+void free_pinned(void* ptr);
+
+// Copies ordered on the framework's stream of `device`. The *_sync variants wait for the copy.
+void copy_h2d(void* dst, const void* src, size_t nbytes, int device);
+void copy_d2h_sync(void* dst, const void* src, size_t nbytes, int device);
+void copy_d2d(void* dst, const void* src, size_t nbytes, int device);
+void synchronize(int device);
+
+// cuBLAS and cuBLASLt handles bound to the framework stream, with a workspace allocated once.
+cublasHandle_t cublas(int device);
+cublasLtHandle_t cublaslt(int device);
+void* cublaslt_workspace(int device, size_t* nbytes);
+
+// Makes `device` current for the calling thread (cudaSetDevice, checked).
+void set_device(int device);
+
+}  // namespace mt::cuda
