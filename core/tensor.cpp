@@ -177,8 +177,71 @@ static Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t 
   return Tensor(impl);
 }
 
-// Views made outside autograd (the op wrappers in ops/ record views that need gradients).
+// ---- differentiable views and copies ------------------------------------------------------
+// When a gradient is needed, view/transpose/slice/contiguous/clone/to are recorded as graph nodes
+// (their forwards run the plain versions below, under the NoGradGuard that Function::apply sets).
+
+static bool recording(const Tensor& t) { return GradMode::is_enabled() && t.requires_grad(); }
+
+namespace {
+struct ViewFn : Function<ViewFn> {
+  static constexpr const char* name = "view";
+  static Tensor forward(Context& ctx, const Tensor& x, const Shape& shape) {
+    ctx.set("shape", x.shape());
+    return x.view(shape);
+  }
+  static GradList backward(Context& ctx, const GradList& dy) {
+    return {dy[0].reshape(ctx.get<Shape>("shape")), Tensor()};
+  }
+};
+struct TransposeFn : Function<TransposeFn> {
+  static constexpr const char* name = "transpose";
+  static Tensor forward(Context& ctx, const Tensor& x, int64_t d0, int64_t d1) {
+    ctx.set("d0", d0);
+    ctx.set("d1", d1);
+    return x.transpose(d0, d1);
+  }
+  static GradList backward(Context& ctx, const GradList& dy) {
+    return {dy[0].transpose(ctx.get<int64_t>("d0"), ctx.get<int64_t>("d1")), Tensor(), Tensor()};
+  }
+};
+struct SliceRowsFn : Function<SliceRowsFn> {
+  static constexpr const char* name = "slice_rows";
+  static Tensor forward(Context& ctx, const Tensor& x, int64_t begin, int64_t end) {
+    ctx.set("shape", x.shape());
+    ctx.set("begin", begin);
+    ctx.set("end", end);
+    return x.slice_rows(begin, end);
+  }
+  static GradList backward(Context& ctx, const GradList& dy) {
+    // Rows outside the slice get zero gradient.
+    Tensor g = zeros(ctx.get<Shape>("shape"), dy[0].dtype(), dy[0].device());
+    g.slice_rows(ctx.get<int64_t>("begin"), ctx.get<int64_t>("end")).copy_(dy[0]);
+    return {g, Tensor(), Tensor()};
+  }
+};
+struct CopyFn : Function<CopyFn> {  // contiguous(), clone(), to(dtype), to(device)
+  static constexpr const char* name = "copy";
+  static Tensor forward(Context& ctx, const Tensor& x, int kind, DType dtype, Device device) {
+    ctx.set("dtype", x.dtype());
+    ctx.set("device", x.device());
+    switch (kind) {
+      case 0: return x.contiguous();
+      case 1: return x.clone();
+      case 2: return x.to(dtype);
+      default: return x.to(device);
+    }
+  }
+  static GradList backward(Context& ctx, const GradList& dy) {
+    return {dy[0].to(ctx.get<DType>("dtype")).to(ctx.get<Device>("device")), Tensor(), Tensor(),
+            Tensor()};
+  }
+};
+}  // namespace
+
+// Views made outside autograd (recorded through the Functions above when a gradient is needed).
 Tensor Tensor::view(const Shape& new_shape) const {
+  if (recording(*this)) return ViewFn::apply(*this, new_shape);
   Shape shape = new_shape;
   int infer = -1;
   int64_t known = 1;
@@ -210,6 +273,7 @@ Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
   int64_t n = dim();
   MT_CHECK(d0 >= -n && d0 < n && d1 >= -n && d1 < n, "transpose: dims (", d0, ", ", d1,
            ") out of range for shape ", shape_str(shape()));
+  if (recording(*this)) return TransposeFn::apply(*this, d0, d1);
   if (d0 < 0) d0 += n;
   if (d1 < 0) d1 += n;
   Shape sh = shape(), st = strides();
@@ -221,6 +285,7 @@ Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
 Tensor Tensor::slice_rows(int64_t begin, int64_t end) const {
   MT_CHECK(dim() >= 1 && 0 <= begin && begin <= end && end <= shape()[0], "slice_rows: [", begin,
            ", ", end, ") out of range for shape ", shape_str(shape()));
+  if (recording(*this)) return SliceRowsFn::apply(*this, begin, end);
   Shape sh = shape();
   sh[0] = end - begin;
   return make_view(*this, sh, strides(), offset() + begin * strides()[0]);
@@ -266,12 +331,14 @@ static void copy_same_device(const Tensor& src, const Tensor& dst) {
 
 Tensor Tensor::contiguous() const {
   if (is_contiguous()) return *this;
+  if (recording(*this)) return CopyFn::apply(*this, 0, dtype(), device());
   Tensor out = empty(shape(), dtype(), device());
   copy_same_device(*this, out);
   return out;
 }
 
 Tensor Tensor::clone() const {
+  if (recording(*this)) return CopyFn::apply(*this, 1, dtype(), device());
   Tensor out = empty(shape(), dtype(), device());
   copy_same_device(*this, out);
   return out;
@@ -279,6 +346,7 @@ Tensor Tensor::clone() const {
 
 Tensor Tensor::to(DType t) const {
   if (t == dtype()) return *this;
+  if (recording(*this)) return CopyFn::apply(*this, 2, t, device());
   Tensor out = empty(shape(), t, device());
   copy_same_device(*this, out);
   return out;
@@ -286,6 +354,7 @@ Tensor Tensor::to(DType t) const {
 
 Tensor Tensor::to(Device d) const {
   if (d == device()) return *this;
+  if (recording(*this)) return CopyFn::apply(*this, 3, dtype(), d);
   Tensor src = contiguous();
   Tensor out = empty(shape(), dtype(), d);
 #ifdef MT_WITH_CUDA
@@ -303,7 +372,7 @@ Tensor Tensor::to(Device d) const {
   return out;
 }
 
-Tensor& Tensor::copy_(const Tensor& src) {
+const Tensor& Tensor::copy_(const Tensor& src) const {
   MT_CHECK(src.shape() == shape(), "copy_: source shape ", shape_str(src.shape()),
            " does not match destination shape ", shape_str(shape()));
   Tensor s = src.device() == device() ? src : src.to(device());
@@ -325,7 +394,7 @@ Tensor& Tensor::copy_(const Tensor& src) {
   return *this;
 }
 
-Tensor& Tensor::fill_(double value) {
+const Tensor& Tensor::fill_(double value) const {
   if (device().is_cpu()) {
     void* base = impl().storage->data();
     DType t = dtype();

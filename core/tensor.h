@@ -72,11 +72,12 @@ class Tensor {
   Tensor slice_rows(int64_t begin, int64_t end) const;  // rows [begin, end) of dim 0, a view
 
   Tensor contiguous() const;            // this, or a contiguous copy
-  Tensor clone() const;                 // always a fresh contiguous copy (no grad history)
+  Tensor clone() const;                 // always a fresh contiguous copy
   Tensor to(DType dtype) const;         // this when already that dtype
   Tensor to(Device device) const;       // this when already there
-  Tensor& copy_(const Tensor& src);     // same shape; converts dtype and device; bumps version
-  Tensor& fill_(double value);          // bumps version
+  // In-place writes are const: a Tensor is a handle, and writing through it does not change it.
+  const Tensor& copy_(const Tensor& src) const;  // same shape; converts dtype/device; bumps version
+  const Tensor& fill_(double value) const;        // bumps version
   double item() const;                  // exactly one element, any dtype/device
   std::vector<double> to_vector() const;  // all elements in row-major order, as double
 
