@@ -440,6 +440,17 @@ void Tensor::zero_grad(bool set_to_none) {
   else Tensor(impl().grad).fill_(0.0);
 }
 
+void Tensor::set_data(const Tensor& src) const {
+  TensorImpl& me = impl();
+  const TensorImpl& o = src.impl();
+  me.storage = o.storage;
+  me.shape = o.shape;
+  me.strides = o.strides;
+  me.offset = o.offset;
+  me.dtype = o.dtype;
+  if (me.grad && Tensor(me.grad).device() != src.device()) me.grad.reset();
+}
+
 Tensor Tensor::detach() const { return make_view(*this, shape(), strides(), offset()); }
 
 void Tensor::register_grad_ready_hook(std::function<void(const Tensor&)> hook) {

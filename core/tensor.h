@@ -41,6 +41,9 @@ struct TensorImpl {
   // Called once per backward pass when this leaf's .grad has received every contribution of
   // that pass (the hook data parallelism uses to start reducing a gradient early).
   std::vector<std::function<void(const Tensor&)>> grad_ready_hooks;
+  // Mixed precision: a parameter's copy in the compute dtype (bf16/f16) that GEMMs read. The
+  // optimizer refreshes it in the same pass as the fp32 update (no separate cast per step).
+  std::shared_ptr<TensorImpl> compute_copy;
 };
 
 class Tensor {
@@ -93,6 +96,13 @@ class Tensor {
   Tensor detach() const;  // same storage, no history, requires_grad = false
   void backward(const Tensor& grad = Tensor(), bool retain_graph = false) const;
   void register_grad_ready_hook(std::function<void(const Tensor&)> hook);
+
+  // Replaces this tensor's data (storage, shape, dtype, device) with `src`'s, keeping its
+  // identity: every handle, the autograd leaf and its .grad hooks stay. Module::to(device) uses
+  // it so a model's parameters move in place, as in PyTorch. Drops a .grad on another device.
+  void set_data(const Tensor& src) const;
+  Tensor compute_copy() const { return Tensor(impl().compute_copy); }
+  void set_compute_copy(const Tensor& c) const { impl().compute_copy = c.impl_ptr(); }
 
   uint64_t version() const { return impl().storage->version(); }
   void bump_version() const { impl().storage->bump_version(); }
