@@ -1,0 +1,366 @@
+// Checkpoint (safetensors) and dataset (IDX, CSV) file formats: round trips, the exact bytes on
+// disk, and a clear mt::Error, never a crash, for every kind of damaged file.
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "core/error.h"
+#include "train/safetensors.h"
+
+namespace fs = std::filesystem;
+using namespace mt;
+
+namespace {
+
+// A fresh directory per test, removed with everything in it afterwards.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    static int counter = 0;
+    const auto* test = ::testing::UnitTest::GetInstance()->current_test_info();
+    path = fs::temp_directory_path() / ("mt_test_io_" + std::to_string(::getpid()) + "_" +
+                                        test->name() + "_" + std::to_string(counter++));
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::permissions(path, fs::perms::owner_all, fs::perm_options::add, ec);
+    fs::remove_all(path, ec);
+  }
+  std::string file(const std::string& name) const { return (path / name).string(); }
+};
+
+std::vector<uint8_t> read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+}
+
+// Rewrites a file of the same size in place: no truncation, which some filesystems make slow.
+void overwrite_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {
+  std::fstream out(path, std::ios::in | std::ios::out | std::ios::binary);
+  out.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+}
+
+// The message of the mt::Error that f throws ("(no error)" if it returns normally).
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+#define EXPECT_ERROR(expr, substring)                                               \
+  do {                                                                              \
+    const std::string msg_ = error_of([&] { (void)(expr); });                       \
+    EXPECT_NE(msg_.find(substring), std::string::npos)                              \
+        << "expected an error containing \"" << (substring) << "\", got: " << msg_; \
+  } while (0)
+
+std::vector<uint8_t> random_bytes(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<uint8_t> v(n);
+  for (auto& b : v) b = uint8_t(rng());
+  return v;
+}
+
+StEntry entry(const std::string& name, DType dtype, std::vector<int64_t> shape, uint32_t seed) {
+  size_t numel = 1;
+  for (int64_t d : shape) numel *= size_t(d);
+  return {name, dtype, std::move(shape), random_bytes(numel * dtype_size(dtype), seed)};
+}
+
+// Two tensors and some metadata: the file the damage tests start from.
+std::vector<uint8_t> small_checkpoint(const TempDir& dir) {
+  const std::string path = dir.file("good.safetensors");
+  write_safetensors(path, {entry("a", DType::f32, {2, 3}, 1), entry("b", DType::i64, {2}, 2)},
+                    {{"step", "7"}});
+  return read_bytes(path);
+}
+
+// ---- safetensors ----
+
+TEST(Safetensors, RoundTripsEveryDtypeEmptyTensorsAndMetadata) {
+  TempDir dir;
+  const std::string path = dir.file("ckpt.safetensors");
+  const std::vector<StEntry> entries = {
+      entry("layer.weight", DType::f32, {3, 5}, 1), entry("z_first_in_data", DType::f64, {4}, 2),
+      entry("bf", DType::bf16, {2, 2, 3}, 3),       entry("half", DType::f16, {7}, 4),
+      entry("labels", DType::i64, {5}, 5),          entry("ints", DType::i32, {1, 1}, 6),
+      entry("scalar", DType::f32, {}, 7),           entry("empty", DType::f32, {0, 4}, 8),
+      entry("also_empty", DType::i32, {0}, 9)};
+  const std::map<std::string, std::string> metadata = {
+      {"step", "300"}, {"config", "optim:\n  lr: 0.003\n"}, {"unicode", "λ → ∞"}};
+  write_safetensors(path, entries, metadata);
+
+  const StFile f = read_safetensors(path);
+  EXPECT_EQ(f.metadata, metadata);
+  ASSERT_EQ(f.entries.size(), entries.size());
+  for (size_t i = 0; i < entries.size(); ++i) {
+    SCOPED_TRACE(entries[i].name);
+    EXPECT_EQ(f.entries[i].name, entries[i].name);  // file order is entry order
+    EXPECT_EQ(f.entries[i].dtype, entries[i].dtype);
+    EXPECT_EQ(f.entries[i].shape, entries[i].shape);
+    EXPECT_EQ(f.entries[i].data, entries[i].data);
+  }
+  EXPECT_TRUE(f.contains("half"));
+  EXPECT_FALSE(f.contains("nope"));
+  EXPECT_EQ(f.at("labels").data, entries[4].data);
+  EXPECT_ERROR(f.at("nope"), "ckpt.safetensors: no tensor named 'nope'");
+}
+
+TEST(Safetensors, RoundTripsNoEntriesAndNoMetadata) {
+  TempDir dir;
+  const std::string path = dir.file("empty.safetensors");
+  write_safetensors(path, {}, {});
+  const StFile f = read_safetensors(path);
+  EXPECT_TRUE(f.entries.empty());
+  EXPECT_TRUE(f.metadata.empty());
+}
+
+// Decodes the file byte by byte, as another implementation would, instead of trusting our reader.
+TEST(Safetensors, BytesOnDiskFollowTheFormat) {
+  TempDir dir;
+  const std::string path = dir.file("w.safetensors");
+  const float w[2] = {1.0f, -2.5f};
+  const int64_t n[1] = {42};
+  StEntry we{"w", DType::f32, {2}, std::vector<uint8_t>(8)};
+  std::memcpy(we.data.data(), w, 8);
+  StEntry ne{"n", DType::i64, {1}, std::vector<uint8_t>(8)};
+  std::memcpy(ne.data.data(), n, 8);
+  write_safetensors(path, {we, ne}, {{"k", "v"}});
+
+  const std::vector<uint8_t> bytes = read_bytes(path);
+  ASSERT_GE(bytes.size(), 8u);
+  uint64_t header_len = 0;
+  for (int i = 0; i < 8; ++i) header_len |= uint64_t(bytes[i]) << (8 * i);  // little-endian
+  EXPECT_EQ(header_len % 8, 0u);
+  ASSERT_EQ(bytes.size(), 8 + header_len + 16);
+  std::string header(bytes.begin() + 8, bytes.begin() + 8 + long(header_len));
+  const size_t json_end = header.find_last_not_of(' ') + 1;
+  EXPECT_EQ(header.substr(0, json_end),
+            R"({"__metadata__":{"k":"v"},)"
+            R"("w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+            R"("n":{"dtype":"I64","shape":[1],"data_offsets":[8,16]}})");
+  EXPECT_EQ(header.substr(json_end), std::string(header_len - json_end, ' '));
+  float w_back[2];
+  int64_t n_back;
+  std::memcpy(w_back, bytes.data() + 8 + header_len, 8);
+  std::memcpy(&n_back, bytes.data() + 8 + header_len + 8, 8);
+  EXPECT_EQ(w_back[0], 1.0f);
+  EXPECT_EQ(w_back[1], -2.5f);
+  EXPECT_EQ(n_back, 42);
+}
+
+TEST(Safetensors, InvalidEntriesAreRejectedAndTheOldFileKept) {
+  TempDir dir;
+  const std::string path = dir.file("ckpt.safetensors");
+  write_safetensors(path, {entry("a", DType::f32, {2}, 1)}, {});
+  const std::vector<uint8_t> before = read_bytes(path);
+
+  StEntry short_data = entry("a", DType::f32, {2, 3}, 1);
+  short_data.data.pop_back();
+  EXPECT_ERROR(write_safetensors(path, {short_data}, {}),
+               "tensor 'a': shape [2, 3] of f32 needs 24 bytes but its data has 23");
+  EXPECT_ERROR(
+      write_safetensors(path, {entry("a", DType::f32, {1}, 1), entry("a", DType::f32, {1}, 2)}, {}),
+      "duplicate tensor name 'a'");
+  EXPECT_ERROR(write_safetensors(path, {StEntry{"neg", DType::f32, {-1}, {}}}, {}),
+               "tensor 'neg': invalid shape [-1]");
+  EXPECT_ERROR(write_safetensors(path, {entry("", DType::f32, {1}, 1)}, {}), "empty name");
+  EXPECT_ERROR(write_safetensors(path, {entry("__metadata__", DType::f32, {1}, 1)}, {}),
+               "reserved");
+  EXPECT_ERROR(write_safetensors(path, {}, {{"bad", "\xff\xfe"}}), "valid UTF-8");
+
+  EXPECT_EQ(read_bytes(path), before);
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir.path), fs::directory_iterator()), 1)
+      << "a temp file was left behind";
+}
+
+TEST(Safetensors, FailedWriteKeepsTheOldFileAndRemovesTheTemp) {
+  TempDir dir;
+  const std::string path = dir.file("ckpt.safetensors");
+  write_safetensors(path, {entry("a", DType::f32, {4}, 1)}, {{"step", "1"}});
+  const std::vector<uint8_t> before = read_bytes(path);
+  const std::vector<StEntry> big = {entry("big", DType::f32, {1 << 16}, 2)};
+
+  // The disk "fills up" halfway through: a file size limit makes the writes fail with EFBIG.
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  rlimit small = old;
+  small.rlim_cur = 64 * 1024;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  const std::string msg = error_of([&] { write_safetensors(path, big, {{"step", "2"}}); });
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, old_handler);
+  EXPECT_NE(msg.find("ckpt.safetensors"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("File too large"), std::string::npos) << msg;
+
+  // The temp file's name is taken by a directory, so it cannot even be created.
+  fs::create_directory(path + ".tmp." + std::to_string(::getpid()));
+  EXPECT_ERROR(write_safetensors(path, big, {}), "cannot create temp file");
+  fs::remove(path + ".tmp." + std::to_string(::getpid()));
+
+  EXPECT_ERROR(write_safetensors(dir.file("no/such/dir/x.safetensors"), big, {}),
+               "No such file or directory");
+
+  // A read-only directory (root ignores permissions, so only checked for other users).
+  if (::geteuid() != 0) {
+    fs::permissions(dir.path, fs::perms::owner_write, fs::perm_options::remove);
+    EXPECT_ERROR(write_safetensors(path, big, {}), "Permission denied");
+    fs::permissions(dir.path, fs::perms::owner_write, fs::perm_options::add);
+  }
+
+  EXPECT_EQ(read_bytes(path), before);
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir.path), fs::directory_iterator()), 1)
+      << "a temp file was left behind";
+  EXPECT_EQ(read_safetensors(path).metadata.at("step"), "1");
+}
+
+TEST(Safetensors, EveryTruncationIsAnError) {
+  TempDir dir;
+  const std::vector<uint8_t> good = small_checkpoint(dir);
+  const std::string path = dir.file("cut.safetensors");
+  for (size_t len = 0; len < good.size(); ++len) {
+    SCOPED_TRACE("length " + std::to_string(len));
+    write_bytes(path, std::vector<uint8_t>(good.begin(), good.begin() + long(len)));
+    EXPECT_THROW(read_safetensors(path), Error);
+  }
+  write_bytes(path, std::vector<uint8_t>(good.begin(), good.end() - 4));
+  EXPECT_ERROR(read_safetensors(path),
+               "cut.safetensors: truncated: header says 40 bytes of data but file has 36");
+}
+
+// Random damage must end in either a successful read (a flipped data bit is undetectable) or an
+// mt::Error: never a crash, a hang, a huge allocation or another exception type.
+TEST(Safetensors, RandomBitFlipsNeverCrash) {
+  TempDir dir;
+  const std::vector<uint8_t> good = small_checkpoint(dir);
+  const std::string path = dir.file("flipped.safetensors");
+  uint64_t header_end = 8;
+  for (int i = 0; i < 8; ++i) header_end += uint64_t(good[i]) << (8 * i);
+  write_bytes(path, good);
+  std::mt19937 rng(1234);
+  int errors = 0;
+  for (int trial = 0; trial < 5000; ++trial) {
+    std::vector<uint8_t> bad = good;
+    const int flips = 1 + int(rng() % 3);
+    for (int k = 0; k < flips; ++k) {
+      // Mostly hit the length and the header, where the parsing is.
+      const size_t limit = (trial % 4 == 0) ? bad.size() : size_t(header_end);
+      bad[rng() % limit] ^= uint8_t(1u << (rng() % 8));
+    }
+    overwrite_bytes(path, bad);
+    try {
+      read_safetensors(path);
+    } catch (const Error&) {
+      ++errors;
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "trial " << trial << ": not an mt::Error: " << e.what();
+    }
+  }
+  EXPECT_GT(errors, 2500);
+}
+
+// Hand-made headers, each wrong in one way, with the message that must name the problem.
+TEST(Safetensors, CorruptHeadersNameTheProblem) {
+  TempDir dir;
+  const std::string path = dir.file("bad.safetensors");
+  auto file = [&](const std::string& json, size_t data_bytes) {
+    std::vector<uint8_t> b(8);
+    for (int i = 0; i < 8; ++i) b[i] = uint8_t(uint64_t(json.size()) >> (8 * i));
+    b.insert(b.end(), json.begin(), json.end());
+    b.resize(b.size() + data_bytes, 0);
+    write_bytes(path, b);
+  };
+  struct Case {
+    std::string json;
+    size_t data_bytes;
+    std::string expected;
+  };
+  const std::string x = R"("x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})";
+  const std::vector<Case> cases = {
+      {"{" + x + "}", 4, "truncated: header says 8 bytes of data but file has 4"},
+      {"{" + x + "}", 9, "1 bytes of trailing garbage after the 8 bytes of tensor data"},
+      {"{" + x, 8, "header is not valid JSON"},
+      {"[1,2]", 0, "header must be a JSON object, got array"},
+      {"", 0, "header is not valid JSON"},
+      {R"({"x":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})", 2,
+       "tensor 'x': unsupported dtype \"U8\""},
+      {R"({"x":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8,
+       "tensor 'x': shape [-2] has an invalid dimension -2"},
+      {R"({"x":{"dtype":"F32","shape":[1.5],"data_offsets":[0,8]}})", 8,
+       "tensor 'x': shape [1.5] has an invalid dimension 1.5"},
+      {R"({"x":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", 8,
+       "tensor 'x': shape [4294967296,4294967296] has more elements than fit in 64 bits"},
+      {R"({"x":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8,
+       "tensor 'x': data_offsets [0,8] span 8 bytes but shape [3] of F32 needs 12"},
+      {R"({"x":{"dtype":"F32","shape":[0],"data_offsets":[8,0]}})", 8,
+       "tensor 'x': data_offsets [8,0] end before they begin"},
+      {R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0]}})", 8,
+       "tensor 'x': data_offsets must be two non-negative integers, got [0]"},
+      {R"({"x":{"dtype":"F32","shape":[2]}})", 8,
+       "tensor 'x': needs dtype, shape and data_offsets"},
+      {R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"extra":1}})", 8,
+       "tensor 'x': unexpected field 'extra'"},
+      {R"({"x":[1]})", 0, "tensor 'x': expected an object"},
+      {"{" + x + R"(,"y":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12,
+       "tensor 'y' data [4, 12) overlaps tensor 'x', which ends at 8"},
+      {"{" + x + R"(,"y":{"dtype":"F32","shape":[1],"data_offsets":[12,16]}})", 16,
+       "tensor 'y' data starts at 12, leaving a gap after offset 8"},
+      {R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8,
+       "tensor 'x' data starts at 4, leaving a gap after offset 0"},
+      {R"({"__metadata__":{"step":3}})", 0, "__metadata__ value of 'step' must be a string"},
+      {R"({"__metadata__":[]})", 0, "__metadata__ must be an object"},
+      {std::string("{}\0garbage", 10), 0, "header contains a NUL byte at offset 10"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.json);
+    file(c.json, c.data_bytes);
+    EXPECT_ERROR(read_safetensors(path), "bad.safetensors: " + c.expected);
+  }
+
+  // Lengths that cannot be right, checked before anything is allocated.
+  std::vector<uint8_t> b(16, ' ');
+  b[0] = 0xff, b[1] = 0xff, b[2] = 0xff, b[3] = 0xff, b[4] = b[5] = b[6] = b[7] = 0;
+  write_bytes(path, b);
+  EXPECT_ERROR(read_safetensors(path),
+               "truncated: header length says 4294967295 bytes but only 8 follow");
+  write_bytes(path, {1, 2, 3});
+  EXPECT_ERROR(read_safetensors(path), "truncated: 3 bytes is too short");
+  EXPECT_ERROR(read_safetensors(dir.file("missing.safetensors")),
+               "missing.safetensors: cannot open: No such file or directory");
+  EXPECT_ERROR(read_safetensors(dir.path.string()), "not a regular file");
+}
+
+TEST(Safetensors, HeaderOverTheSizeLimitIsRejected) {
+  TempDir dir;
+  const std::string path = dir.file("huge.safetensors");
+  const uint64_t len = 100'000'008;
+  std::vector<uint8_t> head(8);
+  for (int i = 0; i < 8; ++i) head[i] = uint8_t(len >> (8 * i));
+  write_bytes(path, head);
+  fs::resize_file(path, 8 + len);  // sparse: takes no disk space
+  EXPECT_ERROR(read_safetensors(path), "header length 100000008 is over the 100 MB limit");
+}
+
+}  // namespace
