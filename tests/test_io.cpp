@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <csignal>
 #include <cstring>
@@ -11,6 +12,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "train/idx.h"
 #include "train/safetensors.h"
 
 namespace fs = std::filesystem;
@@ -361,6 +363,103 @@ TEST(Safetensors, HeaderOverTheSizeLimitIsRejected) {
   write_bytes(path, head);
   fs::resize_file(path, 8 + len);  // sparse: takes no disk space
   EXPECT_ERROR(read_safetensors(path), "header length 100000008 is over the 100 MB limit");
+}
+
+// ---- IDX ----
+
+std::vector<uint8_t> idx_bytes(uint32_t magic, std::vector<uint32_t> dims, size_t data_bytes) {
+  std::vector<uint8_t> b;
+  auto be32 = [&](uint32_t v) {
+    for (int s = 24; s >= 0; s -= 8) b.push_back(uint8_t(v >> s));
+  };
+  be32(magic);
+  for (uint32_t d : dims) be32(d);
+  for (size_t i = 0; i < data_bytes; ++i) b.push_back(uint8_t(i * 7 + 3));
+  return b;
+}
+
+void write_gz(const std::string& path, const std::vector<uint8_t>& bytes) {
+  gzFile gz = gzopen(path.c_str(), "wb");
+  ASSERT_NE(gz, nullptr);
+  ASSERT_EQ(gzwrite(gz, bytes.data(), unsigned(bytes.size())), int(bytes.size()));
+  ASSERT_EQ(gzclose(gz), Z_OK);
+}
+
+TEST(Idx, ReadsImagesAndLabels) {
+  TempDir dir;
+  const std::vector<uint8_t> images = idx_bytes(0x803, {2, 3, 4}, 24);
+  write_bytes(dir.file("images"), images);
+  const IdxArray a = read_idx(dir.file("images"));
+  EXPECT_EQ(a.shape, (std::vector<int64_t>{2, 3, 4}));
+  EXPECT_EQ(a.data, std::vector<uint8_t>(images.begin() + 16, images.end()));
+
+  write_bytes(dir.file("labels"), idx_bytes(0x801, {5}, 5));
+  const IdxArray l = read_idx(dir.file("labels"));
+  EXPECT_EQ(l.shape, (std::vector<int64_t>{5}));
+  EXPECT_EQ(l.data, (std::vector<uint8_t>{3, 10, 17, 24, 31}));
+
+  write_bytes(dir.file("none"), idx_bytes(0x803, {0, 28, 28}, 0));
+  EXPECT_EQ(read_idx(dir.file("none")).shape, (std::vector<int64_t>{0, 28, 28}));
+}
+
+TEST(Idx, ReadsGzipFiles) {
+  TempDir dir;
+  const std::vector<uint8_t> images = idx_bytes(0x803, {3, 28, 28}, 3 * 28 * 28);
+  write_gz(dir.file("images.gz"), images);
+  const std::vector<uint8_t> gz = read_bytes(dir.file("images.gz"));
+  ASSERT_EQ(gz[0], 0x1f);
+  ASSERT_EQ(gz[1], 0x8b);
+  const IdxArray a = read_idx(dir.file("images.gz"));
+  EXPECT_EQ(a.shape, (std::vector<int64_t>{3, 28, 28}));
+  EXPECT_EQ(a.data, std::vector<uint8_t>(images.begin() + 16, images.end()));
+
+  write_bytes(dir.file("cut.gz"),
+              std::vector<uint8_t>(gz.begin(), gz.begin() + long(gz.size() / 2)));
+  EXPECT_ERROR(read_idx(dir.file("cut.gz")), "cut.gz: corrupt or truncated gzip data");
+  std::vector<uint8_t> flipped = gz;
+  flipped[gz.size() - 6] ^= 0xff;  // inside the CRC-32 trailer
+  write_bytes(dir.file("crc.gz"), flipped);
+  EXPECT_ERROR(read_idx(dir.file("crc.gz")), "crc.gz: corrupt or truncated gzip data");
+
+  // Truncation inside the decompressed data reports offsets into that data.
+  write_gz(dir.file("short.gz"), idx_bytes(0x801, {10}, 4));
+  EXPECT_ERROR(read_idx(dir.file("short.gz")),
+               "short.gz: truncated at byte offset 12 (of the decompressed data): shape 10 needs "
+               "10 bytes of data but the file has 4");
+}
+
+TEST(Idx, MalformedFilesNameTheOffset) {
+  TempDir dir;
+  const std::string path = dir.file("bad-idx");
+  struct Case {
+    std::vector<uint8_t> bytes;
+    std::string expected;
+  };
+  std::vector<uint8_t> zip = {'P', 'K', 3, 4, 0, 0, 0, 0};
+  const std::vector<Case> cases = {
+      {zip, "bad magic 0x504b0304 at byte offset 0"},
+      {idx_bytes(0xD01, {2}, 8), "element type 0x0d at byte offset 2 is not supported"},
+      {idx_bytes(0x800, {}, 0), "byte offset 3: the magic says the array has no dimensions"},
+      {{0, 0, 8}, "truncated at byte offset 3: the file ends inside the 4-byte magic number"},
+      {{}, "truncated at byte offset 0"},
+      {std::vector<uint8_t>{0, 0, 8, 3, 0, 0, 0, 2, 0, 0},
+       "truncated at byte offset 10: the file ends inside dimension 2 of 3"},
+      {idx_bytes(0x803, {2, 3, 4}, 20),
+       "truncated at byte offset 36: shape 2x3x4 needs 24 bytes of data but the file has 20"},
+      {idx_bytes(0x801, {3}, 4),
+       "unexpected data at byte offset 11: shape 3 accounts for 3 bytes of data"},
+      {idx_bytes(0x804, {0xffffffff, 0xffffffff, 0xffffffff, 1}, 0),
+       "byte offset 8: dimension 2 (4294967295) makes the element count overflow 64 bits"},
+      {idx_bytes(0x803, {60000, 28, 28}, 10),
+       "truncated at byte offset 26: shape 60000x28x28 needs 47040000 bytes of data but the "
+       "file has 10"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.expected);
+    write_bytes(path, c.bytes);
+    EXPECT_ERROR(read_idx(path), "bad-idx: " + c.expected);
+  }
+  EXPECT_ERROR(read_idx(dir.file("missing")), "missing: cannot open: No such file or directory");
 }
 
 }  // namespace
