@@ -12,6 +12,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "train/csv.h"
 #include "train/idx.h"
 #include "train/safetensors.h"
 
@@ -460,6 +461,60 @@ TEST(Idx, MalformedFilesNameTheOffset) {
     EXPECT_ERROR(read_idx(path), "bad-idx: " + c.expected);
   }
   EXPECT_ERROR(read_idx(dir.file("missing")), "missing: cannot open: No such file or directory");
+}
+
+// ---- CSV ----
+
+TEST(Csv, ReadsNumbersAndLabels) {
+  TempDir dir;
+  const std::string path = dir.file("data.csv");
+  write_text(path, "1.5, 2, 0\n3,4.25,1\r\n\n  -1e-3 ,5,2\n");
+  const CsvData d = read_csv(path, -1, false);
+  EXPECT_EQ(d.rows, 3);
+  EXPECT_EQ(d.cols, 2);
+  EXPECT_EQ(d.features, (std::vector<float>{1.5f, 2, 3, 4.25f, -1e-3f, 5}));
+  EXPECT_EQ(d.labels, (std::vector<int64_t>{0, 1, 2}));
+
+  write_text(path, "\xEF\xBB\xBFlabel,x,y\n7,0.5,-0.5\n0,1,2\n");
+  const CsvData h = read_csv(path, 0, true);
+  EXPECT_EQ(h.rows, 2);
+  EXPECT_EQ(h.cols, 2);
+  EXPECT_EQ(h.features, (std::vector<float>{0.5f, -0.5f, 1, 2}));
+  EXPECT_EQ(h.labels, (std::vector<int64_t>{7, 0}));
+}
+
+TEST(Csv, MalformedFilesNameLineAndColumn) {
+  TempDir dir;
+  const std::string path = dir.file("f.csv");
+  struct Case {
+    std::string text;
+    int label_column;
+    bool header;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {"1,2,0\n3,abc,1\n", -1, false, "f.csv:2:3: cell 2: expected a finite number, got 'abc'"},
+      {"x,y,l\n1,2,0\n\n3,4\n", -1, true, "f.csv:4:4: row has 2 cells, expected 3 as on line 2"},
+      {"1,2,0\n3,4,5,  6\n", -1, false, "f.csv:2:9: row has 4 cells, expected 3 as on line 1"},
+      {"1,2,2.5\n", -1, false, "f.csv:1:5: the label must be a non-negative integer, got '2.5'"},
+      {"1,2,0\n1,2,-1\n", -1, false,
+       "f.csv:2:5: the label must be a non-negative integer, got '-1'"},
+      {"1, ,0\n", -1, false, "f.csv:1:4: cell 2: expected a finite number, got ''"},
+      {"nan,1,0\n", -1, false, "f.csv:1:1: cell 1: expected a finite number, got 'nan'"},
+      {"1e999,1,0\n", -1, false, "f.csv:1:1: cell 1: '1e999' is out of range for a 32-bit float"},
+      {"1,2,0\n", 3, false, "f.csv:1:1: label_column 3 is out of range: the row has 3 cells"},
+      {"1,2,0\n", -2, false, "f.csv: label_column must be -1"},
+      {"5\n", -1, false, "f.csv:1:1: need a label and at least one feature"},
+      {"", -1, false, "f.csv:1:1: no data rows (the file is empty)"},
+      {"\n  \n", -1, false, "f.csv:2:1: no data rows"},
+      {"a,b,label\n", -1, true, "f.csv:1:1: no data rows after the header line"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.text);
+    write_text(path, c.text);
+    EXPECT_ERROR(read_csv(path, c.label_column, c.header), c.expected);
+  }
+  EXPECT_ERROR(read_csv(dir.file("missing.csv")), "missing.csv: cannot open");
 }
 
 }  // namespace
