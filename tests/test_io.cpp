@@ -173,6 +173,56 @@ TEST(Safetensors, BytesOnDiskFollowTheFormat) {
   EXPECT_EQ(n_back, 42);
 }
 
+// A file written by the reference implementation (Python safetensors 0.8, save_file of PyTorch
+// tensors), byte for byte: its entry order, padding and metadata are its own choices, not ours.
+TEST(Safetensors, ReadsAFileWrittenByPythonSafetensors) {
+  const std::string header =
+      R"({"__metadata__":{"format":"pt"},"l":{"dtype":"I64","shape":[1,1],"data_offsets":[0,8]},)"
+      R"("d":{"dtype":"F64","shape":[],"data_offsets":[8,16]},)"
+      R"("e":{"dtype":"F32","shape":[0,3],"data_offsets":[16,16]},)"
+      R"("w":{"dtype":"F32","shape":[2,3],"data_offsets":[16,40]},)"
+      R"("i":{"dtype":"I32","shape":[2],"data_offsets":[40,48]},)"
+      R"("b":{"dtype":"BF16","shape":[2],"data_offsets":[48,52]},)"
+      R"("h":{"dtype":"F16","shape":[1],"data_offsets":[52,54]}}    )";
+  const std::vector<uint8_t> data = {
+      0x09, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+      0x0a, 0x40, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x80, 0x3f, 0x00, 0x00, 0x00, 0x40,
+      0x00, 0x00, 0x40, 0x40, 0x00, 0x00, 0x80, 0x40, 0x00, 0x00, 0xa0, 0x40, 0x07, 0x00,
+      0x00, 0x00, 0xf8, 0xff, 0xff, 0xff, 0xc0, 0x3f, 0x00, 0xc0, 0x00, 0x34};
+  ASSERT_EQ(header.size(), 0x1a8u);
+  std::vector<uint8_t> bytes = {0xa8, 0x01, 0, 0, 0, 0, 0, 0};
+  bytes.insert(bytes.end(), header.begin(), header.end());
+  bytes.insert(bytes.end(), data.begin(), data.end());
+  TempDir dir;
+  const std::string path = dir.file("torch.safetensors");
+  write_bytes(path, bytes);
+
+  const StFile f = read_safetensors(path);
+  EXPECT_EQ(f.metadata, (std::map<std::string, std::string>{{"format", "pt"}}));
+  std::vector<std::string> names;
+  for (const StEntry& e : f.entries) names.push_back(e.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"l", "d", "e", "w", "i", "b", "h"}));
+
+  auto element = [](const StEntry& e, size_t i, auto zero) {
+    decltype(zero) v;
+    std::memcpy(&v, e.data.data() + i * sizeof v, sizeof v);
+    return v;
+  };
+  EXPECT_EQ(f.at("l").shape, (std::vector<int64_t>{1, 1}));
+  EXPECT_EQ(element(f.at("l"), 0, int64_t{}), 9);
+  EXPECT_EQ(f.at("d").shape, std::vector<int64_t>{});
+  EXPECT_EQ(element(f.at("d"), 0, double{}), 3.25);
+  EXPECT_EQ(f.at("e").shape, (std::vector<int64_t>{0, 3}));
+  EXPECT_TRUE(f.at("e").data.empty());
+  for (size_t i = 0; i < 6; ++i) EXPECT_EQ(element(f.at("w"), i, float{}), float(i));
+  EXPECT_EQ(element(f.at("i"), 1, int32_t{}), -8);
+  EXPECT_EQ(f.at("b").dtype, DType::bf16);
+  EXPECT_EQ(bf16_to_float(element(f.at("b"), 0, bf16{})), 1.5f);
+  EXPECT_EQ(bf16_to_float(element(f.at("b"), 1, bf16{})), -2.0f);
+  EXPECT_EQ(f.at("h").dtype, DType::f16);
+  EXPECT_EQ(f16_to_float(element(f.at("h"), 0, f16{})), 0.25f);
+}
+
 TEST(Safetensors, InvalidEntriesAreRejectedAndTheOldFileKept) {
   TempDir dir;
   const std::string path = dir.file("ckpt.safetensors");
