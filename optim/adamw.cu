@@ -18,7 +18,7 @@
 //
 // grad_norm_sq: the same chunking; block b writes partials[b] = fp32 sum of its chunk's g^2
 // ('='), then one block of 1024 threads adds the partials in index order into *out_sq ('=').
-// The chunk -> block map depends only on the sizes, so the result is bitwise reproducible.
+// Bytes: 4 per element, read once. The chunk -> block map depends only on the sizes, so the result is bitwise reproducible.
 #include "optim/adamw_cuda.h"
 
 #include <cuda_bf16.h>
@@ -158,12 +158,22 @@ __global__ void __launch_bounds__(kThreads)
   float acc = 0.f;
   int64_t i = begin + threadIdx.x;
   if (reinterpret_cast<uintptr_t>(g) % 16 == 0) {
-    const int64_t end4 = begin + (end - begin) / 4 * 4;
-    for (int64_t j = begin + 4 * int64_t(threadIdx.x); j < end4; j += 4 * kThreads) {
-      const float4 x = *reinterpret_cast<const float4*>(g + j);
-      acc += x.x * x.x + x.y * x.y + x.z * x.z + x.w * x.w;
+    // Four independent float4 loads in flight per thread before any is added.
+    constexpr int kUnroll = 4;
+    const float4* g4 = reinterpret_cast<const float4*>(g);
+    const int64_t b4 = begin / 4, e4 = b4 + (end - begin) / 4;
+    for (int64_t j = b4 + threadIdx.x; j < e4; j += kUnroll * kThreads) {
+      float4 x[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t k = j + u * kThreads;
+        x[u] = k < e4 ? g4[k] : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+        acc += x[u].x * x[u].x + x[u].y * x[u].y + x[u].z * x[u].z + x[u].w * x[u].w;
     }
-    i = end4 + threadIdx.x;
+    i = e4 * 4 + threadIdx.x;
   }
   for (; i < end; i += kThreads) acc += g[i] * g[i];
   acc = block_sum(acc);

@@ -1,4 +1,4 @@
-// Linear forward / backward on CUDA: three cuBLASLt GEMMs and two small kernels.
+// Linear forward / backward on CUDA: three cuBLASLt GEMMs, a bias cast and a column sum.
 //
 // Row-major through column-major cuBLAS. A row-major [R, C] buffer is, read column-major, the
 // [C, R] transpose. So each row-major product is computed as its transpose, C^T = B^T · A^T,
@@ -11,11 +11,12 @@
 // shape (bench/bench_linear.cu measures it). dx stores ('=', beta 0); dW is fp32 output from
 // dt inputs with beta = beta_dW, so beta 1 accumulates into .grad inside the GEMM in fp32.
 //
-// Bias. The cuBLASLt BIAS epilogue adds a bias of the output's type (cublasLt.h,
-// CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: bias elements are Dtype except for IMMA / fp8 kernels).
-// For f32 output that is our fp32 bias, so it is fused. For bf16/f16 output add_bias_kernel adds
-// the fp32 bias afterwards (one extra read + write of y, 2·M·N·sizeof(dt) bytes; y is rounded
-// twice: GEMM result, then the sum).
+// Bias. The cuBLASLt BIAS epilogue adds the bias to the fp32 accumulator before the one rounding
+// to the output, at no extra memory traffic. Its bias elements must have the output's type
+// (cublasLt.h, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: Dtype, except for IMMA and fp8 kernels).
+// For f32 output that is our fp32 bias. For bf16/f16 output cast_bias_kernel first rounds the
+// N-element fp32 bias to dt in pool scratch (as PyTorch autocast does), which costs 6·N bytes
+// instead of the 4·M·N-byte read and rewrite of y that a separate bias-add pass would.
 //
 // db, two passes, deterministic (no atomics):
 //   1. colsum_partials_kernel: grid (ceil(N/32), chunks), block (32, 8). A block owns 32 columns
@@ -93,7 +94,7 @@ std::mutex g_plans_mutex;
 std::map<PlanKey, std::unique_ptr<Plan>> g_plans;
 
 std::unique_ptr<Plan> make_plan(cublasLtHandle_t h, const Gemm& g, const void* A, const void* B,
-                                const void* C, const float* bias, size_t ws_bytes) {
+                                const void* C, const void* bias, size_t ws_bytes) {
   auto p = std::make_unique<Plan>();
   MT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &g.ta, sizeof(g.ta)));
@@ -132,7 +133,7 @@ std::unique_ptr<Plan> make_plan(cublasLtHandle_t h, const Gemm& g, const void* A
 
 // D = alpha · op(A) · op(B) + beta · D (+ bias), planned once per key, on stream s.
 void lt_matmul(const Gemm& g, const void* A, const void* B, void* D, float alpha, float beta,
-               const float* bias, cudaStream_t s) {
+               const void* bias, cudaStream_t s) {
   int dev = 0;
   MT_CUDA_CHECK(cudaGetDevice(&dev));
   cublasLtHandle_t h = cublaslt(dev);
@@ -155,30 +156,16 @@ void lt_matmul(const Gemm& g, const void* A, const void* B, void* D, float alpha
 
 // ---- small kernels -----------------------------------------------------------------------------
 
-template <class T, int V>
-struct alignas(sizeof(T) * V) Pack {
-  T v[V];
-};
-
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 __device__ __forceinline__ void store(__nv_bfloat16& d, float x) { d = __float2bfloat16_rn(x); }
 __device__ __forceinline__ void store(__half& d, float x) { d = __float2half_rn(x); }
 
-// y[r, c] = y[r, c] + bias[c] for 16-bit y, grid-stride over packs of V (N % V == 0, so a pack
-// never straddles two rows).
-template <class T, int V>
-__global__ void add_bias_kernel(T* y, const float* bias, int64_t M, int64_t N) {
-  const int64_t packs = M * N / V;
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < packs; i += stride) {
-    Pack<T, V> p = reinterpret_cast<Pack<T, V>*>(y)[i];
-    const int64_t col = (i * V) % N;
-#pragma unroll
-    for (int j = 0; j < V; ++j) store(p.v[j], to_float(p.v[j]) + bias[col + j]);
-    reinterpret_cast<Pack<T, V>*>(y)[i] = p;
-  }
+template <class T>
+__global__ void cast_bias_kernel(const float* bias, T* out, int64_t N) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < N) store(out[i], bias[i]);
 }
 
 constexpr int kColBlock = 32;  // columns per block (one warp across)
@@ -191,8 +178,17 @@ __global__ void colsum_partials_kernel(const T* dy, int64_t M, int64_t N, int64_
   const int64_t r0 = int64_t(blockIdx.y) * rows_per_chunk;
   const int64_t r1 = r0 + rows_per_chunk < M ? r0 + rows_per_chunk : M;
   float acc = 0.f;
-  if (col < N)
-    for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowThreads) acc += to_float(dy[r * N + col]);
+  if (col < N) {
+    const T* p = dy + col;
+    int64_t r = r0 + threadIdx.y;
+    // Four rows loaded before they are added (in row order, as the plain loop would).
+    for (; r + 3 * kRowThreads < r1; r += 4 * kRowThreads) {
+      const float a = to_float(p[r * N]), b = to_float(p[(r + kRowThreads) * N]);
+      const float c = to_float(p[(r + 2 * kRowThreads) * N]), d = to_float(p[(r + 3 * kRowThreads) * N]);
+      acc += a, acc += b, acc += c, acc += d;
+    }
+    for (; r < r1; r += kRowThreads) acc += to_float(p[r * N]);
+  }
   __shared__ float part[kRowThreads][kColBlock + 1];
   part[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();
@@ -222,26 +218,30 @@ void dispatch(DType dt, const char* op, F&& f) {
   }
 }
 
-void add_bias(void* y, const float* bias, int64_t M, int64_t N, DType dt, cudaStream_t s) {
-  auto launch = [&](auto tag) {
-    using T = decltype(tag);
-    constexpr int V = 16 / sizeof(T);
-    const bool vec = N % V == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
-    const int64_t work = vec ? M * N / V : M * N;
-    const unsigned blocks = unsigned(work / 256 + 1 < 4096 ? work / 256 + 1 : 4096);
-    if (vec) add_bias_kernel<T, V><<<blocks, 256, 0, s>>>(static_cast<T*>(y), bias, M, N);
-    else add_bias_kernel<T, 1><<<blocks, 256, 0, s>>>(static_cast<T*>(y), bias, M, N);
-    MT_CUDA_CHECK_LAUNCH();
-  };
-  if (dt == DType::bf16) launch(__nv_bfloat16{});
-  else launch(__half{});
+// The framework pool orders scratch on the framework stream; kernels using it must run there.
+int scratch_device(cudaStream_t s, const char* what) {
+  int dev = 0;
+  MT_CUDA_CHECK(cudaGetDevice(&dev));
+  MT_CHECK(s == mt::cuda::stream(dev), what, " must run on the framework stream of device ", dev,
+           " (its scratch is ordered there)");
+  return dev;
+}
+
+// y = x · W^T + bias for 16-bit y: the bias rounded to dt in scratch, then the BIAS epilogue.
+void forward_lowp_bias(const Gemm& g, const void* x, const void* W, const float* bias, void* y,
+                       int64_t N, DType dt, cudaStream_t s) {
+  const int dev = scratch_device(s, "linear_forward with a bias");
+  void* b = mt::cuda::alloc(size_t(N) * dtype_size(dt), dev);
+  const unsigned blocks = unsigned((N + 255) / 256);
+  if (dt == DType::bf16) cast_bias_kernel<<<blocks, 256, 0, s>>>(bias, static_cast<__nv_bfloat16*>(b), N);
+  else cast_bias_kernel<<<blocks, 256, 0, s>>>(bias, static_cast<__half*>(b), N);
+  MT_CUDA_CHECK_LAUNCH();
+  lt_matmul(g, W, x, y, 1.f, 0.f, b, s);
+  mt::cuda::free(b, dev);  // stream-ordered: released after the GEMM has run
 }
 
 void bias_grad(const void* dy, float* db, int64_t M, int64_t N, DType dt, cudaStream_t s) {
-  int dev = 0;
-  MT_CUDA_CHECK(cudaGetDevice(&dev));
-  MT_CHECK(s == mt::cuda::stream(dev), "linear_backward: db must run on the framework stream of device ",
-           dev, " (its scratch is ordered there)");
+  const int dev = scratch_device(s, "linear_backward with db");
   // Enough (column block, row chunk) blocks to fill the GPU, fixed by (M, N) alone.
   const int64_t col_blocks = (N + kColBlock - 1) / kColBlock;
   const int64_t want = std::max<int64_t>(1, std::min<int64_t>((M + 63) / 64, 2048 / col_blocks));
@@ -271,11 +271,10 @@ void linear_forward(const void* x, const void* W, const float* bias, void* y, in
   check_shape("linear_forward", M, N, K);
   if (M == 0) return;
   const cudaDataType_t t = cuda_type(dt, "linear_forward");
-  const bool fuse_bias = bias != nullptr && dt == DType::f32;
   const Gemm g{CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, t, t, K, K, N,
-               fuse_bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT};
-  lt_matmul(g, W, x, y, 1.f, 0.f, fuse_bias ? bias : nullptr, s);
-  if (bias != nullptr && !fuse_bias) add_bias(y, bias, M, N, dt, s);
+               bias != nullptr ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT};
+  if (bias != nullptr && dt != DType::f32) forward_lowp_bias(g, x, W, bias, y, N, dt, s);
+  else lt_matmul(g, W, x, y, 1.f, 0.f, bias, s);
 }
 
 void linear_backward(const void* x, const void* W, const void* dy, void* dx, float* dW,

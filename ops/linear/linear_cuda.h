@@ -19,7 +19,9 @@
 
 namespace mt::cuda {
 
-// y ('=', in dt) = x · W^T (+ bias). x, W, y in dt (f32, bf16, f16); bias fp32 [N] or nullptr.
+// y ('=', in dt) = x · W^T (+ bias). x, W, y in dt (f32, bf16, f16); bias fp32 [N] or nullptr,
+// added in the GEMM's epilogue before y is rounded (for bf16/f16 y the bias is first rounded to
+// dt in pool scratch, so then `s` must be mt::cuda::stream(current device)).
 void linear_forward(const void* x, const void* W, const float* bias, void* y, int64_t M, int64_t N,
                     int64_t K, DType dt, cudaStream_t s);
 
