@@ -18,7 +18,8 @@
 //
 // grad_norm_sq: the same chunking; block b writes partials[b] = fp32 sum of its chunk's g^2
 // ('='), then one block of 1024 threads adds the partials in index order into *out_sq ('=').
-// Bytes: 4 per element, read once. The chunk -> block map depends only on the sizes, so the result is bitwise reproducible.
+// Bytes: 4 per element, read once. The chunk -> block map depends only on the sizes, so the
+// result is bitwise reproducible.
 #include "optim/adamw_cuda.h"
 
 #include <cuda_bf16.h>
