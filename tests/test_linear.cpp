@@ -67,6 +67,23 @@ TEST(Linear, ForwardMatchesTheNaiveFormulaAndKeepsLeadingDims) {
   }
 }
 
+// An empty microbatch (M = 0) and an empty input (K = 0) are legal GEMMs: nothing to add, and the
+// bias alone when there is nothing to multiply.
+TEST(Linear, EmptyDimensionsAreLegal) {
+  Tensor W = random_leaf({5, 13}), b = random_leaf({5});
+  Tensor y = linear(random_leaf({0, 13}), W, b);
+  EXPECT_EQ(y.shape(), (Shape{0, 5}));
+  y.backward(zeros({0, 5}, DType::f64));
+  for (double g : W.grad().to_vector()) EXPECT_EQ(g, 0.0);
+  for (double g : b.grad().to_vector()) EXPECT_EQ(g, 0.0);
+  Tensor x0 = random_leaf({3, 0}), W0 = random_leaf({5, 0});
+  Tensor y0 = linear(x0, W0, b);
+  const auto bv = b.to_vector(), y0v = y0.to_vector();
+  for (size_t i = 0; i < y0v.size(); ++i) EXPECT_EQ(y0v[i], bv[i % 5]);
+  y0.backward(ones({3, 5}, DType::f64));
+  EXPECT_EQ(x0.grad().numel(), 0);
+}
+
 // The accumulation contract for all three: x (returned, accumulated by the engine), W and b
 // (added straight into .grad through the grad sinks).
 TEST(LinearAccumulation, BackwardTwiceIsExactlyTwiceOneBackward) {
@@ -101,6 +118,7 @@ TEST(LinearAccumulation, MicrobatchAThenBIsTheSumAndZeroGradResets) {
     NoGradGuard eval;  // an evaluation between microbatches must not disturb .grad
     linear(xb, W, b);
   }
+  EXPECT_EQ(grads_of({W, b}), ga);
   linear(xb, W, b).backward(sb);
   const auto sum_ab = grads_of({W, b});
   for (size_t p = 0; p < 2; ++p)

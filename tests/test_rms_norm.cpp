@@ -66,6 +66,7 @@ TEST(RMSNormAccumulation, MicrobatchAThenBIsTheSumAndZeroGradResets) {
     NoGradGuard eval;  // an evaluation between microbatches must not disturb .grad
     rms_norm(xb, w);
   }
+  EXPECT_EQ(w.grad().to_vector(), ga);
   rms_norm(xb, w).backward(sb);
   const auto sum_ab = w.grad().to_vector();
   for (size_t i = 0; i < ga.size(); ++i) EXPECT_DOUBLE_EQ(sum_ab[i], ga[i] + gb[i]);
