@@ -86,7 +86,7 @@ TEST(Linear, EmptyDimensionsAreLegal) {
 
 // The accumulation contract for all three: x (returned, accumulated by the engine), W and b
 // (added straight into .grad through the grad sinks).
-TEST(LinearAccumulation, BackwardTwiceIsExactlyTwiceOneBackward) {
+TEST(LinearAccumulation, BackwardTwiceIsTwiceOneBackward) {
   manual_seed(3);
   Tensor x = random_leaf({7, 13}), W = random_leaf({5, 13}), b = random_leaf({5});
   Tensor seed = rand({7, 5}, DType::f64);

@@ -36,7 +36,7 @@ TEST(RMSNorm, ForwardMatchesTheFormula) {
   }
 }
 
-TEST(RMSNormAccumulation, BackwardTwiceIsExactlyTwiceOneBackward) {
+TEST(RMSNormAccumulation, BackwardTwiceIsTwiceOneBackward) {
   manual_seed(3);
   Tensor x = random_leaf({3, 33}), w = random_leaf({33}, 0.5, 1.5);
   Tensor seed = rand({3, 33}, DType::f64);
