@@ -2,8 +2,9 @@
 // linear: y = x · Wᵀ + b, the layer of an MLP.
 //
 //   x [M, K] (leading dims flattened), W [N, K], b [N] (optional), y [M, N] in x's dtype.
-//   Mixed precision: W and b are the fp32 master parameters; when x is bf16/f16 the GEMM reads a
-//   compute-dtype copy of W (W_compute if given, refreshed by the optimizer; else a cast made here).
+//   W and b share one dtype: x's, or, for mixed precision, f32 master parameters of a bf16/f16 x.
+//   Then the GEMM reads a compute-dtype copy of W (W_compute if given, refreshed by the optimizer;
+//   else a cast made here); passing W_compute when x and W already share a dtype is an error.
 //
 // Backward is two GEMMs and a reduce, with fp32 accumulation:
 //   dX  = dY · W           [M, K]  '=' into a new tensor, x's dtype
