@@ -29,12 +29,19 @@ AccumulateGrad::AccumulateGrad(std::shared_ptr<TensorImpl> l) : leaf(std::move(l
   sequence_nr = UINT64_MAX;
 }
 
-// Creates leaf.grad if needed. It is always a buffer of its own, never an op's output.
-static Tensor ensure_grad(TensorImpl& leaf) {
-  if (!leaf.grad) {
-    leaf.grad = zeros(leaf.shape, grad_dtype_for(leaf.dtype), leaf.storage->device()).impl_ptr();
-  }
-  return Tensor(leaf.grad);
+// Creates leaf.grad if needed (a buffer of its own, never an op's output) and checks that an
+// existing one (possibly set by the user) is one a kernel may add into through a raw pointer.
+static Tensor ensure_grad(const std::string& op, size_t arg, TensorImpl& leaf) {
+  const DType gd = grad_dtype_for(leaf.dtype);
+  const Device dev = leaf.storage->device();
+  if (!leaf.grad) leaf.grad = zeros(leaf.shape, gd, dev).impl_ptr();
+  Tensor g(leaf.grad);
+  MT_CHECK(g.shape() == leaf.shape && g.dtype() == gd && g.device() == dev && g.is_contiguous(),
+           op, ": argument ", arg, "'s .grad (shape ", shape_str(g.shape()), ", ",
+           dtype_name(g.dtype()), ", ", g.device().str(), g.is_contiguous() ? "" : ", strided",
+           ") cannot receive its gradient (shape ", shape_str(leaf.shape), ", ", dtype_name(gd),
+           ", ", dev.str(), "); zero_grad() it or set a matching contiguous one");
+  return g;
 }
 
 GradList AccumulateGrad::apply(const Tensor& grad) {
@@ -93,7 +100,7 @@ std::vector<Tensor> Context::saved_tensors() const {
 Tensor Context::grad_sink(size_t i) {
   if (i >= sink_leaves_.size() || !sink_leaves_[i] || !needs_input_grad(i)) return {};
   sunk_[i] = true;
-  return ensure_grad(*sink_leaves_[i]);
+  return ensure_grad(op_name, i, *sink_leaves_[i]);
 }
 
 void detail::validate_grads(const Context& ctx, const std::vector<InputMeta>& meta,

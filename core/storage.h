@@ -35,4 +35,9 @@ class Storage {
   uint64_t version_ = 0;
 };
 
+// Tests turn this on so that every new allocation is filled with 0xFF bytes (NaN in every
+// floating dtype) before a kernel writes it: an element a kernel forgot to write stays NaN.
+void set_poison_allocations(bool on);
+bool poison_allocations();
+
 }  // namespace mt

@@ -43,6 +43,10 @@ DType dtype_from_name(const std::string& name) {
   MT_THROW("dtype_from_name: unknown dtype '", name, "' (expected f64, f32, bf16, f16, i32 or i64)");
 }
 
+static bool g_poison = false;
+void set_poison_allocations(bool on) { g_poison = on; }
+bool poison_allocations() { return g_poison; }
+
 std::shared_ptr<Storage> Storage::allocate(size_t nbytes, Device device) {
   void* p = nullptr;
   if (device.is_cpu()) {
@@ -50,11 +54,13 @@ std::shared_ptr<Storage> Storage::allocate(size_t nbytes, Device device) {
     size_t rounded = (std::max<size_t>(nbytes, 1) + 63) / 64 * 64;
     p = std::aligned_alloc(64, rounded);
     MT_CHECK(p, "Storage::allocate: out of host memory allocating ", nbytes, " bytes");
+    if (g_poison) std::memset(p, 0xff, nbytes);
   } else {
 #ifdef MT_WITH_CUDA
     MT_CHECK(device.index < cuda::device_count(), "Storage::allocate: ", device.str(),
              " does not exist (", cuda::device_count(), " CUDA devices visible)");
     p = nbytes ? cuda::alloc(nbytes, device.index) : nullptr;
+    if (g_poison && p) cuda::poison(p, nbytes, device.index);
 #else
     MT_THROW("Storage::allocate: ", device.str(), " requested but minitrain was built without CUDA");
 #endif
@@ -448,7 +454,12 @@ void Tensor::set_data(const Tensor& src) const {
   me.strides = o.strides;
   me.offset = o.offset;
   me.dtype = o.dtype;
-  if (me.grad && Tensor(me.grad).device() != src.device()) me.grad.reset();
+  if (me.grad) {
+    Tensor g(me.grad);
+    if (g.device() != src.device() || g.shape() != src.shape() ||
+        g.dtype() != grad_dtype_for(src.dtype()))
+      me.grad.reset();
+  }
 }
 
 Tensor Tensor::detach() const { return make_view(*this, shape(), strides(), offset()); }

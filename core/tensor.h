@@ -99,7 +99,8 @@ class Tensor {
 
   // Replaces this tensor's data (storage, shape, dtype, device) with `src`'s, keeping its
   // identity: every handle, the autograd leaf and its .grad hooks stay. Module::to(device) uses
-  // it so a model's parameters move in place, as in PyTorch. Drops a .grad on another device.
+  // it so a model's parameters move in place, as in PyTorch. Drops a .grad that no longer fits
+  // (another device, shape or grad dtype).
   void set_data(const Tensor& src) const;
   Tensor compute_copy() const { return Tensor(impl().compute_copy); }
   void set_compute_copy(const Tensor& c) const { impl().compute_copy = c.impl_ptr(); }

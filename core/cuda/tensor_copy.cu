@@ -87,6 +87,10 @@ void copy_strided(const void* src_base, DType src_dtype, const std::vector<int64
   MT_CUDA_CHECK_LAUNCH();
 }
 
+void poison(void* dst, size_t nbytes, int device) {
+  MT_CUDA_CHECK(cudaMemsetAsync(dst, 0xff, nbytes, stream(device)));
+}
+
 void fill_tensor(void* dst, double value, int64_t n, DType dtype, int device) {
   if (n == 0) return;
   set_device(device);

@@ -13,6 +13,9 @@ void copy_strided(const void* src_base, DType src_dtype, const std::vector<int64
                   const std::vector<int64_t>& strides, int64_t offset, void* dst, DType dst_dtype,
                   int device);
 
+// Fills nbytes with 0xFF on the framework stream (see set_poison_allocations).
+void poison(void* dst, size_t nbytes, int device);
+
 void fill_tensor(void* dst, double value, int64_t n, DType dtype, int device);
 
 }  // namespace mt::cuda

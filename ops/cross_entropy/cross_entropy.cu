@@ -28,6 +28,9 @@
 #include <cstdint>
 
 #include "core/cuda/check.h"
+#include "core/cuda/glue.h"
+#include "core/registry.h"
+#include "ops/cross_entropy/cross_entropy.h"
 
 namespace mt::cuda {
 namespace {
@@ -234,3 +237,54 @@ void cross_entropy_backward(const void* logits, const int64_t* targets, const fl
 }
 
 }  // namespace mt::cuda
+
+// ---- Tensor-level kernels registered for cross_entropy on CUDA ----------------------------
+// An out-of-range target cannot throw here without a host synchronization per call; instead the
+// forward kernel raises a device flag and the loss becomes NaN, which the trainer's non-finite
+// check reports (and the data loaders reject such labels when they read them).
+namespace mt {
+namespace {
+
+__global__ void nan_if_flagged(const int* flag, float* loss) {
+  if (*flag) *loss = __int_as_float(0x7fc00000);
+}
+
+// normalizer <= 0 means "this call's count of non-ignored targets": counting them reads the
+// targets on the host (a synchronization), so the trainer always passes its step's count instead.
+// With no target left the sum is 0 and any positive normalizer gives CPU's answer (0, no NaN).
+double effective_normalizer(const Tensor& targets, int64_t ignore_index, double normalizer) {
+  if (normalizer > 0) return normalizer;
+  int64_t count = 0;
+  for (double t : targets.to_vector()) count += int64_t(t) != ignore_index;
+  return count > 0 ? double(count) : 1.0;
+}
+
+void cross_entropy_forward_cuda(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                                double normalizer, const Tensor& loss, const Tensor& lse) {
+  normalizer = effective_normalizer(targets, ignore_index, normalizer);
+  cudaStream_t s = cuda::stream_of(logits);
+  Tensor flag = zeros({1}, DType::i32, logits.device());
+  cuda::cross_entropy_forward(logits.data_ptr(), cuda::ptr<const int64_t>(targets),
+                              cuda::ptr<float>(loss), cuda::ptr<float>(lse), cuda::ptr<int>(flag),
+                              logits.size(0), logits.size(1), ignore_index, float(normalizer),
+                              logits.dtype(), s);
+  nan_if_flagged<<<1, 1, 0, s>>>(cuda::ptr<const int>(flag), cuda::ptr<float>(loss));
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+void cross_entropy_backward_cuda(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                                 const Tensor& dloss, int64_t ignore_index, double normalizer,
+                                 const Tensor& dlogits) {
+  normalizer = effective_normalizer(targets, ignore_index, normalizer);
+  cuda::cross_entropy_backward(logits.data_ptr(), cuda::ptr<const int64_t>(targets),
+                               cuda::ptr<const float>(lse), cuda::ptr<const float>(dloss),
+                               dlogits.data_ptr(), logits.size(0), logits.size(1), ignore_index,
+                               float(normalizer), logits.dtype(), cuda::stream_of(logits));
+}
+
+}  // namespace
+
+MT_REGISTER_KERNEL(cross_entropy, Forward, CUDA, cross_entropy_forward_cuda);
+MT_REGISTER_KERNEL(cross_entropy, Backward, CUDA, cross_entropy_backward_cuda);
+
+}  // namespace mt

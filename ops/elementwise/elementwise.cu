@@ -24,7 +24,10 @@
 #include <type_traits>
 
 #include "core/cuda/check.h"
+#include "core/cuda/glue.h"
 #include "core/cuda/runtime.h"
+#include "core/registry.h"
+#include "ops/elementwise/elementwise.h"
 
 namespace mt::cuda {
 namespace {
@@ -399,3 +402,102 @@ void argmax_rows(const void* x, int64_t rows, int64_t C, DType dt, int64_t* out,
 }
 
 }  // namespace mt::cuda
+
+// ---- Tensor-level kernels registered for the elementwise ops on CUDA ----------------------
+// (The Functions and the math are in elementwise.cpp / elementwise.h.)
+
+namespace mt {
+namespace {
+
+// relu and the broadcast of a one-element gradient need their own small maps.
+template <class T>
+__global__ void relu_kernel(const T* x, const T* dy, T* out, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float v = float(x[i]);
+    out[i] = v > 0.f ? (dy ? dy[i] : x[i]) : T(0.f);
+  }
+}
+
+template <class T>
+__global__ void broadcast_kernel(const T* scalar, float c, T* out, int64_t n) {
+  const T v = T(c * float(*scalar));  // read on the device: no host synchronization
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = v;
+}
+
+unsigned grid_for(int64_t n) { return unsigned(std::min<int64_t>((n + 255) / 256, 4096)); }
+
+template <class F>
+void with_type(DType dt, const char* op, F&& f) {
+  switch (dt) {
+    case DType::f32: f(float{}); return;
+    case DType::bf16: f(__nv_bfloat16{}); return;
+    case DType::f16: f(__half{}); return;
+    default: MT_THROW(op, ": CUDA supports f32, bf16 and f16, got ", dtype_name(dt));
+  }
+}
+
+void add_cuda(const Tensor& a, const Tensor& b, double alpha, const Tensor& out) {
+  cudaStream_t s = cuda::stream_of(a);
+  if (alpha == 1.0) {
+    cuda::add(a.data_ptr(), b.data_ptr(), out.data_ptr(), a.numel(), a.dtype(), s);
+  } else {
+    MT_CUDA_CHECK(cudaMemcpyAsync(out.data_ptr(), a.data_ptr(), a.nbytes(), cudaMemcpyDeviceToDevice, s));
+    cuda::axpy(float(alpha), b.data_ptr(), out.data_ptr(), a.numel(), a.dtype(), s);
+  }
+}
+void mul_cuda(const Tensor& a, const Tensor& b, const Tensor& out) {
+  cuda::mul(a.data_ptr(), b.data_ptr(), out.data_ptr(), a.numel(), a.dtype(), cuda::stream_of(a));
+}
+void scale_cuda(const Tensor& x, double c, const Tensor& out) {
+  cuda::scale(x.data_ptr(), float(c), out.data_ptr(), x.numel(), x.dtype(), cuda::stream_of(x));
+}
+void relu_forward_cuda(const Tensor& x, const Tensor& y) {
+  if (x.numel() == 0) return;
+  cudaStream_t s = cuda::stream_of(x);
+  with_type(x.dtype(), "relu", [&](auto tag) {
+    using T = decltype(tag);
+    relu_kernel<T><<<grid_for(x.numel()), 256, 0, s>>>(cuda::ptr<T>(x), nullptr, cuda::ptr<T>(y), x.numel());
+    MT_CUDA_CHECK_LAUNCH();
+  });
+}
+void relu_backward_cuda(const Tensor& x, const Tensor& dy, const Tensor& dx) {
+  if (x.numel() == 0) return;
+  cudaStream_t s = cuda::stream_of(x);
+  with_type(x.dtype(), "relu", [&](auto tag) {
+    using T = decltype(tag);
+    relu_kernel<T><<<grid_for(x.numel()), 256, 0, s>>>(cuda::ptr<T>(x), cuda::ptr<T>(dy), cuda::ptr<T>(dx), x.numel());
+    MT_CUDA_CHECK_LAUNCH();
+  });
+}
+void sum_cuda(const Tensor& x, const Tensor& out) {
+  cudaStream_t s = cuda::stream_of(x);
+  if (out.dtype() == DType::f32) {
+    cuda::sum_to_f32(x.data_ptr(), x.numel(), x.dtype(), cuda::ptr<float>(out), false, s);
+    return;
+  }
+  Tensor acc = empty({}, DType::f32, x.device());  // fp32 accumulator, then one rounding
+  cuda::sum_to_f32(x.data_ptr(), x.numel(), x.dtype(), cuda::ptr<float>(acc), false, s);
+  cuda::cast(acc.data_ptr(), DType::f32, out.data_ptr(), out.dtype(), 1, s);
+}
+void broadcast_cuda(const Tensor& scalar, double c, const Tensor& out) {
+  if (out.numel() == 0) return;
+  cudaStream_t s = cuda::stream_of(out);
+  with_type(out.dtype(), "sum", [&](auto tag) {
+    using T = decltype(tag);
+    broadcast_kernel<T><<<grid_for(out.numel()), 256, 0, s>>>(cuda::ptr<T>(scalar), float(c), cuda::ptr<T>(out), out.numel());
+    MT_CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace
+
+MT_REGISTER_KERNEL(add, Forward, CUDA, add_cuda);
+MT_REGISTER_KERNEL(mul, Forward, CUDA, mul_cuda);
+MT_REGISTER_KERNEL(scale, Forward, CUDA, scale_cuda);
+MT_REGISTER_KERNEL(relu, Forward, CUDA, relu_forward_cuda);
+MT_REGISTER_KERNEL(relu, Backward, CUDA, relu_backward_cuda);
+MT_REGISTER_KERNEL(sum, Forward, CUDA, sum_cuda);
+MT_REGISTER_KERNEL(sum, Backward, CUDA, broadcast_cuda);
+
+}  // namespace mt

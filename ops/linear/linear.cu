@@ -37,7 +37,10 @@
 #include <mutex>
 
 #include "core/cuda/check.h"
+#include "core/cuda/glue.h"
 #include "core/cuda/runtime.h"
+#include "core/registry.h"
+#include "ops/linear/linear.h"
 
 namespace mt::cuda {
 namespace {
@@ -299,3 +302,30 @@ void linear_backward(const void* x, const void* W, const void* dy, void* dx, flo
 }
 
 }  // namespace mt::cuda
+
+// ---- Tensor-level kernels registered for linear on CUDA -----------------------------------
+// (The Function, its checks and the mixed-precision choice of W are in linear.cpp.)
+namespace mt {
+namespace {
+
+void linear_forward_cuda(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& y) {
+  MT_CHECK(!b.defined() || b.dtype() == DType::f32, "linear: the CUDA bias must be f32, got ",
+           dtype_name(b.dtype()));
+  cuda::linear_forward(x.data_ptr(), W.data_ptr(), cuda::ptr<const float>(b), y.data_ptr(),
+                       x.size(0), W.size(0), x.size(1), x.dtype(), cuda::stream_of(x));
+}
+
+// dW and db are always added into (beta = 1): they are the leaves' .grad sinks, or fresh zeros.
+void linear_backward_cuda(const Tensor& x, const Tensor& W, const Tensor& dy, const Tensor& dx,
+                          const Tensor& dW, const Tensor& db) {
+  cuda::linear_backward(x.data_ptr(), W.data_ptr(), dy.data_ptr(), cuda::ptr(dx),
+                        cuda::ptr<float>(dW), 1.0f, cuda::ptr<float>(db), x.size(0), W.size(0),
+                        x.size(1), x.dtype(), cuda::stream_of(x));
+}
+
+}  // namespace
+
+MT_REGISTER_KERNEL(linear, Forward, CUDA, linear_forward_cuda);
+MT_REGISTER_KERNEL(linear, Backward, CUDA, linear_backward_cuda);
+
+}  // namespace mt
