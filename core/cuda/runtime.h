@@ -25,6 +25,10 @@ void* alloc(size_t nbytes, int device);
 void free(void* ptr, int device);
 // Bytes the pool currently holds for live allocations (cudaMemPoolAttrUsedMemCurrent).
 size_t pool_used_bytes(int device);
+// The same pool, ordered on a caller's stream `s` of `device`: a kernel launcher's scratch buffer
+// lives on the stream its kernels run on, which need not be the framework's.
+void* alloc_on(cudaStream_t s, size_t nbytes, int device);
+void free_on(cudaStream_t s, void* ptr);
 
 // Page-locked host memory for fast, asynchronous host->device copies (the data loader).
 void* alloc_pinned(size_t nbytes);
@@ -43,5 +47,9 @@ void* cublaslt_workspace(int device, size_t* nbytes);
 
 // Makes `device` current for the calling thread (cudaSetDevice, checked).
 void set_device(int device);
+// The calling thread's current device (cudaGetDevice, checked).
+int current_device();
+// Number of streaming multiprocessors of `device`, read once: kernels size their grids from it.
+int sm_count(int device);
 
 }  // namespace mt::cuda

@@ -1,0 +1,275 @@
+// Kernel benchmark: the scaled-SiLU and RMSNorm CUDA kernels against the device's own
+// device-to-device copy bandwidth, measured in the same run (docs/kernels.md reads the table).
+//
+// A kernel's bytes are the fewest it must move: every input read once, every output written
+// once (the copy counts its read and its write). Each figure is the median of kReps timed calls
+// after kWarmup untimed ones, on random inputs in [-3, 3], with every buffer far larger than L2,
+// so nothing is served from cache between repetitions. Missing a target is reported, not an
+// error: the exit code is non-zero only when a CUDA call fails.
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "core/cuda/check.h"
+#include "core/cuda/runtime.h"
+#include "core/dtype.h"
+#include "ops/rms_norm/rms_norm_cuda.h"
+#include "ops/scaled_silu/scaled_silu_cuda.h"
+
+namespace {
+
+using mt::DType;
+
+constexpr int kWarmup = 3;
+constexpr int kReps = 25;
+constexpr size_t kCopyBytes = size_t(2) << 30;  // 2 GiB each way
+constexpr int64_t kSiluN = int64_t(1) << 28;
+constexpr int64_t kRmsRows = 65536, kRmsD = 4096;
+
+// Owns one allocation from the framework's pool.
+class DeviceBuffer {
+ public:
+  DeviceBuffer(size_t nbytes, int device)
+      : ptr_(mt::cuda::alloc(nbytes, device)), device_(device) {}
+  ~DeviceBuffer() { mt::cuda::free(ptr_, device_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  template <class T = void>
+  T* get() const { return static_cast<T*>(ptr_); }
+
+ private:
+  void* ptr_;
+  int device_;
+};
+
+// splitmix64's finalizer: a well-mixed 32-bit value for every (index, seed).
+__device__ uint32_t hash(uint64_t i, uint32_t seed) {
+  uint64_t z = i + 0x9e3779b97f4a7c15ull * (uint64_t(seed) + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return uint32_t((z ^ (z >> 31)) >> 32);
+}
+
+template <class T>
+__global__ void fill_kernel(T* out, int64_t n, uint32_t seed) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const float u = float(hash(uint64_t(i), seed) >> 8) * (1.0f / 16777216.0f);  // [0, 1)
+    out[i] = T(-3.0f + 6.0f * u);
+  }
+}
+
+template <class T>
+void fill(void* out, int64_t n, uint32_t seed, cudaStream_t s) {
+  fill_kernel<T><<<1024, 256, 0, s>>>(static_cast<T*>(out), n, seed);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+void fill(void* out, int64_t n, DType dt, uint32_t seed, cudaStream_t s) {
+  switch (dt) {
+    case DType::f32: return fill<float>(out, n, seed, s);
+    case DType::bf16: return fill<__nv_bfloat16>(out, n, seed, s);
+    case DType::f16: return fill<__half>(out, n, seed, s);
+    default: MT_THROW("bench: cannot fill dtype ", mt::dtype_name(dt));
+  }
+}
+
+// Median time of `body` in milliseconds, each repetition between its own pair of events.
+template <class F>
+double median_ms(cudaStream_t s, F&& body) {
+  cudaEvent_t start, stop;
+  MT_CUDA_CHECK(cudaEventCreate(&start));
+  MT_CUDA_CHECK(cudaEventCreate(&stop));
+  for (int i = 0; i < kWarmup; ++i) body();
+  std::vector<float> ms(kReps);
+  for (float& t : ms) {
+    MT_CUDA_CHECK(cudaEventRecord(start, s));
+    body();
+    MT_CUDA_CHECK(cudaEventRecord(stop, s));
+    MT_CUDA_CHECK(cudaEventSynchronize(stop));
+    MT_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
+  }
+  MT_CUDA_CHECK(cudaEventDestroy(start));
+  MT_CUDA_CHECK(cudaEventDestroy(stop));
+  std::sort(ms.begin(), ms.end());
+  return ms[kReps / 2];
+}
+
+struct Result {
+  std::string kernel;
+  std::string dtype;
+  double ms;
+  double bytes;
+  double target;  // fraction of copy bandwidth; 0 = reported for comparison only
+};
+
+double gbps(const Result& r) { return r.bytes / (r.ms * 1e-3) / 1e9; }
+
+class Table {
+ public:
+  explicit Table(double copy_gbps) : copy_gbps_(copy_gbps) {}
+
+  void add(Result r) {
+    results_.push_back(std::move(r));
+    print(results_.back());
+  }
+  double fraction(const std::string& kernel, const std::string& dtype) const {
+    for (const Result& r : results_)
+      if (r.kernel == kernel && r.dtype == dtype) return gbps(r) / copy_gbps_;
+    MT_THROW("bench: no result for ", kernel, " ", dtype);
+  }
+  bool passed(const std::string& kernel, const std::string& dtype) const {
+    for (const Result& r : results_)
+      if (r.kernel == kernel && r.dtype == dtype) return gbps(r) / copy_gbps_ >= r.target;
+    MT_THROW("bench: no result for ", kernel, " ", dtype);
+  }
+  static void header() {
+    std::printf("%-28s %-5s %9s %9s %8s %7s  %s\n", "kernel", "dtype", "ms", "GB/s", "% copy",
+                "target", "status");
+  }
+
+ private:
+  void print(const Result& r) const {
+    const double pct = 100.0 * gbps(r) / copy_gbps_;
+    char target[16] = "-";
+    if (r.target > 0) std::snprintf(target, sizeof target, "%.0f%%", 100.0 * r.target);
+    const char* status = r.target > 0 ? (pct >= 100.0 * r.target ? "PASS" : "MISS") : "info";
+    std::printf("%-28s %-5s %9.3f %9.1f %7.1f%% %7s  %s\n", r.kernel.c_str(), r.dtype.c_str(),
+                r.ms, gbps(r), pct, target, status);
+    std::fflush(stdout);
+  }
+
+  double copy_gbps_;
+  std::vector<Result> results_;
+};
+
+// cudaMemcpyAsync of 2 GiB device to device: the ceiling every kernel is compared with.
+Result bench_copy(int device, cudaStream_t s) {
+  DeviceBuffer src(kCopyBytes, device), dst(kCopyBytes, device);
+  fill(src.get(), int64_t(kCopyBytes / 4), DType::f32, 1, s);
+  const double ms = median_ms(s, [&] {
+    MT_CUDA_CHECK(cudaMemcpyAsync(dst.get(), src.get(), kCopyBytes, cudaMemcpyDeviceToDevice, s));
+  });
+  return {"copy (d2d, read+write)", "-", ms, 2.0 * double(kCopyBytes), 0.0};
+}
+
+void bench_scaled_silu(Table& table, DType dt, int device, cudaStream_t s) {
+  const int64_t n = kSiluN;
+  const size_t bytes = size_t(n) * mt::dtype_size(dt);
+  const double e = double(mt::dtype_size(dt)) * double(n);  // bytes of one tensor
+  const std::string name = mt::dtype_name(dt);
+  DeviceBuffer x(bytes, device), y(bytes, device), dy(bytes, device), dx(bytes, device);
+  DeviceBuffer w(sizeof(float), device), dw(sizeof(float), device);
+  fill(x.get(), n, dt, 2, s);
+  fill(dy.get(), n, dt, 3, s);
+  const float w_host = 1.5f, zero = 0.0f;
+  mt::cuda::copy_h2d(w.get(), &w_host, sizeof w_host, device);
+  mt::cuda::copy_h2d(dw.get(), &zero, sizeof zero, device);
+
+  auto forward = [&] { mt::cuda::scaled_silu_forward(x.get(), w.get<float>(), y.get(), n, dt, s); };
+  auto backward = [&](bool deterministic) {
+    mt::cuda::scaled_silu_backward(x.get(), w.get<float>(), dy.get(), dx.get(), dw.get<float>(),
+                                   n, dt, deterministic, s);
+  };
+  table.add({"scaled_silu fwd", name, median_ms(s, forward), 2 * e, 0.95});
+  table.add({"scaled_silu bwd (det)", name, median_ms(s, [&] { backward(true); }), 3 * e, 0.90});
+  table.add({"scaled_silu bwd (atomic)", name, median_ms(s, [&] { backward(false); }), 3 * e,
+             0.0});
+  table.add({"scaled_silu fwd+bwd (det)", name, median_ms(s, [&] {
+               forward();
+               backward(true);
+             }),
+             5 * e, 0.0});
+}
+
+void bench_rms_norm(Table& table, DType dt, int device, cudaStream_t s) {
+  const int64_t rows = kRmsRows, d = kRmsD, n = rows * d;
+  const size_t bytes = size_t(n) * mt::dtype_size(dt);
+  const double e = double(bytes);  // bytes of one [rows, d] tensor
+  const double fwd_small = 4.0 * rows + 4.0 * d;          // rstd written, weight read
+  const double bwd_small = 4.0 * rows + 4.0 * d + 8.0 * d;  // rstd, weight, dweight read+write
+  const std::string name = mt::dtype_name(dt);
+  DeviceBuffer x(bytes, device), y(bytes, device), dy(bytes, device), dx(bytes, device);
+  DeviceBuffer weight(d * sizeof(float), device), dweight(d * sizeof(float), device);
+  DeviceBuffer rstd(rows * sizeof(float), device);
+  fill(x.get(), n, dt, 4, s);
+  fill(dy.get(), n, dt, 5, s);
+  fill(weight.get(), d, DType::f32, 6, s);
+  MT_CUDA_CHECK(cudaMemsetAsync(dweight.get(), 0, d * sizeof(float), s));
+
+  auto forward = [&] {
+    mt::cuda::rms_norm_forward(x.get(), weight.get<float>(), y.get(), rstd.get<float>(), rows, d,
+                               1e-6f, dt, s);
+  };
+  auto backward = [&](bool deterministic) {
+    mt::cuda::rms_norm_backward(x.get(), weight.get<float>(), rstd.get<float>(), dy.get(),
+                                dx.get(), dweight.get<float>(), rows, d, dt, deterministic, s);
+  };
+  table.add({"rms_norm fwd", name, median_ms(s, forward), 2 * e + fwd_small, 0.90});
+  table.add({"rms_norm bwd (det)", name, median_ms(s, [&] { backward(true); }),
+             3 * e + bwd_small, 0.0});
+  table.add({"rms_norm bwd (atomic)", name, median_ms(s, [&] { backward(false); }),
+             3 * e + bwd_small, 0.0});
+  table.add({"rms_norm fwd+bwd (det)", name, median_ms(s, [&] {
+               forward();
+               backward(true);
+             }),
+             5 * e + fwd_small + bwd_small, 0.85});
+}
+
+int run() {
+  if (!mt::cuda::available()) {
+    std::fprintf(stderr, "bench_kernels: no CUDA device\n");
+    return 1;
+  }
+  const int device = 0;
+  mt::cuda::set_device(device);
+  cudaStream_t s = mt::cuda::stream(device);
+  cudaDeviceProp prop;
+  MT_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  std::printf("%s: %d SMs, %.0f MiB L2, sm_%d%d\n\n", prop.name, prop.multiProcessorCount,
+              prop.l2CacheSize / 1048576.0, prop.major, prop.minor);
+
+  Table::header();
+  const Result copy = bench_copy(device, s);
+  Table table(gbps(copy));
+  table.add(copy);
+  for (DType dt : {DType::bf16, DType::f16}) bench_scaled_silu(table, dt, device, s);
+  bench_rms_norm(table, DType::bf16, device, s);
+  mt::cuda::synchronize(device);
+
+  std::printf("\n");
+  for (const char* dt : {"bf16", "f16"}) {
+    const bool ok = table.passed("scaled_silu fwd", dt) && table.passed("scaled_silu bwd (det)", dt);
+    std::printf("scaled_silu %-4s n=2^28: fwd %.1f%%, bwd det %.1f%%, bwd atomic %.1f%%, fwd+bwd "
+                "%.1f%% of copy (targets fwd 95%%, bwd det 90%%): %s\n",
+                dt, 100 * table.fraction("scaled_silu fwd", dt),
+                100 * table.fraction("scaled_silu bwd (det)", dt),
+                100 * table.fraction("scaled_silu bwd (atomic)", dt),
+                100 * table.fraction("scaled_silu fwd+bwd (det)", dt), ok ? "PASS" : "MISS");
+  }
+  const bool ok = table.passed("rms_norm fwd", "bf16") && table.passed("rms_norm fwd+bwd (det)", "bf16");
+  std::printf("rms_norm    bf16 [%lld, %lld]: fwd %.1f%%, bwd det %.1f%%, bwd atomic %.1f%%, "
+              "fwd+bwd %.1f%% of copy (targets fwd 90%%, fwd+bwd 85%%): %s\n",
+              (long long)kRmsRows, (long long)kRmsD, 100 * table.fraction("rms_norm fwd", "bf16"),
+              100 * table.fraction("rms_norm bwd (det)", "bf16"),
+              100 * table.fraction("rms_norm bwd (atomic)", "bf16"),
+              100 * table.fraction("rms_norm fwd+bwd (det)", "bf16"), ok ? "PASS" : "MISS");
+  return 0;
+}
+
+}  // namespace
+
+int main() {
+  try {
+    return run();
+  } catch (const mt::Error& e) {
+    std::fprintf(stderr, "bench_kernels: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,223 @@
+// The CUDA device runtime: the framework stream, the stream-ordered pool and the cuBLAS handles
+// of each device, each made once, on first use, and kept for the life of the process.
+#include "core/cuda/runtime.h"
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+
+#include "core/cuda/check.h"
+
+namespace mt::cuda {
+namespace {
+
+// cuBLAS's recommendation for Hopper; the same buffer serves cuBLAS and cuBLASLt (see below).
+constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;
+
+// What the runtime keeps per device. Each part is made under its own once_flag, so threads that
+// ask at the same time get the same stream and handles; if making one throws, the flag stays
+// unset and the next call tries again.
+struct DeviceState {
+  std::once_flag pool_once;
+  cudaMemPool_t pool = nullptr;
+
+  std::once_flag stream_once;
+  cudaStream_t stream = nullptr;
+
+  std::once_flag blas_once;
+  cublasHandle_t cublas = nullptr;
+  cublasLtHandle_t cublaslt = nullptr;
+  void* workspace = nullptr;
+
+  std::once_flag sm_once;
+  int sm_count = 0;
+};
+
+// Streams, handles and the workspace are deliberately never destroyed: static destructors run in
+// no useful order at exit (the CUDA runtime may already be gone), and the driver reclaims all of
+// it when the process ends.
+DeviceState& state(int device) {
+  static const int n = device_count();
+  static const std::unique_ptr<DeviceState[]> states = std::make_unique<DeviceState[]>(n);
+  MT_CHECK(device >= 0 && device < n, "cuda: device ", device, " does not exist (", n,
+           " visible)");
+  return states[device];
+}
+
+// Makes `device` current for one scope: streams and handles are created on the current device.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    MT_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != device) MT_CUDA_CHECK(cudaSetDevice(device));
+  }
+  // A destructor must not throw; restoring a device that was current a moment ago cannot fail
+  // unless the context is already broken, and the next checked call will report that.
+  ~DeviceGuard() { (void)cudaSetDevice(previous_); }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+// The device's default pool, configured once: by default the pool hands freed memory back to
+// the driver at every synchronization, and the next training step pays to map it again. A
+// release threshold of UINT64_MAX keeps it.
+cudaMemPool_t pool(int device) {
+  DeviceState& st = state(device);
+  std::call_once(st.pool_once, [&] {
+    MT_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&st.pool, device));
+    uint64_t keep_everything = UINT64_MAX;
+    MT_CUDA_CHECK(
+        cudaMemPoolSetAttribute(st.pool, cudaMemPoolAttrReleaseThreshold, &keep_everything));
+  });
+  return st.pool;
+}
+
+void init_blas(int device, DeviceState& st) {
+  DeviceGuard guard(device);
+  MT_CUBLAS_CHECK(cublasCreate(&st.cublas));
+  // cublasSetStream resets the workspace to cuBLAS's own, so the stream comes first.
+  MT_CUBLAS_CHECK(cublasSetStream(st.cublas, stream(device)));
+  // A plain cudaMalloc, not the pool: it lives for the whole process and should not show up in
+  // pool_used_bytes, which tests read to find leaks.
+  MT_CUDA_CHECK(cudaMalloc(&st.workspace, kCublasWorkspaceBytes));
+  MT_CUBLAS_CHECK(cublasSetWorkspace(st.cublas, st.workspace, kCublasWorkspaceBytes));
+  // cuBLASLt takes its stream and workspace per call. Both handles only ever run on the framework
+  // stream, so their kernels never overlap and one workspace serves both.
+  MT_CUBLAS_CHECK(cublasLtCreate(&st.cublaslt));
+}
+
+DeviceState& blas_state(int device) {
+  DeviceState& st = state(device);
+  std::call_once(st.blas_once, [&] { init_blas(device, st); });
+  return st;
+}
+
+}  // namespace
+
+int device_count() {
+  // Read once: the set of visible devices cannot change during a process.
+  static const int n = [] {
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess) {
+      // No driver or no device is an answer here, not an error: CUDA tests skip on it. Clear
+      // the error so that the next checked call does not report it.
+      (void)cudaGetLastError();
+      return 0;
+    }
+    return count;
+  }();
+  return n;
+}
+
+cudaStream_t stream(int device) {
+  DeviceState& st = state(device);
+  std::call_once(st.stream_once, [&] {
+    DeviceGuard guard(device);
+    // Non-blocking: no implicit synchronization with the legacy default stream, which a library
+    // the user links might use.
+    MT_CUDA_CHECK(cudaStreamCreateWithFlags(&st.stream, cudaStreamNonBlocking));
+  });
+  return st.stream;
+}
+
+void* alloc_on(cudaStream_t s, size_t nbytes, int device) {
+  if (nbytes == 0) return nullptr;
+  pool(device);  // configure the pool before its first allocation
+  void* ptr = nullptr;
+  cudaError_t err = cudaMallocAsync(&ptr, nbytes, s);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();  // allocation errors are not sticky: clear it and report it here
+    if (err == cudaErrorMemoryAllocation)
+      MT_THROW("cuda:", device, " out of memory: asked for ", nbytes, " bytes (",
+               nbytes >> 20, " MiB) while the pool holds ", pool_used_bytes(device),
+               " bytes in live allocations");
+    MT_THROW("CUDA error ", cudaGetErrorName(err), " (", cudaGetErrorString(err),
+             ") in cudaMallocAsync of ", nbytes, " bytes on cuda:", device);
+  }
+  return ptr;
+}
+
+void free_on(cudaStream_t s, void* ptr) {
+  if (ptr == nullptr) return;
+  MT_CUDA_CHECK(cudaFreeAsync(ptr, s));
+}
+
+void* alloc(size_t nbytes, int device) { return alloc_on(stream(device), nbytes, device); }
+
+void free(void* ptr, int device) {
+  if (ptr == nullptr) return;
+  free_on(stream(device), ptr);
+}
+
+size_t pool_used_bytes(int device) {
+  uint64_t used = 0;
+  MT_CUDA_CHECK(cudaMemPoolGetAttribute(pool(device), cudaMemPoolAttrUsedMemCurrent, &used));
+  return size_t(used);
+}
+
+void* alloc_pinned(size_t nbytes) {
+  if (nbytes == 0) return nullptr;
+  void* ptr = nullptr;
+  cudaError_t err = cudaMallocHost(&ptr, nbytes);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    MT_THROW("cudaMallocHost: could not pin ", nbytes, " bytes (", nbytes >> 20, " MiB): ",
+             cudaGetErrorName(err), " (", cudaGetErrorString(err), ")");
+  }
+  return ptr;
+}
+
+void free_pinned(void* ptr) {
+  if (ptr == nullptr) return;
+  MT_CUDA_CHECK(cudaFreeHost(ptr));
+}
+
+void copy_h2d(void* dst, const void* src, size_t nbytes, int device) {
+  if (nbytes == 0) return;
+  MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, stream(device)));
+}
+
+void copy_d2h_sync(void* dst, const void* src, size_t nbytes, int device) {
+  if (nbytes == 0) return;
+  cudaStream_t s = stream(device);
+  MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, s));
+  MT_CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+void copy_d2d(void* dst, const void* src, size_t nbytes, int device) {
+  if (nbytes == 0) return;
+  MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, stream(device)));
+}
+
+void synchronize(int device) { MT_CUDA_CHECK(cudaStreamSynchronize(stream(device))); }
+
+cublasHandle_t cublas(int device) { return blas_state(device).cublas; }
+
+cublasLtHandle_t cublaslt(int device) { return blas_state(device).cublaslt; }
+
+void* cublaslt_workspace(int device, size_t* nbytes) {
+  if (nbytes != nullptr) *nbytes = kCublasWorkspaceBytes;
+  return blas_state(device).workspace;
+}
+
+void set_device(int device) { MT_CUDA_CHECK(cudaSetDevice(device)); }
+
+int current_device() {
+  int device = 0;
+  MT_CUDA_CHECK(cudaGetDevice(&device));
+  return device;
+}
+
+int sm_count(int device) {
+  DeviceState& st = state(device);
+  std::call_once(st.sm_once, [&] {
+    MT_CUDA_CHECK(cudaDeviceGetAttribute(&st.sm_count, cudaDevAttrMultiProcessorCount, device));
+  });
+  return st.sm_count;
+}
+
+}  // namespace mt::cuda
