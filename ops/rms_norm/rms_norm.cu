@@ -46,7 +46,10 @@
 #include <cuda_fp16.h>
 
 #include "core/cuda/check.h"
+#include "core/cuda/glue.h"
 #include "core/cuda/runtime.h"
+#include "core/registry.h"
+#include "ops/rms_norm/rms_norm.h"
 
 namespace mt::cuda {
 namespace {
@@ -422,3 +425,34 @@ void rms_norm_backward(const void* x, const float* weight, const float* rstd, co
 }
 
 }  // namespace mt::cuda
+
+// ---- Tensor-level kernels registered for rms_norm on CUDA ---------------------------------
+// (The Function and the math are in rms_norm.cpp / rms_norm.h.)
+namespace mt {
+namespace {
+
+void rms_norm_forward_cuda(const Tensor& x, const Tensor& weight, double eps, const Tensor& y,
+                           const Tensor& rstd) {
+  const int64_t d = weight.numel();
+  MT_CHECK(d <= cuda::kRmsNormMaxD, "rms_norm: CUDA rows are at most ", cuda::kRmsNormMaxD,
+           " wide, got ", d);
+  cuda::rms_norm_forward(x.data_ptr(), cuda::ptr<const float>(weight), y.data_ptr(),
+                         cuda::ptr<float>(rstd), x.numel() / d, d, float(eps), x.dtype(),
+                         cuda::stream_of(x));
+}
+
+// dweight is the weight's .grad (the sink) or fresh zeros: the column reduce adds into it.
+void rms_norm_backward_cuda(const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                            const Tensor& dy, const Tensor& dx, const Tensor& dweight) {
+  const int64_t d = weight.numel();
+  cuda::rms_norm_backward(x.data_ptr(), cuda::ptr<const float>(weight), cuda::ptr<const float>(rstd),
+                          dy.data_ptr(), cuda::ptr(dx), cuda::ptr<float>(dweight), x.numel() / d, d,
+                          x.dtype(), deterministic(), cuda::stream_of(x));
+}
+
+}  // namespace
+
+MT_REGISTER_KERNEL(rms_norm, Forward, CUDA, rms_norm_forward_cuda);
+MT_REGISTER_KERNEL(rms_norm, Backward, CUDA, rms_norm_backward_cuda);
+
+}  // namespace mt

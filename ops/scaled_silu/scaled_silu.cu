@@ -41,7 +41,10 @@
 #include <cuda_fp16.h>
 
 #include "core/cuda/check.h"
+#include "core/cuda/glue.h"
 #include "core/cuda/runtime.h"
+#include "core/registry.h"
+#include "ops/scaled_silu/scaled_silu.h"
 
 namespace mt::cuda {
 namespace {
@@ -267,3 +270,28 @@ void scaled_silu_backward(const void* x, const float* w, const void* dy, void* d
 }
 
 }  // namespace mt::cuda
+
+// ---- Tensor-level kernels registered for scaled_silu on CUDA ------------------------------
+// (The Function and the math are in scaled_silu.cpp / scaled_silu.h.)
+namespace mt {
+namespace {
+
+void scaled_silu_forward_cuda(const Tensor& x, const Tensor& w, const Tensor& y) {
+  cuda::scaled_silu_forward(x.data_ptr(), cuda::ptr<const float>(w), y.data_ptr(), x.numel(),
+                            x.dtype(), cuda::stream_of(x));
+}
+
+// dw is w's .grad (the sink) or fresh zeros: the kernel's second pass adds into it.
+void scaled_silu_backward_cuda(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
+                               const Tensor& dw) {
+  cuda::scaled_silu_backward(x.data_ptr(), cuda::ptr<const float>(w), dy.data_ptr(), cuda::ptr(dx),
+                             cuda::ptr<float>(dw), x.numel(), x.dtype(), deterministic(),
+                             cuda::stream_of(x));
+}
+
+}  // namespace
+
+MT_REGISTER_KERNEL(scaled_silu, Forward, CUDA, scaled_silu_forward_cuda);
+MT_REGISTER_KERNEL(scaled_silu, Backward, CUDA, scaled_silu_backward_cuda);
+
+}  // namespace mt

@@ -1,0 +1,270 @@
+// CUDA kernels against the CPU reference ops: every op, dtype and argument, on awkward sizes,
+// with outputs poisoned (NaN) before the kernels write them; the += contract and bitwise
+// determinism repeated on the GPU. Every test skips cleanly when no GPU is present.
+//
+// Tolerances (relative to max(1, |reference|) element-wise unless said otherwise):
+//   f32 elementwise 1e-5; f32 GEMMs and reductions 1e-4 (summation order differs from the
+//   CPU's double accumulation); bf16 outputs 1.6e-2 and f16 outputs 2e-3 (two ulps: GPU and CPU
+//   both round fp32 math once, but fast-math exp can move a value across a rounding boundary).
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/autograd.h"
+#include "core/registry.h"
+#include "core/rng.h"
+#include "ops/cross_entropy/cross_entropy.h"
+#include "ops/elementwise/elementwise.h"
+#include "ops/linear/linear.h"
+#include "ops/rms_norm/rms_norm.h"
+#include "ops/scaled_silu/scaled_silu.h"
+
+using namespace mt;
+
+#define MT_REQUIRE_CUDA() \
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device: CUDA tests skipped"
+
+namespace {
+
+const Device kGPU = cuda_device(0);
+
+double tol_for(DType t, bool reduction = false) {
+  switch (t) {
+    case DType::bf16: return 1.6e-2;
+    case DType::f16: return 2e-3;
+    default: return reduction ? 1e-4 : 1e-5;
+  }
+}
+
+// Every element finite (the poison is NaN) and within tol of the reference.
+void expect_close(const Tensor& got, const Tensor& ref, double tol, const std::string& what) {
+  ASSERT_EQ(got.shape(), ref.shape()) << what;
+  auto g = got.to_vector(), r = ref.to_vector();
+  int64_t bad = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    bool ok = std::isfinite(g[i]) && std::abs(g[i] - r[i]) <= tol * std::max(1.0, std::abs(r[i]));
+    if (!ok && bad++ < 5)
+      ADD_FAILURE() << what << ": element " << i << " got " << g[i] << " want " << r[i];
+  }
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << g.size() << " elements off";
+}
+
+struct PoisonScope {
+  PoisonScope() { set_poison_allocations(true); }
+  ~PoisonScope() { set_poison_allocations(false); }
+};
+
+// A random leaf on `device` in `dtype`, with the same values on every device for a given seed.
+Tensor leaf(const Shape& shape, DType dtype, Device device, uint64_t seed, double scale = 1.0) {
+  manual_seed(seed);
+  Tensor t = scale == 1.0 ? randn(shape, DType::f32) : mt::scale(randn(shape, DType::f32), scale);
+  t = t.to(dtype).to(device);
+  t.set_requires_grad();
+  return t;
+}
+
+Tensor param(const Shape& shape, Device device, uint64_t seed, double lo, double hi) {
+  manual_seed(seed);
+  Tensor t = add(full(shape, lo), mt::scale(rand(shape), hi - lo)).to(device);
+  t.set_requires_grad();
+  return t;
+}
+
+}  // namespace
+
+TEST(CudaScaledSiLU, ParityWithCpuForEveryDtypeAndAwkwardSizes) {
+  MT_REQUIRE_CUDA();
+  PoisonScope poison;
+  for (DType dt : {DType::f32, DType::bf16, DType::f16})
+    for (int64_t n : {int64_t(1), int64_t(7), int64_t(1000003)}) {
+      std::string what = std::string("scaled_silu ") + dtype_name(dt) + " n=" + std::to_string(n);
+      Tensor xc = leaf({n}, dt, kCPU, 1, 3.0), xg = leaf({n}, dt, kGPU, 1, 3.0);
+      Tensor wc = param({1}, kCPU, 2, 0.5, 1.5), wg = param({1}, kGPU, 2, 0.5, 1.5);
+      Tensor yc = scaled_silu(xc, wc), yg = scaled_silu(xg, wg);
+      expect_close(yg, yc, tol_for(dt), what + " y");
+      Tensor dy = leaf({n}, dt, kCPU, 3).detach();
+      yc.backward(dy);
+      yg.backward(dy.to(kGPU));
+      expect_close(xg.grad(), xc.grad(), tol_for(dt), what + " dx");
+      expect_close(wg.grad(), wc.grad(), 1e-4, what + " dw");
+    }
+}
+
+TEST(CudaRMSNorm, ParityWithCpuForEveryWidthAndDtype) {
+  MT_REQUIRE_CUDA();
+  PoisonScope poison;
+  for (DType dt : {DType::f32, DType::bf16, DType::f16})
+    for (int64_t d : {int64_t(1), int64_t(33), int64_t(768), int64_t(4096), int64_t(8193)}) {
+      const int64_t rows = d > 1000 ? 37 : 129;
+      std::string what = std::string("rms_norm ") + dtype_name(dt) + " d=" + std::to_string(d);
+      Tensor xc = leaf({rows, d}, dt, kCPU, 4), xg = leaf({rows, d}, dt, kGPU, 4);
+      Tensor gc = param({d}, kCPU, 5, 0.5, 1.5), gg = param({d}, kGPU, 5, 0.5, 1.5);
+      Tensor yc = rms_norm(xc, gc), yg = rms_norm(xg, gg);
+      expect_close(yg, yc, tol_for(dt), what + " y");
+      Tensor dy = leaf({rows, d}, dt, kCPU, 6).detach();
+      yc.backward(dy);
+      yg.backward(dy.to(kGPU));
+      expect_close(xg.grad(), xc.grad(), dt == DType::f32 ? 1e-4 : tol_for(dt), what + " dx");
+      expect_close(gg.grad(), gc.grad(), dt == DType::f32 ? 1e-4 : 2 * tol_for(dt), what + " dweight");
+    }
+}
+
+TEST(CudaLinear, ParityWithCpuIncludingMixedPrecision) {
+  MT_REQUIRE_CUDA();
+  PoisonScope poison;
+  struct Dims { int64_t M, K, N; };
+  for (DType dt : {DType::f32, DType::bf16, DType::f16})
+    for (Dims s : {Dims{1, 1, 1}, Dims{7, 13, 5}, Dims{129, 257, 65}, Dims{256, 1024, 512}}) {
+      std::string what = std::string("linear ") + dtype_name(dt) + " " + std::to_string(s.M) + "x" +
+                         std::to_string(s.K) + "x" + std::to_string(s.N);
+      Tensor xc = leaf({s.M, s.K}, dt, kCPU, 7), xg = leaf({s.M, s.K}, dt, kGPU, 7);
+      Tensor Wc = param({s.N, s.K}, kCPU, 8, -0.1, 0.1), Wg = param({s.N, s.K}, kGPU, 8, -0.1, 0.1);
+      Tensor bc = param({s.N}, kCPU, 9, -0.5, 0.5), bg = param({s.N}, kGPU, 9, -0.5, 0.5);
+      Tensor yc = linear(xc, Wc, bc), yg = linear(xg, Wg, bg);
+      expect_close(yg, yc, dt == DType::f32 ? 1e-4 : tol_for(dt), what + " y");
+      Tensor dy = leaf({s.M, s.N}, dt, kCPU, 10).detach();
+      yc.backward(dy);
+      yg.backward(dy.to(kGPU));
+      expect_close(xg.grad(), xc.grad(), dt == DType::f32 ? 1e-4 : tol_for(dt), what + " dx");
+      // dW and db are fp32 sums of 16-bit products: compared at 1e-3 of the fp32 scale.
+      expect_close(Wg.grad(), Wc.grad(), dt == DType::f32 ? 1e-4 : 1e-3, what + " dW");
+      expect_close(bg.grad(), bc.grad(), dt == DType::f32 ? 1e-4 : 1e-3, what + " db");
+      EXPECT_EQ(Wg.grad().dtype(), DType::f32) << what;
+    }
+}
+
+TEST(CudaCrossEntropy, ParityWithCpuUpTo32768ClassesWithIgnoredTargets) {
+  MT_REQUIRE_CUDA();
+  PoisonScope poison;
+  for (DType dt : {DType::f32, DType::bf16})
+    for (int64_t C : {int64_t(2), int64_t(37), int64_t(1000), int64_t(32768)}) {
+      const int64_t rows = 33;
+      std::string what = std::string("cross_entropy ") + dtype_name(dt) + " C=" + std::to_string(C);
+      Tensor lc = leaf({rows, C}, dt, kCPU, 11, 2.0), lg = leaf({rows, C}, dt, kGPU, 11, 2.0);
+      Generator g(12);
+      std::vector<int64_t> t(rows);
+      for (int64_t r = 0; r < rows; ++r) t[size_t(r)] = r % 5 == 0 ? -100 : int64_t(g.below(uint64_t(C)));
+      Tensor tc = from_vector(t, {rows}), tg = tc.to(kGPU);
+      Tensor Lc = cross_entropy(lc, tc, -100, 50.0), Lg = cross_entropy(lg, tg, -100, 50.0);
+      expect_close(Lg, Lc, 1e-4, what + " loss");
+      Lc.backward();
+      Lg.backward();
+      expect_close(lg.grad(), lc.grad(), dt == DType::f32 ? 1e-5 : 1e-3, what + " dlogits");
+    }
+}
+
+TEST(CudaElementwise, ParityWithCpu) {
+  MT_REQUIRE_CUDA();
+  PoisonScope poison;
+  for (DType dt : {DType::f32, DType::bf16}) {
+    Tensor ac = leaf({1001}, dt, kCPU, 13), ag = leaf({1001}, dt, kGPU, 13);
+    Tensor bc = leaf({1001}, dt, kCPU, 14), bg = leaf({1001}, dt, kGPU, 14);
+    expect_close(add(ag, bg, 0.5), add(ac, bc, 0.5), tol_for(dt), "add");
+    expect_close(mul(ag, bg), mul(ac, bc), tol_for(dt), "mul");
+    expect_close(scale(ag, -1.5), scale(ac, -1.5), tol_for(dt), "scale");
+    expect_close(relu(ag), relu(ac), tol_for(dt), "relu");
+    expect_close(sum(ag), sum(ac), dt == DType::f32 ? 1e-4 : tol_for(dt), "sum");
+    Tensor Lc = mean(mul(ac, bc)), Lg = mean(mul(ag, bg));
+    Lc.backward();
+    Lg.backward();
+    expect_close(ag.grad(), ac.grad(), tol_for(dt), "mean(mul) da");
+  }
+}
+
+TEST(CudaTrap3, StridedInputsAndUpstreamGradientsMatchContiguous) {
+  MT_REQUIRE_CUDA();
+  Tensor base = leaf({64, 48}, DType::f32, kGPU, 15);
+  Tensor w = param({1}, kGPU, 16, 0.5, 1.5);
+  Tensor seed = randn({48, 64}).to(kGPU);
+  scaled_silu(base.t(), w).backward(seed);
+  auto strided = base.grad().to_vector();
+  base.zero_grad();
+  scaled_silu(base, w).backward(seed.t());  // a strided upstream gradient
+  EXPECT_EQ(base.grad().to_vector(), strided);
+}
+
+// The += contract on the GPU, for every parameter of every op: backward twice leaves exactly
+// twice one backward (each grad sink is added into), and zero_grad resets to one pass.
+TEST(CudaAccumulation, BackwardTwiceIsTwiceOneBackwardForEveryParameter) {
+  MT_REQUIRE_CUDA();
+  for (DType dt : {DType::f32, DType::bf16}) {
+    Tensor x = leaf({67, 33}, dt, kGPU, 17);
+    Tensor W = param({19, 33}, kGPU, 18, -0.2, 0.2), b = param({19}, kGPU, 19, -0.2, 0.2);
+    Tensor g = param({19}, kGPU, 20, 0.5, 1.5), w = param({1}, kGPU, 21, 0.5, 1.5);
+    std::vector<int64_t> t(67);
+    for (int64_t i = 0; i < 67; ++i) t[size_t(i)] = i % 19;
+    Tensor tg = from_vector(t, {67}).to(kGPU);
+    auto loss = [&] { return cross_entropy(scaled_silu(rms_norm(linear(x, W, b), g), w), tg, -100, 67); };
+    std::vector<Tensor> params{W, b, g, w};
+    loss().backward();
+    std::vector<std::vector<double>> once;
+    for (auto& p : params) once.push_back(p.grad().to_vector());
+    loss().backward();
+    for (size_t i = 0; i < params.size(); ++i) {
+      auto twice = params[i].grad().to_vector();
+      for (size_t j = 0; j < twice.size(); ++j)
+        ASSERT_EQ(twice[j], 2 * once[i][j]) << dtype_name(dt) << " param " << i << " elem " << j;
+    }
+    for (auto& p : params) p.zero_grad();
+    loss().backward();
+    for (size_t i = 0; i < params.size(); ++i) EXPECT_EQ(params[i].grad().to_vector(), once[i]);
+  }
+}
+
+// k microbatches normalized by the whole step's count leave the full-batch gradient, on the GPU,
+// in f32 (relative 1e-4 of the largest gradient) and bf16 compute (relative 1e-2).
+TEST(CudaMicrobatch, MicrobatchesEqualFullBatch) {
+  MT_REQUIRE_CUDA();
+  for (DType dt : {DType::f32, DType::bf16}) {
+    const int64_t B = 23, D = 17, H = 29, C = 7;
+    Tensor X = leaf({B, D}, dt, kGPU, 22).detach();
+    std::vector<int64_t> t(B);
+    for (int64_t i = 0; i < B; ++i) t[size_t(i)] = (i * 5) % C;
+    Tensor T = from_vector(t, {B}).to(kGPU);
+    Tensor W1 = param({H, D}, kGPU, 23, -0.3, 0.3), b1 = param({H}, kGPU, 24, -0.1, 0.1);
+    Tensor g = param({H}, kGPU, 25, 0.5, 1.5), w = param({1}, kGPU, 26, 0.5, 1.5);
+    Tensor W2 = param({C, H}, kGPU, 27, -0.3, 0.3), b2 = param({C}, kGPU, 28, -0.1, 0.1);
+    std::vector<Tensor> params{W1, b1, g, w, W2, b2};
+    auto step = [&](const std::vector<int64_t>& sizes) {
+      for (auto& p : params) p.zero_grad();
+      int64_t pos = 0;
+      for (int64_t n : sizes) {
+        Tensor h = scaled_silu(rms_norm(linear(X.slice_rows(pos, pos + n), W1, b1), g), w);
+        cross_entropy(linear(h, W2, b2), T.slice_rows(pos, pos + n), -100, double(B)).backward();
+        pos += n;
+      }
+      std::vector<std::vector<double>> grads;
+      for (auto& p : params) grads.push_back(p.grad().to_vector());
+      return grads;
+    };
+    auto full = step({B});
+    for (auto sizes : {std::vector<int64_t>{12, 11}, {8, 8, 7}, {6, 6, 6, 5}, {20, 1, 2}}) {
+      auto micro = step(sizes);
+      for (size_t i = 0; i < params.size(); ++i) {
+        double scale = 0, err = 0;
+        for (size_t j = 0; j < full[i].size(); ++j) {
+          scale = std::max(scale, std::abs(full[i][j]));
+          err = std::max(err, std::abs(full[i][j] - micro[i][j]));
+        }
+        EXPECT_LE(err, (dt == DType::f32 ? 1e-4 : 1e-2) * scale)
+            << dtype_name(dt) << " param " << i << " k=" << sizes.size();
+      }
+    }
+  }
+}
+
+TEST(CudaDeterminism, DeterministicReductionsGiveIdenticalBitsOnEveryRun) {
+  MT_REQUIRE_CUDA();
+  ASSERT_TRUE(deterministic());
+  auto run = [] {
+    Tensor x = leaf({4099, 257}, DType::bf16, kGPU, 29);
+    Tensor W = param({129, 257}, kGPU, 30, -0.1, 0.1), b = param({129}, kGPU, 31, -0.1, 0.1);
+    Tensor g = param({129}, kGPU, 32, 0.5, 1.5), w = param({1}, kGPU, 33, 0.5, 1.5);
+    sum(scaled_silu(rms_norm(linear(x, W, b), g), w)).backward();
+    std::vector<double> all;
+    for (auto& p : {W, b, g, w})
+      for (double v : p.grad().to_vector()) all.push_back(v);
+    return all;
+  };
+  EXPECT_EQ(run(), run());
+}
