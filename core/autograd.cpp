@@ -1,0 +1,196 @@
+#include "core/autograd.h"
+
+#include <atomic>
+#include <queue>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "core/accumulate.h"
+
+namespace mt {
+
+// ---- grad mode ----------------------------------------------------------------------------
+
+static thread_local bool grad_mode_enabled = true;
+bool GradMode::is_enabled() { return grad_mode_enabled; }
+void GradMode::set_enabled(bool enabled) { grad_mode_enabled = enabled; }
+
+uint64_t detail::next_sequence_nr() {
+  static std::atomic<uint64_t> counter{0};
+  return ++counter;
+}
+
+// ---- leaves -------------------------------------------------------------------------------
+
+DType grad_dtype_for(DType leaf_dtype) { return leaf_dtype == DType::f64 ? DType::f64 : DType::f32; }
+
+AccumulateGrad::AccumulateGrad(std::shared_ptr<TensorImpl> l) : leaf(std::move(l)) {
+  // Leaves finish last among their users: give them the highest priority once ready.
+  sequence_nr = UINT64_MAX;
+}
+
+// Creates leaf.grad if needed (a buffer of its own, never an op's output) and checks that an
+// existing one (possibly set by the user) is one a kernel may add into through a raw pointer.
+static Tensor ensure_grad(const std::string& op, size_t arg, TensorImpl& leaf) {
+  const DType gd = grad_dtype_for(leaf.dtype);
+  const Device dev = leaf.storage->device();
+  if (!leaf.grad) leaf.grad = zeros(leaf.shape, gd, dev).impl_ptr();
+  Tensor g(leaf.grad);
+  MT_CHECK(g.shape() == leaf.shape && g.dtype() == gd && g.device() == dev && g.is_contiguous(),
+           op, ": argument ", arg, "'s .grad (shape ", shape_str(g.shape()), ", ",
+           dtype_name(g.dtype()), ", ", g.device().str(), g.is_contiguous() ? "" : ", strided",
+           ") cannot receive its gradient (shape ", shape_str(leaf.shape), ", ", dtype_name(gd),
+           ", ", dev.str(), "); zero_grad() it or set a matching contiguous one");
+  return g;
+}
+
+GradList AccumulateGrad::apply(const Tensor& grad) {
+  if (grad.defined()) {
+    if (!leaf->grad) {
+      // First use: a fresh copy in the grad dtype. clone() guarantees the leaf owns its buffer
+      // (returning `grad` itself would alias whatever tensor the op produced).
+      leaf->grad = grad.to(grad_dtype_for(leaf->dtype)).clone().impl_ptr();
+    } else {
+      add_into(Tensor(leaf->grad), grad);
+    }
+  }
+  Tensor self(leaf);
+  for (auto& hook : leaf->grad_ready_hooks) hook(self);
+  return {};
+}
+
+Edge gradient_edge(const Tensor& t) {
+  if (!t.defined() || !t.requires_grad()) return {};
+  if (t.grad_fn()) return {t.grad_fn()};
+  TensorImpl& impl = t.impl();
+  auto acc = impl.grad_accumulator.lock();
+  if (!acc) {
+    acc = std::make_shared<AccumulateGrad>(t.impl_ptr());
+    impl.grad_accumulator = acc;
+  }
+  return {acc};
+}
+
+// ---- Context ------------------------------------------------------------------------------
+
+void Context::save_for_backward(std::vector<Tensor> tensors) {
+  saved_.clear();
+  for (auto& t : tensors) {
+    uint64_t v = t.defined() ? t.version() : 0;
+    saved_.push_back({std::move(t), v});
+  }
+}
+
+std::vector<Tensor> Context::saved_tensors() const {
+  MT_CHECK(!released_, op_name, ": saved tensors were already freed by an earlier backward; "
+           "pass retain_graph=true to backward through the graph twice");
+  std::vector<Tensor> out;
+  for (size_t i = 0; i < saved_.size(); ++i) {
+    const Saved& s = saved_[i];
+    if (s.tensor.defined())
+      MT_CHECK(s.tensor.version() == s.version, op_name, ": saved tensor ", i, " (shape ",
+               shape_str(s.tensor.shape()), ") was modified in place after it was saved for "
+               "backward (version ", s.version, " -> ", s.tensor.version(), "); its gradient "
+               "would be wrong. Clone it before modifying, or don't modify it in place");
+    out.push_back(s.tensor);
+  }
+  return out;
+}
+
+Tensor Context::grad_sink(size_t i) {
+  if (i >= sink_leaves_.size() || !sink_leaves_[i] || !needs_input_grad(i)) return {};
+  sunk_[i] = true;
+  return ensure_grad(op_name, i, *sink_leaves_[i]);
+}
+
+void detail::validate_grads(const Context& ctx, const std::vector<InputMeta>& meta,
+                            const GradList& grads) {
+  MT_CHECK(grads.size() == meta.size(), ctx.op_name, ": backward returned ", grads.size(),
+           " gradient(s) but forward took ", meta.size(), " argument(s); return exactly one per "
+           "forward argument, {} for a non-differentiable one");
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const Tensor& g = grads[i];
+    if (!g.defined()) continue;
+    const InputMeta& m = meta[i];
+    MT_CHECK(m.is_tensor, ctx.op_name, ": backward returned a gradient for argument ", i,
+             ", which is not a tensor; return {} for it");
+    MT_CHECK(!ctx.sunk_[i], ctx.op_name, ": backward both added argument ", i, "'s gradient "
+             "into its grad sink and returned it; return {} for a sunk argument");
+    MT_CHECK(g.shape() == m.shape, ctx.op_name, ": gradient for argument ", i, " has shape ",
+             shape_str(g.shape()), " but the argument has shape ", shape_str(m.shape));
+    MT_CHECK(g.dtype() == m.dtype, ctx.op_name, ": gradient for argument ", i, " (shape ",
+             shape_str(g.shape()), ") has dtype ", dtype_name(g.dtype()),
+             " but the argument has dtype ", dtype_name(m.dtype));
+    MT_CHECK(g.device() == m.device, ctx.op_name, ": gradient for argument ", i, " (shape ",
+             shape_str(g.shape()), ") is on ", g.device().str(), " but the argument is on ",
+             m.device.str());
+  }
+}
+
+// ---- engine -------------------------------------------------------------------------------
+
+void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
+  MT_CHECK(root.requires_grad(), "backward: tensor of shape ", shape_str(root.shape()),
+           " does not require grad and has no grad_fn");
+  Tensor seed = grad;
+  if (seed.defined()) {
+    MT_CHECK(seed.shape() == root.shape(), "backward: gradient of shape ", shape_str(seed.shape()),
+             " does not match the output's shape ", shape_str(root.shape()));
+    seed = seed.to(root.dtype()).to(root.device());
+  } else {
+    MT_CHECK(root.numel() == 1, "backward: a gradient can be implied only for a single-element "
+             "output, but the output has shape ", shape_str(root.shape()), "; pass one explicitly");
+    seed = ones(root.shape(), root.dtype(), root.device());
+  }
+  NoGradGuard no_grad;  // nothing the backward does is recorded
+  std::shared_ptr<Node> root_node = gradient_edge(root).node;
+
+  // 1. Dependency counts: how many edges of the reachable graph point at each node.
+  //    Iterative, so a 10,000-op chain needs no deep recursion.
+  std::unordered_map<Node*, int> deps;
+  std::vector<Node*> stack{root_node.get()};
+  std::unordered_set<Node*> seen{root_node.get()};
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (const Edge& e : n->next_edges) {
+      if (!e.node) continue;
+      ++deps[e.node.get()];
+      if (seen.insert(e.node.get()).second) stack.push_back(e.node.get());
+    }
+  }
+
+  // 2. Run nodes whose gradients are complete, latest-created first (a deterministic order).
+  auto later_first = [](const std::shared_ptr<Node>& a, const std::shared_ptr<Node>& b) {
+    return a->sequence_nr < b->sequence_nr;
+  };
+  std::priority_queue<std::shared_ptr<Node>, std::vector<std::shared_ptr<Node>>, decltype(later_first)>
+      ready(later_first);
+  std::unordered_map<Node*, Tensor> buffer;  // summed incoming gradient per node
+  buffer[root_node.get()] = seed;
+  ready.push(root_node);
+  while (!ready.empty()) {
+    std::shared_ptr<Node> node = ready.top();
+    ready.pop();
+    Tensor g = std::move(buffer[node.get()]);
+    buffer.erase(node.get());
+    GradList grads = node->apply(g);
+    if (!retain_graph) node->release();
+    for (size_t i = 0; i < node->next_edges.size(); ++i) {
+      Node* child = node->next_edges[i].node.get();
+      if (!child) continue;
+      if (i < grads.size() && grads[i].defined()) {
+        Tensor& slot = buffer[child];
+        // Out of place: an op may hand the same tensor to two inputs (add's backward does).
+        slot = slot.defined() ? sum_of(slot, grads[i]) : grads[i];
+      }
+      if (--deps[child] == 0) ready.push(node->next_edges[i].node);
+    }
+  }
+}
+
+void Tensor::backward(const Tensor& grad, bool retain_graph) const {
+  run_backward(*this, grad, retain_graph);
+}
+
+}  // namespace mt

@@ -1,0 +1,231 @@
+#pragma once
+// Autograd: the graph, the Function contract and the engine behind Tensor::backward.
+//
+// "Two kernels, one node". Each differentiable op is a forward kernel and a separate backward
+// kernel, glued into the graph by one contract that mirrors torch.autograd.Function:
+//
+//   struct ScaledSiLUFn : Function<ScaledSiLUFn> {
+//     static constexpr const char* name = "scaled_silu";
+//     static Tensor forward(Context& ctx, const Tensor& x, const Tensor& w, bool inplace);
+//     static GradList backward(Context& ctx, const GradList& dy);  // one entry PER forward argument
+//   };
+//   Tensor y = ScaledSiLUFn::apply(x, w, false);
+//
+// backward returns exactly one gradient per forward argument, in order; a non-differentiable
+// argument (the bool above) gets an empty Tensor{}, like Python's None. A wrong count, or a
+// gradient whose shape, dtype or device differs from its input's, is an mt::Error naming the op,
+// the argument and both shapes.
+//
+// .grad semantics (PyTorch's): a leaf's .grad is created on first use and then ADDED INTO (+=)
+// by every backward until zero_grad(). The "grad sink" lets a backward add straight into a leaf's
+// existing .grad (a GEMM with beta = 1, a final += of reduced partials) instead of returning a
+// temporary that the engine would add afterwards. Sinks are always added into, never stored to.
+#include <any>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <unordered_map>
+#include <vector>
+
+#include "core/error.h"
+#include "core/tensor.h"
+
+namespace mt {
+
+using GradList = std::vector<Tensor>;
+
+// ---- grad mode ----------------------------------------------------------------------------
+
+// Graph recording is on unless a NoGradGuard is alive on this thread (eval, optimizer steps).
+struct GradMode {
+  static bool is_enabled();
+  static void set_enabled(bool enabled);
+};
+
+class NoGradGuard {
+ public:
+  NoGradGuard() : prev_(GradMode::is_enabled()) { GradMode::set_enabled(false); }
+  ~NoGradGuard() { GradMode::set_enabled(prev_); }
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+
+// ---- graph --------------------------------------------------------------------------------
+
+struct Node;
+struct Edge {
+  std::shared_ptr<Node> node;  // empty: this input needs no gradient
+};
+
+// A node of the backward graph. Every node has one output (the tensor its op produced) and one
+// edge per forward argument, pointing at the node that must receive that argument's gradient.
+struct Node {
+  virtual ~Node() = default;
+  virtual std::string name() const = 0;
+  // Given the summed gradient of this node's output (undefined when every contribution was
+  // empty), returns one gradient per edge (empty = none).
+  virtual GradList apply(const Tensor& grad_output) = 0;
+  // Frees saved tensors after a backward without retain_graph.
+  virtual void release() {}
+
+  std::vector<Edge> next_edges;
+  uint64_t sequence_nr = 0;  // creation order: the engine runs later nodes first
+};
+
+// Where a leaf's gradient lands: adds into leaf.grad (creating it on first use), then runs the
+// leaf's grad-ready hooks. One per leaf, shared by all its uses.
+struct AccumulateGrad : Node {
+  explicit AccumulateGrad(std::shared_ptr<TensorImpl> leaf);
+  std::string name() const override { return "AccumulateGrad"; }
+  GradList apply(const Tensor& grad) override;
+  std::shared_ptr<TensorImpl> leaf;
+};
+
+// The dtype a leaf's .grad has: f64 for f64 leaves (gradient checks), fp32 for every other
+// floating dtype, whatever the compute dtype.
+DType grad_dtype_for(DType leaf_dtype);
+
+// The edge a forward argument contributes: its grad_fn, its leaf's AccumulateGrad, or none.
+Edge gradient_edge(const Tensor& t);
+
+// ---- the Function contract ----------------------------------------------------------------
+
+class Context {
+ public:
+  // Tensors backward needs and cannot cheaply regenerate (inputs like x and W). Reading one that
+  // was modified in place after it was saved is an error, as in PyTorch.
+  void save_for_backward(std::vector<Tensor> tensors);
+  std::vector<Tensor> saved_tensors() const;
+
+  // Non-tensor values backward needs (eps, flags, a normalizer).
+  template <class T> void set(const std::string& key, T value) { values_[key] = std::move(value); }
+  template <class T> T get(const std::string& key) const;
+
+  // Whether forward argument i is a tensor that needs a gradient.
+  bool needs_input_grad(size_t i) const { return i < needs_grad_.size() && needs_grad_[i]; }
+
+  // If argument i is a leaf that needs a gradient, returns its .grad (created as zeros on first
+  // use) for the backward kernel to ADD INTO; the backward then returns {} in slot i. Returns an
+  // undefined tensor otherwise, and backward returns the gradient as usual.
+  Tensor grad_sink(size_t i);
+
+  // Filled by Function::apply / the engine.
+  std::string op_name;
+  std::vector<bool> needs_grad_;
+  std::vector<std::shared_ptr<TensorImpl>> sink_leaves_;  // per argument: the leaf, or null
+  std::vector<bool> sunk_;
+  bool released_ = false;
+
+ private:
+  struct Saved {
+    Tensor tensor;
+    uint64_t version;
+  };
+  std::vector<Saved> saved_;
+  std::unordered_map<std::string, std::any> values_;
+};
+
+template <class T> T Context::get(const std::string& key) const {
+  auto it = values_.find(key);
+  MT_CHECK(it != values_.end(), op_name, ": backward asked for '", key, "', which forward never set");
+  return std::any_cast<T>(it->second);
+}
+
+namespace detail {
+// What the engine checks about each argument's gradient.
+struct InputMeta {
+  bool is_tensor = false;
+  Shape shape;
+  DType dtype = DType::f32;
+  Device device;
+};
+// Validates a backward's result against the forward arguments (count, shapes, dtypes, devices,
+// sinks) and throws an mt::Error that names the op and the argument.
+void validate_grads(const Context& ctx, const std::vector<InputMeta>& meta, const GradList& grads);
+uint64_t next_sequence_nr();
+
+template <class T> constexpr bool is_tensor_v = std::is_same_v<std::decay_t<T>, Tensor>;
+}  // namespace detail
+
+template <class Derived>
+struct FunctionNode : Node {
+  std::string name() const override { return Derived::name; }
+  GradList apply(const Tensor& grad_output) override {
+    MT_CHECK(!ctx.released_, Derived::name, ": backward through the graph a second time, but its "
+             "saved tensors were freed after the first; pass retain_graph=true to the first backward");
+    std::fill(ctx.sunk_.begin(), ctx.sunk_.end(), false);
+    GradList grads;
+    if (grad_output.defined()) grads = Derived::backward(ctx, GradList{grad_output});
+    else grads.assign(meta.size(), Tensor());  // no gradient flowed in: none flows out
+    detail::validate_grads(ctx, meta, grads);
+    return grads;
+  }
+  void release() override {
+    ctx.released_ = true;
+    ctx.save_for_backward({});
+  }
+  Context ctx;
+  std::vector<detail::InputMeta> meta;
+};
+
+template <class Derived>
+struct Function {
+  template <class... Args>
+  static Tensor apply(const Args&... args) {
+    auto node = std::make_shared<FunctionNode<Derived>>();
+    Context& ctx = node->ctx;
+    ctx.op_name = Derived::name;
+    bool any_needs = false;
+    if (GradMode::is_enabled()) {
+      auto visit = [&](const auto& a) {
+        detail::InputMeta m;
+        Edge e;
+        std::shared_ptr<TensorImpl> leaf;
+        if constexpr (detail::is_tensor_v<decltype(a)>) {
+          m.is_tensor = a.defined();
+          if (a.defined()) {
+            m.shape = a.shape();
+            m.dtype = a.dtype();
+            m.device = a.device();
+            e = gradient_edge(a);
+            if (e.node && a.is_leaf()) leaf = a.impl_ptr();
+          }
+        }
+        ctx.needs_grad_.push_back(e.node != nullptr);
+        any_needs = any_needs || e.node != nullptr;
+        node->next_edges.push_back(std::move(e));
+        ctx.sink_leaves_.push_back(std::move(leaf));
+        node->meta.push_back(std::move(m));
+      };
+      (visit(args), ...);
+    }
+    ctx.sunk_.assign(ctx.needs_grad_.size(), false);
+    Tensor out;
+    {
+      NoGradGuard no_grad;  // the forward's inner work is not recorded
+      out = Derived::forward(ctx, args...);
+    }
+    if (any_needs) {
+      bool aliases_input = false;
+      auto check_alias = [&](const auto& a) {
+        if constexpr (detail::is_tensor_v<decltype(a)>) aliases_input |= out.is_same(a);
+      };
+      (check_alias(args), ...);
+      MT_CHECK(!aliases_input, Derived::name, ": forward returned one of its inputs while a "
+               "gradient is needed; return a new tensor");
+      node->sequence_nr = detail::next_sequence_nr();
+      out.impl().grad_fn = node;
+      out.impl().requires_grad = true;
+    }
+    return out;
+  }
+};
+
+// Runs backpropagation from `root` (Tensor::backward calls this).
+void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph);
+
+}  // namespace mt

@@ -1,0 +1,101 @@
+// Strided gather and fill, the two kernels Tensor itself needs on the GPU.
+//
+// copy_strided: one thread per output element (grid-stride). The output index is decomposed into
+// coordinates with the shape, and the input offset rebuilt with the strides: up to 8 dimensions,
+// passed by value in a small struct so the launch needs no device-side metadata buffer.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "core/cuda/check.h"
+#include "core/cuda/runtime.h"
+#include "core/cuda/tensor_copy_cuda.h"
+
+namespace mt::cuda {
+namespace {
+
+constexpr int kMaxDims = 8;
+struct StridedLayout {
+  int ndim;
+  int64_t shape[kMaxDims];
+  int64_t strides[kMaxDims];
+  int64_t offset;
+};
+
+__device__ inline double load(const void* p, DType t, int64_t i) {
+  switch (t) {
+    case DType::f64: return static_cast<const double*>(p)[i];
+    case DType::f32: return static_cast<const float*>(p)[i];
+    case DType::bf16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case DType::f16: return __half2float(static_cast<const __half*>(p)[i]);
+    case DType::i32: return static_cast<const int32_t*>(p)[i];
+    case DType::i64: return double(static_cast<const int64_t*>(p)[i]);
+  }
+  return 0;
+}
+
+__device__ inline void store(void* p, DType t, int64_t i, double v) {
+  switch (t) {
+    case DType::f64: static_cast<double*>(p)[i] = v; break;
+    case DType::f32: static_cast<float*>(p)[i] = float(v); break;
+    // Through float, so the rounding matches the CPU's float_to_bf16 / float_to_f16.
+    case DType::bf16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(float(v)); break;
+    case DType::f16: static_cast<__half*>(p)[i] = __float2half_rn(float(v)); break;
+    case DType::i32: static_cast<int32_t*>(p)[i] = int32_t(v); break;
+    case DType::i64: static_cast<int64_t*>(p)[i] = int64_t(v); break;
+  }
+}
+
+__global__ void copy_strided_kernel(const void* src, DType st, StridedLayout L, void* dst, DType dt,
+                                    int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    int64_t rem = i, off = L.offset;
+    for (int d = L.ndim - 1; d >= 0; --d) {
+      off += (rem % L.shape[d]) * L.strides[d];
+      rem /= L.shape[d];
+    }
+    store(dst, dt, i, load(src, st, off));
+  }
+}
+
+__global__ void fill_kernel(void* dst, DType dt, double v, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    store(dst, dt, i, v);
+}
+
+int blocks_for(int64_t n) { return int(std::min<int64_t>((n + 255) / 256, 65536)); }
+
+}  // namespace
+
+void copy_strided(const void* src_base, DType src_dtype, const std::vector<int64_t>& shape,
+                  const std::vector<int64_t>& strides, int64_t offset, void* dst, DType dst_dtype,
+                  int device) {
+  MT_CHECK(shape.size() <= kMaxDims, "copy_strided: at most ", kMaxDims, " dimensions, got ",
+           shape.size());
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  if (n == 0) return;
+  StridedLayout L{int(shape.size()), {}, {}, offset};
+  for (size_t d = 0; d < shape.size(); ++d) {
+    L.shape[d] = shape[d];
+    L.strides[d] = strides[d];
+  }
+  set_device(device);
+  copy_strided_kernel<<<blocks_for(n), 256, 0, stream(device)>>>(src_base, src_dtype, L, dst,
+                                                                   dst_dtype, n);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+void poison(void* dst, size_t nbytes, int device) {
+  MT_CUDA_CHECK(cudaMemsetAsync(dst, 0xff, nbytes, stream(device)));
+}
+
+void fill_tensor(void* dst, double value, int64_t n, DType dtype, int device) {
+  if (n == 0) return;
+  set_device(device);
+  fill_kernel<<<blocks_for(n), 256, 0, stream(device)>>>(dst, dtype, value, n);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace mt::cuda

@@ -1,0 +1,28 @@
+#pragma once
+// Where a tensor's memory lives: the host (cpu) or GPU number N (cuda:N).
+#include <string>
+
+namespace mt {
+
+enum class DeviceType : uint8_t { CPU, CUDA };
+
+struct Device {
+  DeviceType type = DeviceType::CPU;
+  int index = 0;
+
+  bool is_cpu() const { return type == DeviceType::CPU; }
+  bool is_cuda() const { return type == DeviceType::CUDA; }
+  bool operator==(const Device&) const = default;
+  std::string str() const { return is_cpu() ? "cpu" : "cuda:" + std::to_string(index); }
+
+  // "cpu", "cuda" (= cuda:0) or "cuda:N"; throws mt::Error on anything else.
+  static Device parse(const std::string& s);
+};
+
+inline const Device kCPU{};
+inline Device cuda_device(int index = 0) { return {DeviceType::CUDA, index}; }
+
+// True when this build has CUDA and at least one GPU is visible (never throws).
+bool cuda_available();
+
+}  // namespace mt

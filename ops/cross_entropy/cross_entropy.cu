@@ -1,0 +1,290 @@
+// Cross-entropy (fused log-softmax + NLL) CUDA kernels. The math and the save/recompute choice
+// are in cross_entropy_cuda.h.
+//
+// Forward, two launches:
+//   1. lse_kernel, one block per row (256 threads, or one warp when C < 1024). Each thread runs
+//      an online max / sum over its columns in fp32 (m = running max, s = sum of exp(x - m),
+//      rescaled when m grows), so the row is read once; the block merges the (m, s) pairs and
+//      thread 0 stores lse[r] = m + log(s) ('='). Ignored rows store 0 and read nothing.
+//   2. loss_kernel, one block of 1024 threads: thread i adds lse[r] - logits[r, t_r] over rows
+//      r = i, i + 1024, ...; the block sums the threads in a fixed tree; loss[0] = total /
+//      normalizer ('='). One gathered logit per row, no scratch, the same bits on every run.
+// Bytes: rows * C * sizeof(dt) read once (+ 4 B of lse and 8 B of target per row); FLOPs are one
+// exp per logit. Floor: the logits read at copy bandwidth.
+//
+// Backward, one launch: backward_kernel, one block per row, recomputes softmax = exp(x - lse[r])
+// and stores dlogits ('=', rounded once to dt) = dloss / normalizer * (softmax - [c == t_r]).
+// Bytes: the logits read once, dlogits written once. Floor: 2 * rows * C * sizeof(dt) at copy
+// bandwidth.
+//
+// Both row kernels move 16-byte packs when every row starts 16-byte aligned (aligned base and
+// C * sizeof(dt) a multiple of 16), else single elements.
+#include "ops/cross_entropy/cross_entropy_cuda.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "core/cuda/check.h"
+#include "core/cuda/glue.h"
+#include "core/registry.h"
+#include "ops/cross_entropy/cross_entropy.h"
+
+namespace mt::cuda {
+namespace {
+
+template <class T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+
+template <class T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+
+// Adds exp(x) to the running (m, s) where s = sum exp(x_i - m). x == m is special-cased so that
+// -inf and +inf logits never form inf - inf: while m is -inf the 1s counted are later multiplied
+// by exp(-inf - x) = 0, and an all -inf row gives lse = -inf. A NaN logit makes s NaN.
+__device__ __forceinline__ void online_add(float& m, float& s, float x) {
+  if (x > m) {
+    s = s * expf(m - x) + 1.f;
+    m = x;
+  } else {
+    s += x == m ? 1.f : expf(x - m);
+  }
+}
+
+// Merges (m2, s2) into (m, s), with the same x == m care as online_add.
+__device__ __forceinline__ void merge(float& m, float& s, float m2, float s2) {
+  const float mm = fmaxf(m, m2);
+  s = (m == mm ? s : s * expf(m - mm)) + (m2 == mm ? s2 : s2 * expf(m2 - mm));
+  m = mm;
+}
+
+// Merges every thread's (m, s) in a fixed order; the result is valid in thread 0.
+__device__ void block_merge(float& m, float& s) {
+  for (int o = 16; o > 0; o >>= 1)
+    merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+  if (blockDim.x == 32) return;
+  __shared__ float wm[32], ws[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) wm[warp] = m, ws[warp] = s;
+  __syncthreads();
+  if (warp == 0) {
+    const bool live = lane < int(blockDim.x >> 5);
+    m = live ? wm[lane] : -INFINITY;
+    s = live ? ws[lane] : 0.f;
+    for (int o = 16; o > 0; o >>= 1)
+      merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+  }
+}
+
+template <class T, int V>
+__global__ void lse_kernel(const T* logits, const int64_t* targets, float* lse, int64_t C,
+                           int64_t ignore_index) {
+  const int64_t r = blockIdx.x;
+  if (targets[r] == ignore_index) {  // uniform across the block: no barrier is skipped unevenly
+    if (threadIdx.x == 0) lse[r] = 0.f;
+    return;
+  }
+  const T* row = logits + r * C;
+  float m = -INFINITY, s = 0.f;
+  const int64_t cv = C / V;
+  for (int64_t i = threadIdx.x; i < cv; i += blockDim.x) {
+    const Pack<T, V> p = reinterpret_cast<const Pack<T, V>*>(row)[i];
+#pragma unroll
+    for (int j = 0; j < V; ++j) online_add(m, s, to_float(p.v[j]));
+  }
+  for (int64_t c = cv * V + threadIdx.x; c < C; c += blockDim.x) online_add(m, s, to_float(row[c]));
+  block_merge(m, s);
+  if (threadIdx.x == 0) lse[r] = m + logf(s);
+}
+
+constexpr int kLossThreads = 1024;
+
+template <class T>
+__global__ void loss_kernel(const T* logits, const int64_t* targets, const float* lse, float* loss,
+                            int* bad_targets, int64_t rows, int64_t C, int64_t ignore_index,
+                            float normalizer) {
+  float acc = 0.f;
+  bool bad = false;
+  for (int64_t r = threadIdx.x; r < rows; r += kLossThreads) {
+    const int64_t t = targets[r];
+    if (t == ignore_index) continue;
+    if (t < 0 || t >= C) {
+      bad = true;
+      continue;
+    }
+    acc += lse[r] - to_float(logits[r * C + t]);
+  }
+  if (bad && bad_targets != nullptr) *bad_targets = 1;  // same value from every writer: benign
+  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  __shared__ float warp_total[kLossThreads / 32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) warp_total[warp] = acc;
+  __syncthreads();
+  if (warp == 0) {
+    acc = warp_total[lane];
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (lane == 0) loss[0] = acc / normalizer;
+  }
+}
+
+template <class T, int V>
+__global__ void backward_kernel(const T* logits, const int64_t* targets, const float* lse,
+                                const float* dloss, T* dlogits, int64_t C, int64_t ignore_index,
+                                float normalizer) {
+  const int64_t r = blockIdx.x;
+  const int64_t t = targets[r];
+  const T* row = logits + r * C;
+  T* drow = dlogits + r * C;
+  const int64_t cv = C / V;
+  if (t == ignore_index) {
+    Pack<T, V> zero;
+#pragma unroll
+    for (int j = 0; j < V; ++j) zero.v[j] = from_float<T>(0.f);
+    for (int64_t i = threadIdx.x; i < cv; i += blockDim.x) reinterpret_cast<Pack<T, V>*>(drow)[i] = zero;
+    for (int64_t c = cv * V + threadIdx.x; c < C; c += blockDim.x) drow[c] = from_float<T>(0.f);
+    return;
+  }
+  const float g = *dloss / normalizer;
+  const float l = lse[r];
+  for (int64_t i = threadIdx.x; i < cv; i += blockDim.x) {
+    const Pack<T, V> p = reinterpret_cast<const Pack<T, V>*>(row)[i];
+    Pack<T, V> d;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const int64_t c = i * V + j;
+      d.v[j] = from_float<T>(g * (expf(to_float(p.v[j]) - l) - (c == t ? 1.f : 0.f)));
+    }
+    reinterpret_cast<Pack<T, V>*>(drow)[i] = d;
+  }
+  for (int64_t c = cv * V + threadIdx.x; c < C; c += blockDim.x)
+    drow[c] = from_float<T>(g * (expf(to_float(row[c]) - l) - (c == t ? 1.f : 0.f)));
+}
+
+template <class F>
+void dispatch(DType dt, const char* op, F&& f) {
+  switch (dt) {
+    case DType::f32: f(float{}); return;
+    case DType::bf16: f(__nv_bfloat16{}); return;
+    case DType::f16: f(__half{}); return;
+    default: MT_THROW(op, ": unsupported logits dtype ", dtype_name(dt), " (expected f32, bf16, f16)");
+  }
+}
+
+// Rows may use 16-byte packs when every row starts on a 16-byte boundary.
+bool rows_aligned(const void* p, int64_t C, size_t elem) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0 && (C * int64_t(elem)) % 16 == 0;
+}
+
+void check_shape(const char* op, int64_t rows, int64_t C) {
+  MT_CHECK(C >= 1, op, ": need at least one class, got C = ", C);
+  MT_CHECK(rows <= INT32_MAX, op, ": ", rows, " rows exceed one block per row");
+}
+
+int row_threads(int64_t C) { return C >= 1024 ? 256 : 32; }
+
+}  // namespace
+
+void cross_entropy_forward(const void* logits, const int64_t* targets, float* loss, float* lse,
+                           int* bad_targets, int64_t rows, int64_t C, int64_t ignore_index,
+                           float normalizer, DType dt, cudaStream_t s) {
+  check_shape("cross_entropy_forward", rows, C);
+  dispatch(dt, "cross_entropy_forward", [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int V = 16 / sizeof(T);
+    auto* x = static_cast<const T*>(logits);
+    if (rows > 0) {
+      if (rows_aligned(logits, C, sizeof(T)))
+        lse_kernel<T, V><<<unsigned(rows), row_threads(C), 0, s>>>(x, targets, lse, C, ignore_index);
+      else
+        lse_kernel<T, 1><<<unsigned(rows), row_threads(C), 0, s>>>(x, targets, lse, C, ignore_index);
+      MT_CUDA_CHECK_LAUNCH();
+    }
+    // Runs for rows == 0 too, so loss is always written (0 / normalizer).
+    loss_kernel<T><<<1, kLossThreads, 0, s>>>(x, targets, lse, loss, bad_targets, rows, C,
+                                               ignore_index, normalizer);
+    MT_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void cross_entropy_backward(const void* logits, const int64_t* targets, const float* lse,
+                            const float* dloss, void* dlogits, int64_t rows, int64_t C,
+                            int64_t ignore_index, float normalizer, DType dt, cudaStream_t s) {
+  check_shape("cross_entropy_backward", rows, C);
+  if (rows == 0) return;
+  dispatch(dt, "cross_entropy_backward", [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int V = 16 / sizeof(T);
+    auto* x = static_cast<const T*>(logits);
+    auto* dx = static_cast<T*>(dlogits);
+    if (rows_aligned(logits, C, sizeof(T)) && rows_aligned(dlogits, C, sizeof(T)))
+      backward_kernel<T, V><<<unsigned(rows), row_threads(C), 0, s>>>(x, targets, lse, dloss, dx, C,
+                                                                       ignore_index, normalizer);
+    else
+      backward_kernel<T, 1><<<unsigned(rows), row_threads(C), 0, s>>>(x, targets, lse, dloss, dx, C,
+                                                                       ignore_index, normalizer);
+    MT_CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace mt::cuda
+
+// ---- Tensor-level kernels registered for cross_entropy on CUDA ----------------------------
+// An out-of-range target cannot throw here without a host synchronization per call; instead the
+// forward kernel raises a device flag and the loss becomes NaN, which the trainer's non-finite
+// check reports (and the data loaders reject such labels when they read them).
+namespace mt {
+namespace {
+
+__global__ void nan_if_flagged(const int* flag, float* loss) {
+  if (*flag) *loss = __int_as_float(0x7fc00000);
+}
+
+// normalizer <= 0 means "this call's count of non-ignored targets": counting them reads the
+// targets on the host (a synchronization), so the trainer always passes its step's count instead.
+// With no target left the sum is 0 and any positive normalizer gives CPU's answer (0, no NaN).
+double effective_normalizer(const Tensor& targets, int64_t ignore_index, double normalizer) {
+  if (normalizer > 0) return normalizer;
+  int64_t count = 0;
+  for (double t : targets.to_vector()) count += int64_t(t) != ignore_index;
+  return count > 0 ? double(count) : 1.0;
+}
+
+void cross_entropy_forward_cuda(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                                double normalizer, const Tensor& loss, const Tensor& lse) {
+  normalizer = effective_normalizer(targets, ignore_index, normalizer);
+  cudaStream_t s = cuda::stream_of(logits);
+  Tensor flag = zeros({1}, DType::i32, logits.device());
+  cuda::cross_entropy_forward(logits.data_ptr(), cuda::ptr<const int64_t>(targets),
+                              cuda::ptr<float>(loss), cuda::ptr<float>(lse), cuda::ptr<int>(flag),
+                              logits.size(0), logits.size(1), ignore_index, float(normalizer),
+                              logits.dtype(), s);
+  nan_if_flagged<<<1, 1, 0, s>>>(cuda::ptr<const int>(flag), cuda::ptr<float>(loss));
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+void cross_entropy_backward_cuda(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                                 const Tensor& dloss, int64_t ignore_index, double normalizer,
+                                 const Tensor& dlogits) {
+  normalizer = effective_normalizer(targets, ignore_index, normalizer);
+  cuda::cross_entropy_backward(logits.data_ptr(), cuda::ptr<const int64_t>(targets),
+                               cuda::ptr<const float>(lse), cuda::ptr<const float>(dloss),
+                               dlogits.data_ptr(), logits.size(0), logits.size(1), ignore_index,
+                               float(normalizer), logits.dtype(), cuda::stream_of(logits));
+}
+
+}  // namespace
+
+MT_REGISTER_KERNEL(cross_entropy, Forward, CUDA, cross_entropy_forward_cuda);
+MT_REGISTER_KERNEL(cross_entropy, Backward, CUDA, cross_entropy_backward_cuda);
+
+}  // namespace mt

@@ -1,0 +1,200 @@
+// linear: the Function (the graph node's contract) and the CPU reference kernels.
+// The math, the mixed-precision rule and what is saved are in linear.h.
+#include "ops/linear/linear.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <climits>
+#include <type_traits>
+#include <vector>
+
+#include "core/autograd.h"
+#include "core/registry.h"
+
+namespace mt {
+namespace {
+
+bool is_16bit(DType t) { return t == DType::bf16 || t == DType::f16; }
+
+// x [..., K] as the matrix [M, K] its leading dimensions flatten into (a view of a contiguous x).
+Tensor as_matrix(const Tensor& t) {
+  Shape lead(t.shape().begin(), t.shape().end() - 1);
+  return t.view({numel_of(lead), t.size(-1)});
+}
+
+// The dtype rule: the GEMM runs in x's dtype. W (and b, which shares W's dtype) is either x's
+// dtype or, under mixed precision, the fp32 master copy of the weights of a bf16/f16 x; then
+// W_compute, when given, is the x-dtype copy of W the optimizer keeps fresh.
+void check_args(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& W_compute) {
+  MT_CHECK(x.dim() >= 1 && is_floating(x.dtype()), "linear: x must be a floating-point tensor "
+           "with at least one dimension, got shape ", shape_str(x.shape()), " ",
+           dtype_name(x.dtype()));
+  MT_CHECK(W.dim() == 2, "linear: W must be [out_features, in_features], got shape ",
+           shape_str(W.shape()));
+  MT_CHECK(x.size(-1) == W.size(1), "linear: x has shape ", shape_str(x.shape()),
+           " but W has shape ", shape_str(W.shape()), "; x's last dimension must equal W's second");
+  MT_CHECK(x.device() == W.device(), "linear: x (shape ", shape_str(x.shape()), ") is on ",
+           x.device().str(), " but W (shape ", shape_str(W.shape()), ") is on ", W.device().str());
+  const bool mixed = x.dtype() != W.dtype();
+  MT_CHECK(!mixed || (is_16bit(x.dtype()) && W.dtype() == DType::f32), "linear: x (shape ",
+           shape_str(x.shape()), ") is ", dtype_name(x.dtype()), " but W (shape ",
+           shape_str(W.shape()), ") is ", dtype_name(W.dtype()),
+           "; W must be x's dtype, or f32 master weights for a bf16/f16 x");
+  if (b.defined()) {
+    MT_CHECK(b.dim() == 1 && b.size(0) == W.size(0), "linear: b has shape ", shape_str(b.shape()),
+             " but W has shape ", shape_str(W.shape()), "; b must be [", W.size(0), "]");
+    MT_CHECK(b.dtype() == W.dtype(), "linear: b (shape ", shape_str(b.shape()), ") is ",
+             dtype_name(b.dtype()), " but W (shape ", shape_str(W.shape()), ") is ",
+             dtype_name(W.dtype()), "; b must be W's dtype");
+    MT_CHECK(b.device() == W.device(), "linear: b (shape ", shape_str(b.shape()), ") is on ",
+             b.device().str(), " but W (shape ", shape_str(W.shape()), ") is on ",
+             W.device().str());
+  }
+  if (W_compute.defined()) {
+    MT_CHECK(mixed, "linear: W_compute was given but x and W are both ", dtype_name(x.dtype()),
+             "; it is the bf16/f16 copy of f32 master weights, for mixed precision only");
+    MT_CHECK(W_compute.shape() == W.shape() && W_compute.dtype() == x.dtype(),
+             "linear: W_compute has shape ", shape_str(W_compute.shape()), " ",
+             dtype_name(W_compute.dtype()), " but must be W's shape ", shape_str(W.shape()),
+             " in x's dtype ", dtype_name(x.dtype()));
+    MT_CHECK(W_compute.device() == W.device(), "linear: W_compute (shape ",
+             shape_str(W_compute.shape()), ") is on ", W_compute.device().str(), " but W (shape ",
+             shape_str(W.shape()), ") is on ", W.device().str());
+  }
+}
+
+struct LinearFn : Function<LinearFn> {
+  static constexpr const char* name = "linear";
+
+  static Tensor forward(Context& ctx, const Tensor& x, const Tensor& W, const Tensor& b,
+                        const Tensor& W_compute) {
+    check_args(x, W, b, W_compute);
+    const DType grad_dtype = grad_dtype_for(x.dtype());
+    // The GEMM reads W in x's dtype: W itself, the optimizer's compute copy, or a cast made here.
+    Tensor Wc = x.dtype() == W.dtype() ? W : W_compute.defined() ? W_compute : W.to(x.dtype());
+    Wc = Wc.contiguous();
+    Tensor xc = x.contiguous();
+    Tensor bc = b.defined() ? b.to(grad_dtype).contiguous() : Tensor();
+    Shape y_shape = x.shape();
+    y_shape.back() = W.size(0);
+    Tensor y = empty(y_shape, x.dtype(), x.device());
+    kernel<LinearForwardFn>(name, Phase::Forward, x.device())(as_matrix(xc), Wc, bc, as_matrix(y));
+    ctx.set("W_dtype", W.dtype());
+    ctx.save_for_backward({xc, Wc});  // W as the GEMM read it
+    return y;
+  }
+
+  static GradList backward(Context& ctx, const GradList& dys) {
+    auto saved = ctx.saved_tensors();
+    const Tensor &x = saved[0], &Wc = saved[1];
+    const DType grad_dtype = grad_dtype_for(x.dtype());
+    Tensor dy = dys[0].contiguous();  // upstream gradients may be strided views
+    Tensor dx, dW, db, dW_sink, db_sink;
+    if (ctx.needs_input_grad(0)) dx = empty(x.shape(), x.dtype(), x.device());
+    // W's and b's .grad when they are leaves: the kernel adds straight into them.
+    if (ctx.needs_input_grad(1)) {
+      dW_sink = ctx.grad_sink(1);
+      dW = dW_sink.defined() ? dW_sink : zeros(Wc.shape(), grad_dtype, x.device());
+    }
+    if (ctx.needs_input_grad(2)) {
+      db_sink = ctx.grad_sink(2);
+      db = db_sink.defined() ? db_sink : zeros({Wc.size(0)}, grad_dtype, x.device());
+    }
+    kernel<LinearBackwardFn>(name, Phase::Backward, x.device())(
+        as_matrix(x), Wc, as_matrix(dy), dx.defined() ? as_matrix(dx) : Tensor(), dW, db);
+    // A sunk gradient is already in .grad; a returned one takes its argument's dtype.
+    const DType param_dtype = ctx.get<DType>("W_dtype");
+    if (dW.defined()) dW = dW_sink.defined() ? Tensor() : dW.to(param_dtype);
+    if (db.defined()) db = db_sink.defined() ? Tensor() : db.to(param_dtype);
+    return {dx, dW, db, Tensor()};  // one per forward argument: x, W, b, W_compute (no gradient)
+  }
+};
+
+// ---- CPU reference kernels ----------------------------------------------------------------
+
+// C [m, n] = A·B + beta·C in row-major storage, A [m, k] (stored [k, m] when trans_a) and
+// B [k, n] (stored [n, k] when trans_b), through CBLAS.
+template <class T>
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a, const T* b,
+          T beta, T* c) {
+  MT_CHECK(std::max({m, n, k}) <= INT_MAX, "linear: GEMM of ", m, " x ", n, " x ", k,
+           " exceeds CBLAS's int dimensions");
+  auto ld = [](int64_t cols) { return int(std::max<int64_t>(cols, 1)); };  // BLAS wants >= 1
+  const auto ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
+  const int lda = ld(trans_a ? m : k), ldb = ld(trans_b ? k : n), ldc = ld(n);
+  if constexpr (std::is_same_v<T, double>)
+    cblas_dgemm(CblasRowMajor, ta, tb, int(m), int(n), int(k), 1.0, a, lda, b, ldb, beta, c, ldc);
+  else
+    cblas_sgemm(CblasRowMajor, ta, tb, int(m), int(n), int(k), 1.0f, a, lda, b, ldb, beta, c, ldc);
+}
+
+// f64 and f32: x, W, y and b all of type T.
+template <class T>
+void forward_typed(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& y) {
+  const int64_t M = x.size(0), K = x.size(1), N = W.size(0);
+  T* yp = y.data<T>();
+  gemm<T>(false, true, M, N, K, x.data<T>(), W.data<T>(), T(0), yp);  // y = x·Wᵀ
+  if (!b.defined()) return;
+  const T* bp = b.data<T>();
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) yp[i * N + j] += bp[j];
+}
+
+void forward_cpu(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& y) {
+  if (is_16bit(x.dtype())) {
+    // The fp32 GEMM on upcast copies (exact), its result rounded once.
+    Tensor y32 = empty(y.shape(), DType::f32);
+    forward_cpu(x.to(DType::f32), W.to(DType::f32), b, y32);
+    y.copy_(y32);
+  } else if (x.dtype() == DType::f64) {
+    forward_typed<double>(x, W, b, y);
+  } else {
+    forward_typed<float>(x, W, b, y);
+  }
+}
+
+template <class T>
+void backward_typed(const Tensor& x, const Tensor& W, const Tensor& dy, const Tensor& dx,
+                    const Tensor& dW, const Tensor& db) {
+  const int64_t M = x.size(0), K = x.size(1), N = W.size(0);
+  const T* dyp = dy.data<T>();
+  // dx = dy·W
+  if (dx.defined()) gemm<T>(false, false, M, K, N, dyp, W.data<T>(), T(0), dx.data<T>());
+  // dW += dyᵀ·x, beta = 1: dW is W's .grad when it is a sink; beta = 0 would drop earlier
+  // microbatches.
+  if (dW.defined()) gemm<T>(true, false, N, K, M, dyp, x.data<T>(), T(1), dW.data<T>());
+  if (db.defined()) {
+    std::vector<double> col_sums(size_t(N), 0.0);  // fixed row order: the same bits every run
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) col_sums[size_t(j)] += double(dyp[i * N + j]);
+    T* dbp = db.data<T>();
+    for (int64_t j = 0; j < N; ++j) dbp[j] += T(col_sums[size_t(j)]);  // '+=', as for dW
+  }
+}
+
+void backward_cpu(const Tensor& x, const Tensor& W, const Tensor& dy, const Tensor& dx,
+                  const Tensor& dW, const Tensor& db) {
+  if (is_16bit(x.dtype())) {
+    // fp32 GEMMs on upcast copies: dW and db are fp32 already, dx is rounded once.
+    Tensor dx32 = dx.defined() ? empty(dx.shape(), DType::f32) : Tensor();
+    backward_cpu(x.to(DType::f32), W.to(DType::f32), dy.to(DType::f32), dx32, dW, db);
+    if (dx.defined()) dx.copy_(dx32);
+  } else if (x.dtype() == DType::f64) {
+    backward_typed<double>(x, W, dy, dx, dW, db);
+  } else {
+    backward_typed<float>(x, W, dy, dx, dW, db);
+  }
+}
+
+}  // namespace
+
+Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& W_compute) {
+  return LinearFn::apply(x, W, b, W_compute);
+}
+
+MT_DESCRIBE_OP(linear, "y = x*W^T + b; dx = dy*W, dW += dy^T*x, db += sum_rows(dy)");
+MT_REGISTER_KERNEL(linear, Forward, CPU, forward_cpu);
+MT_REGISTER_KERNEL(linear, Backward, CPU, backward_cpu);
+
+}  // namespace mt

@@ -1,0 +1,331 @@
+// Linear forward / backward on CUDA: three cuBLASLt GEMMs, a bias cast and a column sum.
+//
+// Row-major through column-major cuBLAS. A row-major [R, C] buffer is, read column-major, the
+// [C, R] transpose. So each row-major product is computed as its transpose, C^T = B^T · A^T,
+// with the operands swapped and op flags for the rest (m, n, k and leading dims below are the
+// column-major view):
+//   forward  y^T[N,M]  = W[N,K] · x^T[K,M]   A = W  (op T, stored [K,N]), B = x  (op N, [K,M])
+//   dx       dx^T[K,M] = W^T[K,N] · dy^T[N,M] A = W  (op N, [K,N]),        B = dy (op N, [N,M])
+//   dW       dW^T[K,N] = x^T[K,M] · dy[M,N]   A = x  (op N, [K,M]),        B = dy (op T, [N,M])
+// Each GEMM is 2·M·N·K FLOPs with fp32 accumulation; the floor is cuBLAS's own speed for that
+// shape (bench/bench_linear.cu measures it). dx stores ('=', beta 0); dW is fp32 output from
+// dt inputs with beta = beta_dW, so beta 1 accumulates into .grad inside the GEMM in fp32.
+//
+// Bias. The cuBLASLt BIAS epilogue adds the bias to the fp32 accumulator before the one rounding
+// to the output, at no extra memory traffic. Its bias elements must have the output's type
+// (cublasLt.h, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: Dtype, except for IMMA and fp8 kernels).
+// For f32 output that is our fp32 bias. For bf16/f16 output cast_bias_kernel first rounds the
+// N-element fp32 bias to dt in pool scratch (as PyTorch autocast does), which costs 6·N bytes
+// instead of the 4·M·N-byte read and rewrite of y that a separate bias-add pass would.
+//
+// db, two passes, deterministic (no atomics):
+//   1. colsum_partials_kernel: grid (ceil(N/32), chunks), block (32, 8). A block owns 32 columns
+//      and a fixed range of rows; thread (c, r) adds rows r, r+8, ... of its column in fp32, the
+//      8 row-threads are added in order, partials[chunk, col] = ('=').
+//   2. colsum_final_kernel: one thread per column adds the chunks in order, db[col] += total.
+// Bytes: M·N·sizeof(dt) read once (+ 2·chunks·N·4 of partials). Floor: dy read at copy bandwidth.
+#include "ops/linear/linear_cuda.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "core/cuda/check.h"
+#include "core/cuda/glue.h"
+#include "core/cuda/runtime.h"
+#include "core/registry.h"
+#include "ops/linear/linear.h"
+
+namespace mt::cuda {
+namespace {
+
+// ---- cuBLASLt plans ----------------------------------------------------------------------------
+
+cudaDataType_t cuda_type(DType dt, const char* op) {
+  switch (dt) {
+    case DType::f32: return CUDA_R_32F;
+    case DType::bf16: return CUDA_R_16BF;
+    case DType::f16: return CUDA_R_16F;
+    default: MT_THROW(op, ": unsupported dtype ", dtype_name(dt), " (expected f32, bf16, f16)");
+  }
+}
+
+// One column-major GEMM D = alpha · op(A) · op(B) + beta · C with C = D.
+struct Gemm {
+  cublasOperation_t ta, tb;
+  int64_t m, n, k;
+  cudaDataType_t ab_type, cd_type;
+  int64_t lda, ldb, ldc;
+  cublasLtEpilogue_t epilogue;
+};
+
+// What cuBLASLt chose for one GEMM, built once and kept for the life of the process.
+struct Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  Plan() = default;
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+  ~Plan() {
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+// Largest power of two dividing the address, capped at cuBLASLt's default assumption of 256:
+// an algorithm that needs more alignment than a pointer has must not be chosen for it.
+uint32_t alignment(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t low = a & (~a + 1);  // lowest set bit; 0 for nullptr
+  return low == 0 || low > 256 ? 256u : uint32_t(low);
+}
+
+// The key holds everything the choice depends on: device, shape, ops, types, leading dims,
+// epilogue and the pointers' alignment (the bias pointer's too, which the heuristic reads).
+using PlanKey = std::array<int64_t, 16>;
+
+std::mutex g_plans_mutex;
+std::map<PlanKey, std::unique_ptr<Plan>> g_plans;
+
+std::unique_ptr<Plan> make_plan(cublasLtHandle_t h, const Gemm& g, const void* A, const void* B,
+                                const void* C, const void* bias, size_t ws_bytes) {
+  auto p = std::make_unique<Plan>();
+  MT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &g.ta, sizeof(g.ta)));
+  MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &g.tb, sizeof(g.tb)));
+  MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &g.epilogue,
+                                                 sizeof(g.epilogue)));
+  if (bias != nullptr)
+    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                   sizeof(bias)));
+  // Stored shapes: op N keeps (rows, cols) = (m, k) for A and (k, n) for B; op T swaps them.
+  const bool at = g.ta != CUBLAS_OP_N, bt = g.tb != CUBLAS_OP_N;
+  MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, g.ab_type, at ? g.k : g.m, at ? g.m : g.k, g.lda));
+  MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, g.ab_type, bt ? g.n : g.k, bt ? g.k : g.n, g.ldb));
+  MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, g.cd_type, g.m, g.n, g.ldc));
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const uint64_t ws = ws_bytes;
+  const uint32_t al_a = alignment(A), al_b = alignment(B), al_c = alignment(C);
+  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a)));
+  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b)));
+  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c)));
+  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c)));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(h, p->desc, p->a, p->b, p->c, p->c, pref, 1, &result, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  MT_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS,
+           "linear: cuBLASLt has no algorithm for m=", g.m, " n=", g.n, " k=", g.k, " (",
+           cublasGetStatusName(st), ", alignments A/B/C ", al_a, "/", al_b, "/", al_c, ")");
+  p->algo = result.algo;
+  return p;
+}
+
+// D = alpha · op(A) · op(B) + beta · D (+ bias), planned once per key, on stream s.
+void lt_matmul(const Gemm& g, const void* A, const void* B, void* D, float alpha, float beta,
+               const void* bias, cudaStream_t s) {
+  int dev = 0;
+  MT_CUDA_CHECK(cudaGetDevice(&dev));
+  cublasLtHandle_t h = cublaslt(dev);
+  size_t ws_bytes = 0;
+  void* ws = cublaslt_workspace(dev, &ws_bytes);
+  const PlanKey key{dev,        g.ta,       g.tb,         g.m,          g.n,        g.k,
+                    g.ab_type,  g.cd_type,  g.lda,        g.ldb,        g.ldc,      g.epilogue,
+                    alignment(A), alignment(B), alignment(D), alignment(bias)};
+  // One lock for lookup and launch: the bias pointer is written into the shared descriptor.
+  std::lock_guard<std::mutex> lock(g_plans_mutex);
+  auto it = g_plans.find(key);
+  if (it == g_plans.end()) it = g_plans.emplace(key, make_plan(h, g, A, B, D, bias, ws_bytes)).first;
+  Plan& p = *it->second;
+  if (bias != nullptr)
+    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                   sizeof(bias)));
+  MT_CUBLAS_CHECK(cublasLtMatmul(h, p.desc, &alpha, A, p.a, B, p.b, &beta, D, p.c, D, p.c, &p.algo,
+                                 ws, ws_bytes, s));
+}
+
+// ---- small kernels -----------------------------------------------------------------------------
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ void store(__nv_bfloat16& d, float x) { d = __float2bfloat16_rn(x); }
+__device__ __forceinline__ void store(__half& d, float x) { d = __float2half_rn(x); }
+
+template <class T>
+__global__ void cast_bias_kernel(const float* bias, T* out, int64_t N) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < N) store(out[i], bias[i]);
+}
+
+constexpr int kColBlock = 32;  // columns per block (one warp across)
+constexpr int kRowThreads = 8;  // row-threads per column
+
+template <class T>
+__global__ void colsum_partials_kernel(const T* dy, int64_t M, int64_t N, int64_t rows_per_chunk,
+                                       float* partials) {
+  const int64_t col = int64_t(blockIdx.x) * kColBlock + threadIdx.x;
+  const int64_t r0 = int64_t(blockIdx.y) * rows_per_chunk;
+  const int64_t r1 = r0 + rows_per_chunk < M ? r0 + rows_per_chunk : M;
+  float acc = 0.f;
+  if (col < N) {
+    const T* p = dy + col;
+    int64_t r = r0 + threadIdx.y;
+    // Four rows loaded before they are added (in row order, as the plain loop would).
+    for (; r + 3 * kRowThreads < r1; r += 4 * kRowThreads) {
+      const float a = to_float(p[r * N]), b = to_float(p[(r + kRowThreads) * N]);
+      const float c = to_float(p[(r + 2 * kRowThreads) * N]), d = to_float(p[(r + 3 * kRowThreads) * N]);
+      acc += a, acc += b, acc += c, acc += d;
+    }
+    for (; r < r1; r += kRowThreads) acc += to_float(p[r * N]);
+  }
+  __shared__ float part[kRowThreads][kColBlock + 1];
+  part[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < N) {
+    float t = 0.f;
+#pragma unroll
+    for (int i = 0; i < kRowThreads; ++i) t += part[i][threadIdx.x];
+    partials[int64_t(blockIdx.y) * N + col] = t;
+  }
+}
+
+__global__ void colsum_final_kernel(const float* partials, int chunks, int64_t N, float* db) {
+  const int64_t col = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (col >= N) return;
+  float t = 0.f;
+  for (int c = 0; c < chunks; ++c) t += partials[int64_t(c) * N + col];
+  db[col] += t;
+}
+
+template <class F>
+void dispatch(DType dt, const char* op, F&& f) {
+  switch (dt) {
+    case DType::f32: f(float{}); return;
+    case DType::bf16: f(__nv_bfloat16{}); return;
+    case DType::f16: f(__half{}); return;
+    default: MT_THROW(op, ": unsupported dtype ", dtype_name(dt), " (expected f32, bf16, f16)");
+  }
+}
+
+// The framework pool orders scratch on the framework stream; kernels using it must run there.
+int scratch_device(cudaStream_t s, const char* what) {
+  int dev = 0;
+  MT_CUDA_CHECK(cudaGetDevice(&dev));
+  MT_CHECK(s == mt::cuda::stream(dev), what, " must run on the framework stream of device ", dev,
+           " (its scratch is ordered there)");
+  return dev;
+}
+
+// y = x · W^T + bias for 16-bit y: the bias rounded to dt in scratch, then the BIAS epilogue.
+void forward_lowp_bias(const Gemm& g, const void* x, const void* W, const float* bias, void* y,
+                       int64_t N, DType dt, cudaStream_t s) {
+  const int dev = scratch_device(s, "linear_forward with a bias");
+  void* b = mt::cuda::alloc(size_t(N) * dtype_size(dt), dev);
+  const unsigned blocks = unsigned((N + 255) / 256);
+  if (dt == DType::bf16) cast_bias_kernel<<<blocks, 256, 0, s>>>(bias, static_cast<__nv_bfloat16*>(b), N);
+  else cast_bias_kernel<<<blocks, 256, 0, s>>>(bias, static_cast<__half*>(b), N);
+  MT_CUDA_CHECK_LAUNCH();
+  lt_matmul(g, W, x, y, 1.f, 0.f, b, s);
+  mt::cuda::free(b, dev);  // stream-ordered: released after the GEMM has run
+}
+
+void bias_grad(const void* dy, float* db, int64_t M, int64_t N, DType dt, cudaStream_t s) {
+  const int dev = scratch_device(s, "linear_backward with db");
+  // Enough (column block, row chunk) blocks to fill the GPU, fixed by (M, N) alone.
+  const int64_t col_blocks = (N + kColBlock - 1) / kColBlock;
+  const int64_t want = std::max<int64_t>(1, std::min<int64_t>((M + 63) / 64, 2048 / col_blocks));
+  const int64_t rows_per_chunk = (M + want - 1) / want;
+  const int chunks = int((M + rows_per_chunk - 1) / rows_per_chunk);
+  auto* partials = static_cast<float*>(mt::cuda::alloc(size_t(chunks) * N * sizeof(float), dev));
+  dispatch(dt, "linear_backward", [&](auto tag) {
+    using T = decltype(tag);
+    colsum_partials_kernel<T><<<dim3(unsigned(col_blocks), unsigned(chunks)), dim3(kColBlock, kRowThreads), 0, s>>>(
+        static_cast<const T*>(dy), M, N, rows_per_chunk, partials);
+    MT_CUDA_CHECK_LAUNCH();
+  });
+  colsum_final_kernel<<<unsigned((N + 255) / 256), 256, 0, s>>>(partials, chunks, N, db);
+  MT_CUDA_CHECK_LAUNCH();
+  mt::cuda::free(partials, dev);  // stream-ordered: released after the kernels above have run
+}
+
+void check_shape(const char* op, int64_t M, int64_t N, int64_t K) {
+  MT_CHECK(M >= 0 && N > 0 && K > 0, op, ": bad shape M=", M, " N=", N, " K=", K,
+           " (need M >= 0, N > 0, K > 0)");
+}
+
+}  // namespace
+
+void linear_forward(const void* x, const void* W, const float* bias, void* y, int64_t M, int64_t N,
+                    int64_t K, DType dt, cudaStream_t s) {
+  check_shape("linear_forward", M, N, K);
+  if (M == 0) return;
+  const cudaDataType_t t = cuda_type(dt, "linear_forward");
+  const Gemm g{CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, t, t, K, K, N,
+               bias != nullptr ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT};
+  if (bias != nullptr && dt != DType::f32) forward_lowp_bias(g, x, W, bias, y, N, dt, s);
+  else lt_matmul(g, W, x, y, 1.f, 0.f, bias, s);
+}
+
+void linear_backward(const void* x, const void* W, const void* dy, void* dx, float* dW,
+                     float beta_dW, float* db, int64_t M, int64_t N, int64_t K, DType dt,
+                     cudaStream_t s) {
+  check_shape("linear_backward", M, N, K);
+  const cudaDataType_t t = cuda_type(dt, "linear_backward");
+  if (M == 0) {  // an empty batch contributes nothing; a fresh dW is all zeros
+    if (dW != nullptr && beta_dW == 0.f)
+      MT_CUDA_CHECK(cudaMemsetAsync(dW, 0, size_t(N) * K * sizeof(float), s));
+    return;
+  }
+  if (dx != nullptr) {
+    const Gemm g{CUBLAS_OP_N, CUBLAS_OP_N, K, M, N, t, t, K, N, K, CUBLASLT_EPILOGUE_DEFAULT};
+    lt_matmul(g, W, dy, dx, 1.f, 0.f, nullptr, s);
+  }
+  if (dW != nullptr) {
+    const Gemm g{CUBLAS_OP_N, CUBLAS_OP_T, K, N, M, t, CUDA_R_32F, K, N, K, CUBLASLT_EPILOGUE_DEFAULT};
+    lt_matmul(g, x, dy, dW, 1.f, beta_dW, nullptr, s);
+  }
+  if (db != nullptr) bias_grad(dy, db, M, N, dt, s);
+}
+
+}  // namespace mt::cuda
+
+// ---- Tensor-level kernels registered for linear on CUDA -----------------------------------
+// (The Function, its checks and the mixed-precision choice of W are in linear.cpp.)
+namespace mt {
+namespace {
+
+void linear_forward_cuda(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& y) {
+  MT_CHECK(!b.defined() || b.dtype() == DType::f32, "linear: the CUDA bias must be f32, got ",
+           dtype_name(b.dtype()));
+  cuda::linear_forward(x.data_ptr(), W.data_ptr(), cuda::ptr<const float>(b), y.data_ptr(),
+                       x.size(0), W.size(0), x.size(1), x.dtype(), cuda::stream_of(x));
+}
+
+// dW and db are always added into (beta = 1): they are the leaves' .grad sinks, or fresh zeros.
+void linear_backward_cuda(const Tensor& x, const Tensor& W, const Tensor& dy, const Tensor& dx,
+                          const Tensor& dW, const Tensor& db) {
+  cuda::linear_backward(x.data_ptr(), W.data_ptr(), dy.data_ptr(), cuda::ptr(dx),
+                        cuda::ptr<float>(dW), 1.0f, cuda::ptr<float>(db), x.size(0), W.size(0),
+                        x.size(1), x.dtype(), cuda::stream_of(x));
+}
+
+}  // namespace
+
+MT_REGISTER_KERNEL(linear, Forward, CUDA, linear_forward_cuda);
+MT_REGISTER_KERNEL(linear, Backward, CUDA, linear_backward_cuda);
+
+}  // namespace mt

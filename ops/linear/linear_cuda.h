@@ -1,0 +1,39 @@
+#pragma once
+// Linear layer on CUDA: one GEMM forward, two GEMMs and a column sum backward.
+//
+//   forward   y[M,N]  = x[M,K] · W[N,K]^T (+ bias[N])
+//   backward  dx[M,K] = dy[M,N] · W[N,K]
+//             dW[N,K] = dy^T · x            (the weight's fp32 .grad)
+//             db[N]   = sum over rows of dy (the bias's fp32 .grad)
+//
+// Saved vs recomputed: backward needs x and W (saved by the caller, never copied here); y is not
+// needed. Tensors are row-major and contiguous; transposes are cuBLAS op flags, never copies.
+// GEMMs run in cuBLASLt with fp32 accumulation (CUBLAS_COMPUTE_32F), on the current device.
+// Plans (descriptors, layouts, chosen algorithm) are built on the first call for a shape and
+// reused, so a training step never re-plans. Nothing here waits for the device.
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "core/dtype.h"
+
+namespace mt::cuda {
+
+// y ('=', in dt) = x · W^T (+ bias). x, W, y in dt (f32, bf16, f16); bias fp32 [N] or nullptr,
+// added in the GEMM's epilogue before y is rounded (for bf16/f16 y the bias is first rounded to
+// dt in pool scratch, so then `s` must be mt::cuda::stream(current device)).
+void linear_forward(const void* x, const void* W, const float* bias, void* y, int64_t M, int64_t N,
+                    int64_t K, DType dt, cudaStream_t s);
+
+// Each output is optional (nullptr skips its work):
+//   dx ('=', in dt)          = dy · W
+//   dW (fp32)                = dy^T · x + beta_dW * dW: beta_dW = 1 adds straight into an
+//                              existing fp32 .grad (the grad sink), beta_dW = 0 stores a fresh one
+//   db ('+=', fp32)          += column sums of dy, in a fixed order (the same bits every run)
+// x, W, dy in dt. db's scratch comes from the framework's stream-ordered pool, so with db given
+// `s` must be mt::cuda::stream(current device).
+void linear_backward(const void* x, const void* W, const void* dy, void* dx, float* dW,
+                     float beta_dW, float* db, int64_t M, int64_t N, int64_t K, DType dt,
+                     cudaStream_t s);
+
+}  // namespace mt::cuda

@@ -1,0 +1,290 @@
+// Fused multi-tensor AdamW and the deterministic global gradient norm. The update rule is in
+// adamw_cuda.h.
+//
+// How one launch covers many tensors. Every tensor is cut into chunks of kChunk elements; block b
+// of the grid owns one (tensor, chunk). The tensor list travels as the kernel's parameter, a
+// struct of up to kMaxTensors descriptors plus each tensor's first block index (CUDA 12.1+
+// allows 32 KB of parameters on sm_70+). A block finds its tensor by binary search over those
+// indices. Kernel parameters are captured by value in a CUDA graph, so there is no staging buffer
+// to keep alive or to refresh, and no host synchronization. More than kMaxTensors tensors take
+// one more launch per kMaxTensors (no per-parameter launches). __grid_constant__ lets the kernel
+// index the descriptor array in parameter memory without copying the 15 KB struct to local memory.
+//
+// AdamW: grid = sum of chunks, 256 threads, each thread moves float4s of p, g, m, v (and 4
+// bf16/f16 of lowp) when the tensor's pointers are 16-byte (lowp 8-byte) aligned, else floats.
+// Everything is stored ('=') in place: p, m, v in fp32, lowp rounded once from the new fp32 p.
+// Bytes per element: read p, g, m, v (16) + write p, m, v (12) + write lowp (2 if any) = 28-30;
+// a handful of FLOPs and one sqrt. Floor: those bytes at copy bandwidth.
+//
+// grad_norm_sq: the same chunking; block b writes partials[b] = fp32 sum of its chunk's g^2
+// ('='), then one block of 1024 threads adds the partials in index order into *out_sq ('=').
+// Bytes: 4 per element, read once. The chunk -> block map depends only on the sizes, so the
+// result is bitwise reproducible.
+#include "optim/adamw_cuda.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "core/cuda/check.h"
+#include "core/cuda/runtime.h"
+
+namespace mt::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kChunk = 16384;  // elements per block: 16 float4 per thread
+constexpr int kMaxTensors = 256;   // descriptors per launch
+
+struct AdamWBatch {
+  AdamWTensor t[kMaxTensors];
+  int first_block[kMaxTensors];  // block index where tensor i's chunks start (increasing)
+  int num;
+};
+
+struct NormBatch {
+  const float* g[kMaxTensors];
+  int64_t n[kMaxTensors];
+  int first_block[kMaxTensors];
+  int num;
+  int partial_base;  // partials index of this launch's block 0
+};
+
+// Parameter space is 32764 bytes; keep room for the other arguments.
+static_assert(sizeof(AdamWBatch) <= 30000 && sizeof(NormBatch) <= 30000, "kernel parameters too large");
+
+struct Hyper {
+  float lr, b1, b2, eps, bc1, bc2;
+};
+
+// The tensor whose chunks contain block b: the last i with first_block[i] <= b (every tensor in
+// a batch has at least one chunk, so first_block is strictly increasing).
+__device__ __forceinline__ int find_tensor(const int* first_block, int num, int b) {
+  int lo = 0, hi = num - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (first_block[mid] <= b) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+__device__ __forceinline__ void to_lowp(__nv_bfloat16& d, float x) { d = __float2bfloat16_rn(x); }
+__device__ __forceinline__ void to_lowp(__half& d, float x) { d = __float2half_rn(x); }
+
+template <class Low>
+struct alignas(4 * sizeof(Low)) Low4 {
+  Low v[4];
+};
+
+__device__ __forceinline__ void adamw_update(float& p, float g, float& m, float& v, float decay,
+                                             const Hyper& h) {
+  m = h.b1 * m + (1.f - h.b1) * g;
+  v = h.b2 * v + (1.f - h.b2) * g * g;
+  p *= decay;
+  p -= h.lr * (m / h.bc1) / (sqrtf(v / h.bc2) + h.eps);
+}
+
+template <class Low>
+__global__ void __launch_bounds__(kThreads)
+    adamw_kernel(const __grid_constant__ AdamWBatch batch, const Hyper h, const float* grad_scale,
+                 const int* skip_step) {
+  if (skip_step != nullptr && *skip_step != 0) return;
+  const int ti = find_tensor(batch.first_block, batch.num, blockIdx.x);
+  const AdamWTensor& t = batch.t[ti];
+  const int64_t begin = int64_t(blockIdx.x - batch.first_block[ti]) * kChunk;
+  const int64_t end = begin + kChunk < t.n ? begin + kChunk : t.n;
+  const float gs = grad_scale != nullptr ? *grad_scale : 1.f;
+  const float decay = 1.f - h.lr * t.weight_decay;
+  Low* lowp = static_cast<Low*>(t.lowp);
+
+  const auto a16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool vec = a16(t.param) && a16(t.grad) && a16(t.m) && a16(t.v) &&
+                   reinterpret_cast<uintptr_t>(lowp) % 8 == 0;  // uniform over the block
+  int64_t i = begin + int64_t(threadIdx.x) * (vec ? 4 : 1);
+  if (vec) {
+    const int64_t end4 = begin + (end - begin) / 4 * 4;  // begin is a multiple of 4
+    for (; i < end4; i += 4 * kThreads) {
+      float4 p = *reinterpret_cast<const float4*>(t.param + i);
+      float4 g = *reinterpret_cast<const float4*>(t.grad + i);
+      float4 m = *reinterpret_cast<const float4*>(t.m + i);
+      float4 v = *reinterpret_cast<const float4*>(t.v + i);
+      adamw_update(p.x, g.x * gs, m.x, v.x, decay, h);
+      adamw_update(p.y, g.y * gs, m.y, v.y, decay, h);
+      adamw_update(p.z, g.z * gs, m.z, v.z, decay, h);
+      adamw_update(p.w, g.w * gs, m.w, v.w, decay, h);
+      *reinterpret_cast<float4*>(t.param + i) = p;
+      *reinterpret_cast<float4*>(t.m + i) = m;
+      *reinterpret_cast<float4*>(t.v + i) = v;
+      if (lowp != nullptr) {
+        Low4<Low> l;
+        to_lowp(l.v[0], p.x), to_lowp(l.v[1], p.y), to_lowp(l.v[2], p.z), to_lowp(l.v[3], p.w);
+        *reinterpret_cast<Low4<Low>*>(lowp + i) = l;
+      }
+    }
+    i = end4 + threadIdx.x;  // the last end - end4 (< 4) elements
+  }
+  for (; i < end; i += kThreads) {
+    float p = t.param[i], m = t.m[i], v = t.v[i];
+    adamw_update(p, t.grad[i] * gs, m, v, decay, h);
+    t.param[i] = p, t.m[i] = m, t.v[i] = v;
+    if (lowp != nullptr) to_lowp(lowp[i], p);
+  }
+}
+
+// Sum over the block in a fixed order (butterfly in each warp, then warp 0 over the warp totals);
+// valid in thread 0.
+__device__ float block_sum(float v) {
+  __shared__ float warp_total[32];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) warp_total[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < int(blockDim.x >> 5) ? warp_total[lane] : 0.f;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  }
+  return v;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    sumsq_kernel(const __grid_constant__ NormBatch batch, float* partials) {
+  const int ti = find_tensor(batch.first_block, batch.num, blockIdx.x);
+  const float* g = batch.g[ti];
+  const int64_t n = batch.n[ti];
+  const int64_t begin = int64_t(blockIdx.x - batch.first_block[ti]) * kChunk;
+  const int64_t end = begin + kChunk < n ? begin + kChunk : n;
+  float acc = 0.f;
+  int64_t i = begin + threadIdx.x;
+  if (reinterpret_cast<uintptr_t>(g) % 16 == 0) {
+    // Four independent float4 loads in flight per thread before any is added.
+    constexpr int kUnroll = 4;
+    const float4* g4 = reinterpret_cast<const float4*>(g);
+    const int64_t b4 = begin / 4, e4 = b4 + (end - begin) / 4;
+    for (int64_t j = b4 + threadIdx.x; j < e4; j += kUnroll * kThreads) {
+      float4 x[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t k = j + u * kThreads;
+        x[u] = k < e4 ? g4[k] : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+        acc += x[u].x * x[u].x + x[u].y * x[u].y + x[u].z * x[u].z + x[u].w * x[u].w;
+    }
+    i = e4 * 4 + threadIdx.x;
+  }
+  for (; i < end; i += kThreads) acc += g[i] * g[i];
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) partials[batch.partial_base + blockIdx.x] = acc;
+}
+
+__global__ void sum_partials_kernel(const float* partials, int num, float* out) {
+  float acc = 0.f;
+  for (int i = threadIdx.x; i < num; i += blockDim.x) acc += partials[i];
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) *out = acc;
+}
+
+__global__ void clip_factor_kernel(const float* norm_sq, float max_norm, float* factor) {
+  *factor = fminf(1.f, max_norm / (sqrtf(*norm_sq) + 1e-6f));
+}
+
+// Adds the chunks of an n-element tensor to a running block count, refusing a grid past int range.
+int add_blocks(int blocks, int64_t n, const char* op) {
+  const int64_t total = int64_t(blocks) + (n + kChunk - 1) / kChunk;
+  MT_CHECK(total <= INT32_MAX, op, ": too many elements for one launch (", total, " chunks)");
+  return int(total);
+}
+
+template <class Low>
+void launch_adamw(const AdamWBatch& batch, int blocks, const Hyper& h, const float* grad_scale,
+                  const int* skip_step, cudaStream_t s) {
+  adamw_kernel<Low><<<unsigned(blocks), kThreads, 0, s>>>(batch, h, grad_scale, skip_step);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void adamw_step(const AdamWTensor* tensors_host, int num_tensors, float lr, float b1, float b2,
+                float eps, float bc1, float bc2, const float* grad_scale, const int* skip_step,
+                DType lowp_dt, cudaStream_t s) {
+  bool any_lowp = false;
+  for (int i = 0; i < num_tensors; ++i) any_lowp |= tensors_host[i].lowp != nullptr;
+  MT_CHECK(!any_lowp || lowp_dt == DType::bf16 || lowp_dt == DType::f16,
+           "adamw_step: the low-precision copy must be bf16 or f16, got ", dtype_name(lowp_dt));
+  const Hyper h{lr, b1, b2, eps, bc1, bc2};
+  AdamWBatch batch;  // copied into the launch: reusable as soon as the <<<>>> returns
+  batch.num = 0;
+  int blocks = 0;
+  auto flush = [&] {
+    if (batch.num == 0) return;
+    if (lowp_dt == DType::f16) launch_adamw<__half>(batch, blocks, h, grad_scale, skip_step, s);
+    else launch_adamw<__nv_bfloat16>(batch, blocks, h, grad_scale, skip_step, s);
+    batch.num = 0;
+    blocks = 0;
+  };
+  for (int i = 0; i < num_tensors; ++i) {
+    const AdamWTensor& t = tensors_host[i];
+    if (t.n == 0) continue;
+    MT_CHECK(t.n > 0 && t.param && t.grad && t.m && t.v, "adamw_step: tensor ", i,
+             " has a null pointer or a negative size (n = ", t.n, ")");
+    batch.t[batch.num] = t;
+    batch.first_block[batch.num] = blocks;
+    blocks = add_blocks(blocks, t.n, "adamw_step");
+    if (++batch.num == kMaxTensors) flush();
+  }
+  flush();
+}
+
+void grad_norm_sq(const float* const* grads_host, const int64_t* sizes, int num, float* out_sq,
+                  cudaStream_t s) {
+  int total = 0;
+  for (int i = 0; i < num; ++i) {
+    MT_CHECK(sizes[i] >= 0 && (sizes[i] == 0 || grads_host[i] != nullptr), "grad_norm_sq: tensor ", i,
+             " has a null pointer or a negative size (n = ", sizes[i], ")");
+    total = add_blocks(total, sizes[i], "grad_norm_sq");
+  }
+  if (total == 0) {
+    MT_CUDA_CHECK(cudaMemsetAsync(out_sq, 0, sizeof(float), s));
+    return;
+  }
+  int dev = 0;
+  MT_CUDA_CHECK(cudaGetDevice(&dev));
+  MT_CHECK(s == mt::cuda::stream(dev), "grad_norm_sq: must run on the framework stream of device ",
+           dev, " (its scratch is ordered there)");
+  auto* partials = static_cast<float*>(mt::cuda::alloc(size_t(total) * sizeof(float), dev));
+  NormBatch batch;
+  batch.num = 0;
+  batch.partial_base = 0;
+  int blocks = 0;
+  auto flush = [&] {
+    if (batch.num == 0) return;
+    sumsq_kernel<<<unsigned(blocks), kThreads, 0, s>>>(batch, partials);
+    MT_CUDA_CHECK_LAUNCH();
+    batch.partial_base += blocks;
+    batch.num = 0;
+    blocks = 0;
+  };
+  for (int i = 0; i < num; ++i) {
+    if (sizes[i] == 0) continue;
+    batch.g[batch.num] = grads_host[i];
+    batch.n[batch.num] = sizes[i];
+    batch.first_block[batch.num] = blocks;
+    blocks = add_blocks(blocks, sizes[i], "grad_norm_sq");
+    if (++batch.num == kMaxTensors) flush();
+  }
+  flush();
+  sum_partials_kernel<<<1, 1024, 0, s>>>(partials, total, out_sq);
+  MT_CUDA_CHECK_LAUNCH();
+  mt::cuda::free(partials, dev);  // stream-ordered: released after the kernels above have run
+}
+
+void clip_factor(const float* norm_sq, float max_norm, float* factor, cudaStream_t s) {
+  clip_factor_kernel<<<1, 1, 0, s>>>(norm_sq, max_norm, factor);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace mt::cuda

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# On a machine with an NVIDIA GPU: build for sm_90, run every test (the CUDA ones included), the
+# kernel benchmarks and the default training run on the GPU, then print a short summary last.
+# Logs go to $MT_LOG_DIR (default build-gpu/logs).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export NCCL_NVLS_ENABLE=0  # never use NVLink multicast
+build=${MT_BUILD_DIR:-build-gpu}
+logs=${MT_LOG_DIR:-$build/logs}
+mkdir -p "$logs"
+summary=()
+note() { summary+=("$*"); }
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$logs/gpu.txt"
+if ! MT_BUILD_DIR=$build bash scripts/build.sh -DMT_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+    >"$logs/build.log" 2>&1; then
+  tail -40 "$logs/build.log"
+  echo "SUMMARY build FAILED"
+  exit 1
+fi
+note "build ok ($(grep -c 'Building' "$logs/build.log") objects)"
+
+ctest --test-dir "$build" --output-on-failure -j 8 >"$logs/ctest.log" 2>&1
+note "ctest: $(grep -E 'tests passed|tests failed' "$logs/ctest.log")"
+grep -E '^\s*[0-9]+/[0-9]+ Test.*(Failed|Exception|Timeout)' "$logs/ctest.log" | head -20
+"$build/mt_tests" --gtest_filter='Cuda*' >"$logs/cuda_tests.log" 2>&1
+note "CUDA tests: $(grep -E '^\[  (PASSED|FAILED) ' "$logs/cuda_tests.log" | tr '\n' ' ')"
+grep -E '^\[  FAILED  \]|Failure|error' "$logs/cuda_tests.log" | head -30
+
+for b in "$build"/bench_*; do
+  [[ -x $b ]] || continue
+  name=$(basename "$b")
+  timeout 300 "$b" >"$logs/$name.log" 2>&1
+  note "$name (rc $?):"
+  while IFS= read -r line; do note "  $line"; done < <(grep -E '^SUMMARY' "$logs/$name.log")
+done
+
+if [[ -f configs/mlp.yaml ]]; then
+  timeout 300 "$build/train" --config configs/mlp.yaml --device cuda \
+    --set checkpoint.dir="$logs/run-mlp" >"$logs/train.log" 2>&1
+  note "train configs/mlp.yaml --device cuda (rc $?): $(tail -1 "$logs/train.log")"
+fi
+
+echo
+echo "================ summary ================"
+printf '%s\n' "${summary[@]}"

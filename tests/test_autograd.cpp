@@ -1,0 +1,207 @@
+// The engine and the Function contract: graph shapes, retain_graph, no-grad, detach, and the
+// contract's errors (wrong count, mismatched gradient, modified saved tensor).
+#include <gtest/gtest.h>
+
+#include "core/autograd.h"
+#include "ops/elementwise/elementwise.h"
+#include "ops/scaled_silu/scaled_silu.h"
+#include "tests/gradcheck.h"
+
+using namespace mt;
+using mt::test::random_leaf;
+
+namespace {
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// A Function whose backward returns one gradient too few: the lesson's first trap.
+struct ForgetsASlot : Function<ForgetsASlot> {
+  static constexpr const char* name = "forgets_a_slot";
+  static Tensor forward(Context&, const Tensor& x, bool) { return x.clone(); }
+  static GradList backward(Context&, const GradList& dy) { return {dy[0]}; }  // 1, not 2
+};
+
+// A Function whose backward returns a gradient of the wrong shape.
+struct WrongShape : Function<WrongShape> {
+  static constexpr const char* name = "wrong_shape";
+  static Tensor forward(Context&, const Tensor& x) { return x.clone(); }
+  static GradList backward(Context&, const GradList& dy) { return {dy[0].view({-1})}; }
+};
+
+}  // namespace
+
+TEST(Autograd, LeafFlagsAndRequiresGradPropagation) {
+  Tensor x = random_leaf({3});
+  Tensor c = random_leaf({3}, -1, 1, /*grad=*/false);
+  EXPECT_TRUE(x.is_leaf());
+  Tensor y = mul(x, c);
+  EXPECT_FALSE(y.is_leaf());
+  EXPECT_TRUE(y.requires_grad());
+  EXPECT_EQ(y.grad_fn()->name(), "mul");
+  Tensor z = mul(c, c);
+  EXPECT_FALSE(z.requires_grad());
+  EXPECT_TRUE(z.is_leaf());
+}
+
+TEST(Autograd, FanOutSumsGradientsOfATensorUsedTwice) {
+  // y = x * x: the engine must sum both uses (micrograd's lesson): dy/dx = 2x.
+  Tensor x = random_leaf({5});
+  sum(mul(x, x)).backward();
+  auto xv = x.to_vector(), g = x.grad().to_vector();
+  for (size_t i = 0; i < xv.size(); ++i) EXPECT_DOUBLE_EQ(g[i], 2 * xv[i]);
+}
+
+TEST(Autograd, DiamondGraph) {
+  // a -> (b = 3a, c = a*a) -> d = b + c: dd/da = 3 + 2a.
+  Tensor a = random_leaf({4});
+  Tensor d = add(scale(a, 3.0), mul(a, a));
+  sum(d).backward();
+  auto av = a.to_vector(), g = a.grad().to_vector();
+  for (size_t i = 0; i < av.size(); ++i) EXPECT_NEAR(g[i], 3 + 2 * av[i], 1e-12);
+}
+
+TEST(Autograd, LongChainNeedsNoRecursion) {
+  Tensor x = random_leaf({2});
+  Tensor y = x;
+  for (int i = 0; i < 10000; ++i) y = scale(y, 1.0001);
+  sum(y).backward();
+  double expect = std::pow(1.0001, 10000);
+  for (double g : x.grad().to_vector()) EXPECT_NEAR(g, expect, 1e-9 * expect);
+}
+
+TEST(Autograd, RetainGraphTwiceAccumulatesAndWithoutItIsAClearError) {
+  Tensor x = random_leaf({3});
+  Tensor w = random_leaf({1}, 0.5, 1.5);
+  Tensor loss = sum(scaled_silu(x, w));
+  loss.backward(Tensor(), /*retain_graph=*/true);
+  auto once = x.grad().to_vector();
+  loss.backward();  // second pass through the retained graph: gradients add
+  auto twice = x.grad().to_vector();
+  for (size_t i = 0; i < once.size(); ++i) EXPECT_DOUBLE_EQ(twice[i], 2 * once[i]);
+  std::string msg = error_of([&] { loss.backward(); });
+  EXPECT_NE(msg.find("retain_graph=true"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("second time"), std::string::npos) << msg;
+}
+
+TEST(Autograd, NoGradGuardRecordsNothing) {
+  Tensor x = random_leaf({3});
+  {
+    NoGradGuard g;
+    Tensor y = mul(x, x);
+    EXPECT_FALSE(y.requires_grad());
+    EXPECT_EQ(y.grad_fn(), nullptr);
+  }
+  EXPECT_TRUE(mul(x, x).requires_grad());
+}
+
+TEST(Autograd, DetachCutsTheGraphButSharesMemory) {
+  Tensor x = random_leaf({3});
+  Tensor y = scale(x, 2.0);
+  Tensor d = y.detach();
+  EXPECT_FALSE(d.requires_grad());
+  EXPECT_TRUE(d.is_leaf());
+  EXPECT_EQ(d.data_ptr(), y.data_ptr());
+  // Only the non-detached path contributes: d/dx sum(2x + detached) = 2.
+  sum(add(y, d)).backward();
+  for (double g : x.grad().to_vector()) EXPECT_DOUBLE_EQ(g, 2.0);
+}
+
+TEST(Autograd, BackwardNeedsAScalarOrAnExplicitGradient) {
+  Tensor x = random_leaf({3});
+  std::string msg = error_of([&] { scale(x, 2.0).backward(); });
+  EXPECT_NE(msg.find("[3]"), std::string::npos) << msg;
+  msg = error_of([&] { scale(x, 2.0).backward(ones({4}, DType::f64)); });
+  EXPECT_NE(msg.find("[4]"), std::string::npos) << msg;
+  msg = error_of([&] { random_leaf({1}, 0, 1, false).backward(); });
+  EXPECT_NE(msg.find("does not require grad"), std::string::npos) << msg;
+}
+
+TEST(AutogradTrap1, WrongNumberOfGradientsIsAClearError) {
+  Tensor x = random_leaf({2});
+  Tensor y = ForgetsASlot::apply(x, true);
+  std::string msg = error_of([&] { sum(y).backward(); });
+  EXPECT_NE(msg.find("forgets_a_slot"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("returned 1 gradient(s) but forward took 2"), std::string::npos) << msg;
+}
+
+TEST(Autograd, MismatchedGradientShapeNamesOpArgumentAndShapes) {
+  Tensor x = random_leaf({2, 3});
+  std::string msg = error_of([&] { sum(WrongShape::apply(x)).backward(); });
+  EXPECT_NE(msg.find("wrong_shape"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("argument 0"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[6]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[2, 3]"), std::string::npos) << msg;
+}
+
+TEST(Autograd, ModifyingASavedTensorInPlaceIsAClearError) {
+  Tensor x = random_leaf({3});
+  Tensor w = random_leaf({1});
+  Tensor h = scale(x, 1.0);  // a non-leaf we then modify
+  Tensor y = scaled_silu(h, w);
+  h.fill_(0.5);  // scaled_silu saved h to recompute sigmoid(h)
+  std::string msg = error_of([&] { sum(y).backward(); });
+  EXPECT_NE(msg.find("scaled_silu"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("modified in place"), std::string::npos) << msg;
+}
+
+TEST(Autograd, LeafGradIsOwnedNotAnAliasOfAnOpOutput) {
+  // add's backward hands dy itself to its input; the leaf must still own a separate buffer.
+  Tensor a = random_leaf({3});
+  Tensor seed = from_vector(std::vector<double>{1, 2, 3}, {3}, DType::f64);
+  add(a, random_leaf({3}, -1, 1, false)).backward(seed);
+  EXPECT_NE(a.grad().data_ptr(), seed.data_ptr());
+  seed.fill_(100);
+  EXPECT_EQ(a.grad().to_vector(), (std::vector<double>{1, 2, 3}));
+}
+
+TEST(Autograd, ZeroGradSetsToNoneOrZeros) {
+  Tensor x = random_leaf({2});
+  sum(x).backward();
+  EXPECT_TRUE(x.grad().defined());
+  x.zero_grad(/*set_to_none=*/false);
+  EXPECT_EQ(x.grad().to_vector(), (std::vector<double>{0, 0}));
+  x.zero_grad();
+  EXPECT_FALSE(x.grad().defined());
+}
+
+TEST(Autograd, GradReadyHookFiresOncePerBackwardAfterAllContributions) {
+  Tensor x = random_leaf({2});
+  std::vector<double> seen;
+  x.register_grad_ready_hook([&](const Tensor& t) { seen.push_back(t.grad().to_vector()[0]); });
+  sum(add(mul(x, x), scale(x, 3.0))).backward();  // three uses of x
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_NEAR(seen[0], 2 * x.to_vector()[0] + 3, 1e-12);
+}
+
+TEST(Autograd, BitwiseIdenticalFromRunToRun) {
+  auto run = [] {
+    manual_seed(3);
+    Tensor x = random_leaf({257});
+    Tensor w = random_leaf({1});
+    sum(mul(scaled_silu(x, w), x)).backward();
+    auto g = x.grad().to_vector();
+    g.push_back(w.grad().item());
+    return g;
+  };
+  EXPECT_EQ(run(), run());
+}
+
+TEST(ElementwiseOps, GradientChecks) {
+  using mt::test::expect_gradcheck;
+  manual_seed(11);
+  Tensor a = random_leaf({3, 5}), b = random_leaf({3, 5});
+  expect_gradcheck([](auto& in) { return add(in[0], in[1], -0.7); }, {a, b}, "add");
+  expect_gradcheck([](auto& in) { return mul(in[0], in[1]); }, {a, b}, "mul");
+  expect_gradcheck([](auto& in) { return scale(in[0], 1.3); }, {a}, "scale");
+  expect_gradcheck([](auto& in) { return relu(in[0]); }, {a}, "relu");
+  expect_gradcheck([](auto& in) { return sum(in[0]); }, {a}, "sum");
+  expect_gradcheck([](auto& in) { return mean(in[0]); }, {a}, "mean");
+  expect_gradcheck([](auto& in) { return mse_loss(in[0], in[1]); }, {a, b}, "mse_loss");
+}

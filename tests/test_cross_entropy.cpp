@@ -1,0 +1,167 @@
+// cross_entropy on the CPU: gradient checks for the logits, the forward against the formula, the
+// normalizer and ignore_index rules, accumulation, strided logits, 16-bit rounding, misuse errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/autograd.h"
+#include "core/rng.h"
+#include "ops/cross_entropy/cross_entropy.h"
+#include "tests/expect_error.h"
+#include "tests/gradcheck.h"
+
+using namespace mt;
+using mt::test::expect_error;
+using mt::test::expect_gradcheck;
+using mt::test::random_leaf;
+
+namespace {
+
+constexpr int64_t kIgnore = -100;
+
+Tensor targets_of(const std::vector<int64_t>& t, DType dtype = DType::i64) {
+  return from_vector(t, {int64_t(t.size())}, dtype);
+}
+
+Tensor random_targets(int64_t rows, int64_t C, Generator& g) {
+  std::vector<int64_t> t;
+  for (int64_t r = 0; r < rows; ++r) t.push_back(int64_t(g.below(uint64_t(C))));
+  return from_vector(t, {rows});
+}
+
+// Σ over kept rows of (log Σ_c exp(x[r, c]) − x[r, t_r]), without the max trick: the oracle.
+double naive_loss_sum(const Tensor& logits, const std::vector<int64_t>& t, int64_t ignore_index) {
+  const int64_t C = logits.size(1);
+  const auto v = logits.to_vector();
+  double s = 0;
+  for (size_t r = 0; r < t.size(); ++r) {
+    if (t[r] == ignore_index) continue;
+    double z = 0;
+    for (int64_t c = 0; c < C; ++c) z += std::exp(v[r * size_t(C) + size_t(c)]);
+    s += std::log(z) - v[r * size_t(C) + size_t(t[r])];
+  }
+  return s;
+}
+
+}  // namespace
+
+TEST(CrossEntropy, GradientCheckForLogits) {
+  manual_seed(1);
+  Generator g(1);
+  for (int64_t C : {1, 2, 37}) {
+    Tensor targets = random_targets(5, C, g);
+    Tensor with_ignored = targets.clone();
+    with_ignored.data<int64_t>()[3] = kIgnore;
+    for (double normalizer : {0.0, 7.5}) {
+      for (const Tensor& t : {targets, with_ignored}) {
+        expect_gradcheck(
+            [&](auto& in) { return cross_entropy(in[0], t, kIgnore, normalizer); },
+            {random_leaf({5, C})},
+            "cross_entropy C " + std::to_string(C) + " normalizer " + std::to_string(normalizer));
+      }
+    }
+  }
+}
+
+TEST(CrossEntropy, ForwardMatchesTheFormulaWithTheNormalizerRule) {
+  manual_seed(2);
+  Tensor logits = random_leaf({5, 4}, -3, 3, false);
+  const std::vector<int64_t> t{0, kIgnore, 3, 2, kIgnore};
+  Tensor targets = targets_of(t);
+  const double s = naive_loss_sum(logits, t, kIgnore);
+  Tensor loss = cross_entropy(logits, targets);
+  EXPECT_EQ(loss.dim(), 0);
+  EXPECT_EQ(loss.dtype(), DType::f64);
+  EXPECT_NEAR(loss.item(), s / 3, 1e-14);  // normalizer <= 0: the 3 kept targets
+  EXPECT_NEAR(cross_entropy(logits, targets, kIgnore, 10).item(), s / 10, 1e-14);
+  // ignore_index may be any value, a valid class too.
+  const std::vector<int64_t> t2{0, 2, 3, 2, 1};
+  EXPECT_NEAR(cross_entropy(logits, targets_of(t2), 2).item(),
+              naive_loss_sum(logits, t2, 2) / 3, 1e-14);
+}
+
+TEST(CrossEntropy, EveryTargetIgnoredGivesZeroLossAndZeroGradientNotNaN) {
+  Tensor logits = random_leaf({3, 4});
+  Tensor targets = targets_of({kIgnore, kIgnore, kIgnore});
+  Tensor loss = cross_entropy(logits, targets);
+  EXPECT_EQ(loss.item(), 0.0);
+  loss.backward();
+  for (double g : logits.grad().to_vector()) EXPECT_EQ(g, 0.0);
+  Tensor empty_batch = random_leaf({0, 4});
+  Tensor none = cross_entropy(empty_batch, targets_of({}));
+  EXPECT_EQ(none.item(), 0.0);
+}
+
+TEST(CrossEntropyAccumulation, BackwardTwiceIsTwiceOneBackward) {
+  manual_seed(3);
+  Generator g(3);
+  Tensor logits = random_leaf({6, 37});
+  Tensor targets = random_targets(6, 37, g);
+  cross_entropy(logits, targets, kIgnore, 23).backward();
+  const auto once = logits.grad().to_vector();
+  {
+    NoGradGuard eval;
+    cross_entropy(logits, targets, kIgnore, 23);
+  }
+  EXPECT_EQ(logits.grad().to_vector(), once);
+  cross_entropy(logits, targets, kIgnore, 23).backward();
+  const auto twice = logits.grad().to_vector();
+  for (size_t i = 0; i < once.size(); ++i) EXPECT_EQ(twice[i], 2 * once[i]);
+  logits.zero_grad();
+  cross_entropy(logits, targets, kIgnore, 23).backward();
+  EXPECT_EQ(logits.grad().to_vector(), once);
+}
+
+TEST(CrossEntropyTrap3, NonContiguousLogitsMatchContiguous) {
+  manual_seed(4);
+  Generator g(4);
+  Tensor lt = random_leaf({37, 6});
+  Tensor targets = random_targets(6, 37, g);
+  Tensor seed = full({}, 0.7, DType::f64);
+  Tensor strided_loss = cross_entropy(lt.t(), targets);
+  strided_loss.backward(seed);
+  Tensor logits = lt.detach().t().contiguous();
+  logits.set_requires_grad();
+  Tensor loss = cross_entropy(logits, targets);
+  loss.backward(seed);
+  EXPECT_EQ(loss.item(), strided_loss.item());
+  EXPECT_EQ(logits.grad().t().to_vector(), lt.grad().to_vector());
+}
+
+TEST(CrossEntropy, SixteenBitIsFp32MathOnTheRoundedLogitsRoundedOnce) {
+  manual_seed(5);
+  Generator g(5);
+  Tensor targets = random_targets(4, 37, g);
+  targets.data<int64_t>()[1] = kIgnore;
+  for (DType t : {DType::bf16, DType::f16}) {
+    Tensor logits = randn({4, 37}).to(t);
+    logits.set_requires_grad();
+    Tensor loss = cross_entropy(logits, targets, kIgnore, 9);
+    EXPECT_EQ(loss.dtype(), DType::f32);
+    loss.backward();
+    Tensor ref = logits.detach().to(DType::f32);
+    ref.set_requires_grad();
+    Tensor ref_loss = cross_entropy(ref, targets, kIgnore, 9);
+    ref_loss.backward();
+    EXPECT_EQ(loss.item(), ref_loss.item()) << dtype_name(t);
+    EXPECT_EQ(logits.grad().to_vector(), ref.grad().to(t).to_vector()) << dtype_name(t);
+  }
+}
+
+TEST(CrossEntropy, BadArgumentsAreClearErrors) {
+  Tensor logits = random_leaf({3, 4});
+  expect_error([&] { cross_entropy(logits, targets_of({0, 1, 4})); },
+               {"cross_entropy", "row 2", "target 4", "C = 4"});
+  expect_error([&] { cross_entropy(logits, targets_of({-1, 1, 2})); },
+               {"cross_entropy", "row 0", "target -1", "C = 4"});
+  expect_error([&] { cross_entropy(logits, targets_of({0, 1})); },
+               {"cross_entropy", "targets", "[2]", "[3, 4]"});
+  expect_error([&] { cross_entropy(logits, targets_of({0, 1, 2}, DType::i32)); },
+               {"cross_entropy", "targets", "i64", "i32"});
+  expect_error([&] { cross_entropy(random_leaf({4}), targets_of({0})); },
+               {"cross_entropy", "logits", "[4]"});
+  expect_error([&] { cross_entropy(random_leaf({3, 0}), targets_of({0, 0, 0})); },
+               {"cross_entropy", "logits", "[3, 0]"});
+  expect_error([&] { cross_entropy(logits, targets_of({0, 1, 2}), kIgnore, NAN); },
+               {"cross_entropy", "normalizer", "nan"});
+}

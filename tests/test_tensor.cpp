@@ -1,0 +1,199 @@
+// Tensor basics: creation, views, contiguous copies, dtype round trips, versions, misuse errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "core/rng.h"
+#include "core/tensor.h"
+
+using namespace mt;
+
+namespace {
+
+// Expects `f` to throw mt::Error whose message contains every one of `parts`.
+template <class F>
+void expect_error(F&& f, std::initializer_list<const char*> parts) {
+  try {
+    f();
+    FAIL() << "expected mt::Error";
+  } catch (const Error& e) {
+    for (const char* p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos)
+        << "message '" << e.what() << "' lacks '" << p << "'";
+  }
+}
+
+}  // namespace
+
+TEST(Tensor, FactoriesShapesAndValues) {
+  Tensor z = zeros({2, 3});
+  EXPECT_EQ(z.shape(), (Shape{2, 3}));
+  EXPECT_EQ(z.strides(), (Shape{3, 1}));
+  EXPECT_EQ(z.numel(), 6);
+  for (double v : z.to_vector()) EXPECT_EQ(v, 0.0);
+  for (double v : ones({4}, DType::bf16).to_vector()) EXPECT_EQ(v, 1.0);
+  EXPECT_EQ(full({2}, 2.5, DType::f16).to_vector(), (std::vector<double>{2.5, 2.5}));
+  EXPECT_EQ(arange(4, DType::i64).to_vector(), (std::vector<double>{0, 1, 2, 3}));
+  Tensor v = from_vector(std::vector<double>{1, 2, 3, 4, 5, 6}, {2, 3}, DType::f64);
+  EXPECT_EQ(v.to_vector(), (std::vector<double>{1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(empty({0, 5}).numel(), 0);
+}
+
+TEST(Tensor, RandomFactoriesAreSeededAndInRange) {
+  manual_seed(42);
+  std::vector<double> a = rand({1000}).to_vector();
+  manual_seed(42);
+  std::vector<double> b = rand({1000}).to_vector();
+  EXPECT_EQ(a, b);
+  double mn = 1, mx = 0;
+  for (double x : a) mn = std::min(mn, x), mx = std::max(mx, x);
+  EXPECT_GE(mn, 0.0);
+  EXPECT_LT(mx, 1.0);
+  EXPECT_LT(mn, 0.01);
+  EXPECT_GT(mx, 0.99);
+  manual_seed(7);
+  std::vector<double> n = randn({20000}, DType::f64).to_vector();
+  double mean = 0, var = 0;
+  for (double x : n) mean += x;
+  mean /= double(n.size());
+  for (double x : n) var += (x - mean) * (x - mean);
+  var /= double(n.size());
+  EXPECT_NEAR(mean, 0.0, 0.03);
+  EXPECT_NEAR(var, 1.0, 0.05);
+}
+
+TEST(Tensor, TransposeIsAStridedViewAndContiguousCopies) {
+  Tensor a = from_vector(std::vector<double>{1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor t = a.t();
+  EXPECT_EQ(t.shape(), (Shape{3, 2}));
+  EXPECT_EQ(t.strides(), (Shape{1, 3}));
+  EXPECT_FALSE(t.is_contiguous());
+  EXPECT_EQ(t.data_ptr(), a.data_ptr());  // a view: same memory
+  Tensor c = t.contiguous();
+  EXPECT_TRUE(c.is_contiguous());
+  EXPECT_NE(c.data_ptr(), a.data_ptr());
+  EXPECT_EQ(c.to_vector(), (std::vector<double>{1, 4, 2, 5, 3, 6}));
+  EXPECT_EQ(t.to_vector(), c.to_vector());
+  // Writing through a view is seen by the base.
+  a.t().slice_rows(1, 2).fill_(9);  // column 1 of a
+  EXPECT_EQ(a.to_vector(), (std::vector<double>{1, 9, 3, 4, 9, 6}));
+}
+
+TEST(Tensor, ViewReshapeAndSlice) {
+  Tensor a = arange(12).view({3, 4});
+  EXPECT_EQ(a.view({-1}).shape(), (Shape{12}));
+  EXPECT_EQ(a.view({2, -1}).shape(), (Shape{2, 6}));
+  Tensor r = a.t().reshape({12});  // needs a copy
+  EXPECT_EQ(r.to_vector()[1], 4.0);
+  Tensor s = a.slice_rows(1, 3);
+  EXPECT_EQ(s.shape(), (Shape{2, 4}));
+  EXPECT_EQ(s.to_vector()[0], 4.0);
+  EXPECT_TRUE(s.is_contiguous());
+}
+
+TEST(Tensor, CloneCopyAndItem) {
+  Tensor a = from_vector(std::vector<double>{1.5, -2}, {2});
+  Tensor b = a.clone();
+  b.fill_(0);
+  EXPECT_EQ(a.to_vector(), (std::vector<double>{1.5, -2}));
+  Tensor c = zeros({2}, DType::f64);
+  c.copy_(a);
+  EXPECT_EQ(c.to_vector(), (std::vector<double>{1.5, -2}));
+  EXPECT_EQ(full({1, 1}, 3.25).item(), 3.25);
+}
+
+TEST(Tensor, VersionCounterIsSharedByViewsAndBumpedByInPlaceWrites) {
+  Tensor a = zeros({4});
+  Tensor v = a.view({2, 2});
+  uint64_t v0 = a.version();
+  v.fill_(1);
+  EXPECT_EQ(a.version(), v0 + 1);
+  a.copy_(ones({4}));
+  EXPECT_EQ(v.version(), v0 + 2);
+  Tensor b = a.clone();
+  EXPECT_EQ(b.version(), 0u);
+}
+
+TEST(DType, Bf16KnownBitPatternsAndRounding) {
+  EXPECT_EQ(float_to_bf16(1.0f).bits, 0x3f80);
+  EXPECT_EQ(float_to_bf16(-2.0f).bits, 0xc000);
+  // 1 + 2^-8 lies exactly halfway between 1 and 1 + 2^-7: ties go to the even mantissa (1.0).
+  EXPECT_EQ(float_to_bf16(1.0f + 0x1p-8f).bits, 0x3f80);
+  // 1 + 3 * 2^-8 is halfway between 1 + 2^-7 (odd) and 1 + 2^-6 (even): rounds up.
+  EXPECT_EQ(float_to_bf16(1.0f + 3 * 0x1p-8f).bits, 0x3f82);
+  // Just above the tie rounds up.
+  EXPECT_EQ(float_to_bf16(bits_float(0x3f808001u)).bits, 0x3f81);
+  EXPECT_EQ(float_to_bf16(std::numeric_limits<float>::infinity()).bits, 0x7f80);
+  EXPECT_EQ(float_to_bf16(-std::numeric_limits<float>::infinity()).bits, 0xff80);
+  EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(std::nanf("")))));
+  // A NaN whose payload lives only in the low bits must stay NaN, not become inf.
+  EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(bits_float(0x7f800001u)))));
+  // bf16 has float's exponent range; the largest float still rounds up past the top to inf.
+  EXPECT_EQ(float_to_bf16(std::numeric_limits<float>::max()).bits, 0x7f80);
+  // Subnormal floats keep their (truncated-and-rounded) bits.
+  EXPECT_EQ(float_to_bf16(bits_float(0x00010000u)).bits, 0x0001);
+  EXPECT_EQ(bf16_to_float(bf16{0x0001}), bits_float(0x00010000u));
+  EXPECT_EQ(bf16_to_float(bf16{0x4049}), 3.140625f);
+}
+
+TEST(DType, F16KnownBitPatternsRoundingAndSubnormals) {
+  EXPECT_EQ(float_to_f16(1.0f).bits, 0x3c00);
+  EXPECT_EQ(float_to_f16(-2.0f).bits, 0xc000);
+  EXPECT_EQ(float_to_f16(65504.0f).bits, 0x7bff);                     // largest finite
+  EXPECT_EQ(float_to_f16(65519.99f).bits, 0x7bff);                    // still rounds down
+  EXPECT_EQ(float_to_f16(65520.0f).bits, 0x7c00);                     // the tie goes to inf
+  EXPECT_EQ(float_to_f16(1e6f).bits, 0x7c00);
+  EXPECT_EQ(float_to_f16(-std::numeric_limits<float>::infinity()).bits, 0xfc00);
+  EXPECT_TRUE(std::isnan(f16_to_float(float_to_f16(std::nanf("")))));
+  // 1 + 2^-11 is halfway between 1 and 1 + 2^-10: ties to even (1.0); 1 + 3*2^-11 rounds up.
+  EXPECT_EQ(float_to_f16(1.0f + 0x1p-11f).bits, 0x3c00);
+  EXPECT_EQ(float_to_f16(1.0f + 3 * 0x1p-11f).bits, 0x3c02);
+  // Subnormals: the smallest is 2^-24; 2^-14 is the smallest normal.
+  EXPECT_EQ(float_to_f16(0x1p-24f).bits, 0x0001);
+  EXPECT_EQ(float_to_f16(0x1p-14f).bits, 0x0400);
+  EXPECT_EQ(float_to_f16(0x1p-15f).bits, 0x0200);
+  EXPECT_EQ(float_to_f16(3 * 0x1p-25f).bits, 0x0002);  // 1.5 units: tie, rounds to even (2)
+  EXPECT_EQ(float_to_f16(0x1p-25f).bits, 0x0000);      // half a unit: tie, rounds to even (0)
+  EXPECT_EQ(float_to_f16(0x1.8p-25f).bits, 0x0001);    // 0.75 units rounds up to 1
+  EXPECT_EQ(f16_to_float(f16{0x0001}), 0x1p-24f);
+  EXPECT_EQ(f16_to_float(f16{0x03ff}), 1023 * 0x1p-24f);
+  EXPECT_EQ(f16_to_float(f16{0x7c00}), std::numeric_limits<float>::infinity());
+  // Every f16 bit pattern survives f16 -> float -> f16 (NaNs stay NaN).
+  for (uint32_t b = 0; b < 0x10000; ++b) {
+    float f = f16_to_float(f16{uint16_t(b)});
+    if (std::isnan(f)) EXPECT_TRUE(std::isnan(f16_to_float(float_to_f16(f))));
+    else EXPECT_EQ(float_to_f16(f).bits, b) << "pattern " << b;
+  }
+}
+
+TEST(DType, TensorConversionsRoundTrip) {
+  Tensor a = from_vector(std::vector<double>{0.1, -3.5, 1e-6, 70000}, {4}, DType::f32);
+  EXPECT_EQ(a.to(DType::bf16).to(DType::f32).to_vector()[1], -3.5);
+  EXPECT_TRUE(std::isinf(a.to(DType::f16).to_vector()[3]));  // 70000 overflows f16
+  EXPECT_EQ(a.to(DType::f64).to(DType::f32).to_vector(), a.to_vector());
+  EXPECT_EQ(from_vector(std::vector<double>{2.9, -2.9}, {2}).to(DType::i64).to_vector(),
+            (std::vector<double>{2, -2}));
+}
+
+TEST(Tensor, PrintsLikePyTorch) {
+  Tensor a = from_vector(std::vector<double>{1, 2, 3, 4}, {2, 2});
+  EXPECT_EQ(a.str(), "tensor([[1.0000, 2.0000], [3.0000, 4.0000]], shape=[2, 2], dtype=f32, device=cpu)");
+  std::string big = arange(5000, DType::i64).str();
+  EXPECT_NE(big.find("0, 1, 2, ..., 4997, 4998, 4999"), std::string::npos) << big;
+}
+
+TEST(TensorErrors, MisuseNamesTheCallAndShapes) {
+  expect_error([] { zeros({2, 2}).item(); }, {"item", "[2, 2]", "4 elements"});
+  expect_error([] { zeros({2, 3}).view({4, 2}); }, {"view", "[4, 2]", "[2, 3]"});
+  expect_error([] { zeros({2, 3}).t().view({6}); }, {"view", "not contiguous", "reshape"});
+  expect_error([] { zeros({2, 3}).copy_(zeros({3, 2})); }, {"copy_", "[3, 2]", "[2, 3]"});
+  expect_error([] { zeros({2, 3}).transpose(0, 2); }, {"transpose", "[2, 3]"});
+  expect_error([] { zeros({2}).data<double>(); }, {"data", "f32", "f64"});
+  expect_error([] { zeros({-1}); }, {"negative", "[-1]"});
+  expect_error([] { from_vector(std::vector<double>{1, 2}, {3}); }, {"from_vector", "[3]"});
+  expect_error([] { Device::parse("gpu0"); }, {"Device::parse", "gpu0"});
+  expect_error([] { zeros({2}, DType::i64).set_requires_grad(); }, {"requires_grad", "i64"});
+  expect_error([] { Tensor().shape(); }, {"undefined"});
+  if (!cuda_available())
+    expect_error([] { zeros({2}, DType::f32, cuda_device(0)); }, {"cuda:0"});
+}

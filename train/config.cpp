@@ -1,0 +1,597 @@
+#include "train/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <initializer_list>
+#include <set>
+#include <sstream>
+#include <utility>
+
+namespace mt {
+namespace {
+
+// ---- scalars: parsed by hand, so every yaml-cpp version accepts exactly the same spellings ----
+
+template <class T>
+bool parse_number(const std::string& s, T& out) {
+  const char* end = s.data() + s.size();
+  auto [p, ec] = std::from_chars(s.data(), end, out);
+  return ec == std::errc() && p == end;
+}
+
+bool parse_double(const std::string& s, double& out) {
+  return parse_number(s, out) && std::isfinite(out);
+}
+
+bool parse_bool(const std::string& s, bool& out) {
+  const bool yes = s == "true" || s == "True" || s == "TRUE";
+  const bool no = s == "false" || s == "False" || s == "FALSE";
+  if (yes || no) out = yes;
+  return yes || no;
+}
+
+bool parse_string(const std::string& s, std::string& out) {
+  out = s;
+  return true;
+}
+
+// Shortest text that reads back as exactly `v`.
+std::string format_double(double v) {
+  char buf[64];
+  auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
+}
+
+std::string describe(const YAML::Node& n) {
+  switch (n.Type()) {
+    case YAML::NodeType::Scalar:
+      return "'" + n.Scalar() + "'";
+    case YAML::NodeType::Sequence:
+      return "a list";
+    case YAML::NodeType::Map:
+      return "a mapping";
+    default:
+      return "an empty value";
+  }
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] != b[j - 1])});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// "; did you mean 'optim.lr'?" when a known key is within two edits of `key`.
+std::string suggestion(const std::string& key, const std::vector<std::string>& known,
+                       const std::string& prefix) {
+  const std::string* best = nullptr;
+  size_t best_d = 3;
+  for (const std::string& k : known) {
+    const size_t d = edit_distance(key, k);
+    if (d < best_d) {
+      best = &k;
+      best_d = d;
+    }
+  }
+  return best ? "; did you mean '" + prefix + *best + "'?" : "";
+}
+
+std::string join(std::initializer_list<const char*> items) {
+  std::string s;
+  for (const char* i : items) s += (s.empty() ? "" : ", ") + std::string(i);
+  return s;
+}
+
+// Where values come from, for messages: the file (yaml-cpp's 0-based marks, printed 1-based) or,
+// for anything at or under an overridden key, the --set that put it there.
+struct Origin {
+  std::string file;
+  std::vector<std::pair<std::string, std::string>> overrides;  // key path, full "key=value"
+
+  std::string where(const std::string& key, const YAML::Node& node) const {
+    for (auto it = overrides.rbegin(); it != overrides.rend(); ++it) {
+      const std::string& k = it->first;
+      if (key == k || key.starts_with(k + ".") || key.starts_with(k + "["))
+        return " (from --set " + it->second + ")";
+    }
+    if (node.IsDefined() && !node.Mark().is_null())
+      return " at " + file + ":" + std::to_string(node.Mark().line + 1) + ":" +
+             std::to_string(node.Mark().column + 1);
+    // A mapping with no place in the file was created to hold an override below it.
+    for (auto it = overrides.rbegin(); it != overrides.rend(); ++it)
+      if (it->first.starts_with(key + ".")) return " (from --set " + it->second + ")";
+    return " (the default)";
+  }
+
+  [[noreturn]] void fail(const std::string& key, const YAML::Node& node, const std::string& what,
+                         const std::string& hint = "") const {
+    throw ConfigError(key + ": " + what + where(key, node) + hint);
+  }
+};
+
+// One mapping of the config (the top level, `model`, `optim`, ...). Reads the keys the schema
+// knows and then, in finish(), rejects whatever else is there: a typo is an error, not a setting
+// silently ignored.
+class Section {
+ public:
+  Section(const Origin& origin, const YAML::Node& node, const std::string& path)
+      : origin_(origin), path_(path), node_(mapping(origin, node, path)) {}
+
+  std::string key(const std::string& k) const { return path_.empty() ? k : path_ + "." + k; }
+
+  // The value at `k` (undefined when absent); every key the schema asks for becomes known.
+  YAML::Node at(const std::string& k) {
+    known_.push_back(k);
+    const YAML::Node& map = node_;  // the const lookup, which does not insert the key
+    return map[k];
+  }
+
+  Section section(const std::string& k) { return Section(origin_, at(k), key(k)); }
+
+  // Reads `k` into `out` if present; otherwise `out` keeps its default.
+  void get(const std::string& k, int64_t& out) {
+    scalar(k, out, "an integer", parse_number<int64_t>);
+  }
+  void get(const std::string& k, uint64_t& out) {
+    scalar(k, out, "a non-negative integer", parse_number<uint64_t>);
+  }
+  void get(const std::string& k, double& out) { scalar(k, out, "a number", parse_double); }
+  void get(const std::string& k, bool& out) { scalar(k, out, "true or false", parse_bool); }
+  void get(const std::string& k, std::string& out) { scalar(k, out, "a string", parse_string); }
+
+  void get(const std::string& k, std::vector<int64_t>& out) {
+    const YAML::Node n = at(k);
+    if (!n) return;
+    if (!n.IsSequence()) fail(k, "expected a list of integers, got " + describe(n));
+    out.clear();
+    for (size_t i = 0; i < n.size(); ++i) {
+      int64_t v = 0;
+      if (!n[i].IsScalar() || !parse_number(n[i].Scalar(), v))
+        origin_.fail(item(k, i), n[i], "expected an integer, got " + describe(n[i]));
+      out.push_back(v);
+    }
+  }
+
+  void get(const std::string& k, std::array<double, 2>& out) {
+    const YAML::Node n = at(k);
+    if (!n) return;
+    if (!n.IsSequence() || n.size() != 2)
+      fail(k, "expected a list of 2 numbers, got " + describe(n));
+    for (size_t i = 0; i < 2; ++i)
+      if (!n[i].IsScalar() || !parse_double(n[i].Scalar(), out[i]))
+        origin_.fail(item(k, i), n[i], "expected a number, got " + describe(n[i]));
+  }
+
+  // A string that must be one of `allowed`.
+  void choice(const std::string& k, std::string& out, std::initializer_list<const char*> allowed) {
+    get(k, out);
+    if (std::find(allowed.begin(), allowed.end(), out) != allowed.end()) return;
+    const std::vector<std::string> names(allowed.begin(), allowed.end());
+    fail(k, "expected one of " + join(allowed) + ", got '" + out + "'", suggestion(out, names, ""));
+  }
+
+  [[noreturn]] void fail(const std::string& k, const std::string& what,
+                         const std::string& hint = "") {
+    origin_.fail(key(k), place(k), what, hint);
+  }
+
+  // Throws "<key>: <what>, got <value><where>" unless `ok`.
+  template <class T>
+  void require(const std::string& k, const T& value, bool ok, const std::string& what) {
+    if (!ok) fail(k, what + ", got " + text(value));
+  }
+  template <class T>
+  void require_item(const std::string& k, size_t i, const T& value, bool ok,
+                    const std::string& what) {
+    if (ok) return;
+    const YAML::Node seq = at(k);
+    origin_.fail(item(k, i), seq ? seq[i] : seq, what + ", got " + text(value));
+  }
+
+  // Unknown and repeated keys.
+  void finish() const {
+    std::set<std::string> seen;
+    for (const auto& pair : node_) {  // not `it->first`: yaml-cpp's iterator hands out temporaries
+      const YAML::Node& k = pair.first;
+      if (!k.IsScalar())
+        origin_.fail(path_.empty() ? "top level" : path_, k,
+                     "keys must be plain names, got " + describe(k));
+      const std::string name = k.Scalar();
+      if (std::find(known_.begin(), known_.end(), name) == known_.end())
+        origin_.fail(key(name), k, "unknown key",
+                     suggestion(name, known_, path_.empty() ? "" : path_ + "."));
+      if (!seen.insert(name).second) origin_.fail(key(name), k, "duplicate key");
+    }
+  }
+
+ private:
+  template <class T, class Parse>
+  void scalar(const std::string& k, T& out, const char* expected, Parse parse) {
+    const YAML::Node n = at(k);
+    if (!n) return;
+    if (!n.IsScalar() || !parse(n.Scalar(), out))
+      fail(k, std::string("expected ") + expected + ", got " + describe(n));
+  }
+
+  // An absent or empty section (`model:`) means all defaults.
+  static YAML::Node mapping(const Origin& origin, const YAML::Node& node, const std::string& path) {
+    if (!node.IsDefined() || node.IsNull()) return YAML::Node(YAML::NodeType::Map);
+    if (!node.IsMap()) origin.fail(path, node, "expected a mapping of keys, got " + describe(node));
+    return node;
+  }
+
+  // The node an error about `k` points at: its value, or the key itself when the value is empty
+  // (yaml-cpp places an empty value at the next token, often on the next line). A default-made
+  // node, which has no position, when `k` is absent.
+  YAML::Node place(const std::string& k) const {
+    for (const auto& pair : node_)
+      if (pair.first.IsScalar() && pair.first.Scalar() == k)
+        return pair.second.IsNull() ? pair.first : pair.second;
+    return YAML::Node();
+  }
+
+  std::string item(const std::string& k, size_t i) const {
+    return key(k) + "[" + std::to_string(i) + "]";
+  }
+
+  static std::string text(double v) { return format_double(v); }
+  static std::string text(int64_t v) { return std::to_string(v); }
+  static std::string text(const std::string& v) { return "'" + v + "'"; }
+
+  const Origin& origin_;
+  std::string path_;
+  YAML::Node node_;
+  std::vector<std::string> known_;
+};
+
+bool exists(const std::string& path) {
+  std::error_code ec;  // an unreadable parent directory counts as "not there", not an exception
+  return std::filesystem::exists(path, ec);
+}
+
+bool valid_device(const std::string& d) {
+  if (d == "auto" || d == "cpu" || d == "cuda") return true;
+  if (!d.starts_with("cuda:") || d.size() == 5 || d.size() > 8) return false;
+  return std::all_of(d.begin() + 5, d.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+void read_model(Section s, ModelConfig& m) {
+  s.get("input", m.input);
+  s.require("input", m.input, m.input >= 1, "must be at least 1");
+  s.get("hidden", m.hidden);
+  for (size_t i = 0; i < m.hidden.size(); ++i)
+    s.require_item("hidden", i, m.hidden[i], m.hidden[i] >= 1, "layer widths must be at least 1");
+  s.get("classes", m.classes);
+  s.require("classes", m.classes, m.classes >= 2, "must be at least 2");
+  s.choice("norm", m.norm, {"rms_norm", "none"});
+  s.choice("activation", m.activation, {"scaled_silu", "relu"});
+  s.get("bias", m.bias);
+  s.finish();
+}
+
+void read_data(Section s, DataConfig& d) {
+  s.choice("kind", d.kind, {"synthetic", "mnist", "csv"});
+  s.get("samples", d.samples);
+  s.require("samples", d.samples, d.samples >= 1, "must be at least 1");
+  s.get("noise", d.noise);
+  s.require("noise", d.noise, d.noise >= 0, "must be >= 0");
+  s.get("path", d.path);
+  s.get("test_path", d.test_path);
+  s.get("label_column", d.label_column);
+  s.require("label_column", d.label_column, d.label_column >= -1,
+            "must be -1 (the last column) or a column index from 0");
+  s.get("header", d.header);
+  s.get("val_fraction", d.val_fraction);
+  s.require("val_fraction", d.val_fraction, d.val_fraction >= 0 && d.val_fraction < 1,
+            "must be in [0, 1)");
+  s.get("shuffle", d.shuffle);
+  s.get("seed", d.seed);
+  s.finish();
+
+  // Missing data is found now, not after the model is built.
+  if (d.kind == "synthetic") return;
+  s.require("path", d.path, !d.path.empty(), "is required for data.kind " + d.kind);
+  s.require("path", d.path, exists(d.path),
+            "no such file or directory (needed for data.kind " + d.kind + ")");
+  s.require("test_path", d.test_path, d.test_path.empty() || exists(d.test_path),
+            "no such file or directory");
+}
+
+void read_optim(Section s, OptimConfig& o) {
+  s.choice("name", o.name, {"adamw", "sgd"});
+  s.get("lr", o.lr);
+  s.require("lr", o.lr, o.lr > 0, "must be > 0");
+  s.get("weight_decay", o.weight_decay);
+  s.require("weight_decay", o.weight_decay, o.weight_decay >= 0, "must be >= 0");
+  s.get("betas", o.betas);
+  for (size_t i = 0; i < 2; ++i)
+    s.require_item("betas", i, o.betas[i], o.betas[i] >= 0 && o.betas[i] < 1, "must be in [0, 1)");
+  s.get("eps", o.eps);
+  s.require("eps", o.eps, o.eps > 0, "must be > 0");
+  s.get("momentum", o.momentum);
+  s.require("momentum", o.momentum, o.momentum >= 0 && o.momentum < 1, "must be in [0, 1)");
+  s.get("nesterov", o.nesterov);
+  s.choice("schedule", o.schedule, {"constant", "cosine"});
+  s.get("warmup_steps", o.warmup_steps);
+  s.require("warmup_steps", o.warmup_steps, o.warmup_steps >= 0, "must be >= 0");
+  s.get("min_lr", o.min_lr);
+  s.require("min_lr", o.min_lr, o.min_lr >= 0, "must be >= 0");
+  s.get("steps", o.steps);
+  s.require("steps", o.steps, o.steps >= 1, "must be at least 1");
+  s.get("batch_size", o.batch_size);
+  s.require("batch_size", o.batch_size, o.batch_size >= 1, "must be at least 1");
+  s.get("microbatches", o.microbatches);
+  s.require("microbatches", o.microbatches, o.microbatches >= 1, "must be at least 1");
+  s.get("clip_norm", o.clip_norm);
+  s.require("clip_norm", o.clip_norm, o.clip_norm >= 0, "must be >= 0 (0 turns clipping off)");
+  s.finish();
+
+  // Checks between keys come after finish(), so a misspelled key is reported as that rather than
+  // as a conflict with the default it failed to replace.
+  s.require("microbatches", o.microbatches, o.microbatches <= o.batch_size,
+            "must not exceed optim.batch_size = " + std::to_string(o.batch_size));
+  s.require("min_lr", o.min_lr, o.min_lr <= o.lr,
+            "must not exceed optim.lr = " + format_double(o.lr));
+  s.require("warmup_steps", o.warmup_steps, o.warmup_steps <= o.steps,
+            "must not exceed optim.steps = " + std::to_string(o.steps));
+  if (o.name == "sgd" && o.nesterov && o.momentum == 0)
+    s.fail("nesterov", "needs optim.momentum > 0");
+}
+
+void read_precision(Section s, PrecisionConfig& p, const std::string& device) {
+  std::string dtype = dtype_name(p.compute_dtype);
+  s.choice("compute_dtype", dtype, {"f64", "f32", "bf16", "f16"});
+  for (DType t : {DType::f64, DType::f32, DType::bf16, DType::f16})
+    if (dtype == dtype_name(t)) p.compute_dtype = t;
+  s.get("deterministic", p.deterministic);
+
+  const YAML::Node ls = s.at("loss_scale");
+  if (ls) {
+    double v = 0;
+    if (ls.IsScalar() && (ls.Scalar() == "dynamic" || ls.Scalar() == "none")) {
+      p.loss_scale = ls.Scalar();
+      p.fixed_loss_scale = 0;
+    } else if (ls.IsScalar() && parse_double(ls.Scalar(), v) && v > 0) {
+      p.loss_scale = "fixed";
+      p.fixed_loss_scale = v;
+    } else {
+      s.fail("loss_scale", "expected dynamic, none or a positive number, got " + describe(ls));
+    }
+  }
+  s.get("growth_interval", p.growth_interval);
+  s.require("growth_interval", p.growth_interval, p.growth_interval >= 1, "must be at least 1");
+  s.finish();
+
+  if (p.compute_dtype == DType::f64 && device.starts_with("cuda"))
+    s.fail("compute_dtype", "f64 runs on the CPU only, but device is " + device);
+}
+
+void read_eval(Section s, EvalConfig& e) {
+  s.get("every", e.every);
+  s.require("every", e.every, e.every >= 1, "must be at least 1");
+  s.get("batch_size", e.batch_size);
+  s.require("batch_size", e.batch_size, e.batch_size >= 1, "must be at least 1");
+  s.finish();
+}
+
+void read_checkpoint(Section s, CheckpointConfig& c) {
+  s.get("dir", c.dir);
+  s.require("dir", c.dir, !c.dir.empty(), "must not be empty");
+  s.get("every", c.every);
+  s.require("every", c.every, c.every >= 1, "must be at least 1");
+  s.get("keep_last", c.keep_last);
+  s.require("keep_last", c.keep_last, c.keep_last >= 1, "must be at least 1");
+  s.finish();
+}
+
+void read_logging(Section s, LoggingConfig& l) {
+  s.get("every", l.every);
+  s.require("every", l.every, l.every >= 1, "must be at least 1");
+  s.get("metrics", l.metrics);
+  s.get("curve", l.curve);
+  s.finish();
+}
+
+Config read_config(const Origin& origin, const YAML::Node& root) {
+  Config c;
+  Section top(origin, root, "");
+  top.get("seed", c.seed);
+  top.get("device", c.device);
+  top.require("device", c.device, valid_device(c.device), "expected auto, cpu, cuda or cuda:N");
+  read_model(top.section("model"), c.model);
+  read_data(top.section("data"), c.data);
+  read_optim(top.section("optim"), c.optim);
+  read_precision(top.section("precision"), c.precision, c.device);
+  read_eval(top.section("eval"), c.eval);
+  read_checkpoint(top.section("checkpoint"), c.checkpoint);
+  read_logging(top.section("logging"), c.logging);
+  top.get("cuda_graph", c.cuda_graph);
+  top.finish();
+  return c;
+}
+
+// Sets root[k1][k2]...= value, creating the mappings on the way.
+void set_path(YAML::Node node, const std::vector<std::string>& keys, size_t i,
+              const YAML::Node& value, const Origin& origin, const std::string& text) {
+  if (i + 1 == keys.size()) {
+    node[keys[i]] = value;
+    return;
+  }
+  YAML::Node child = node[keys[i]];
+  if (child.IsDefined() && !child.IsNull() && !child.IsMap()) {
+    std::string path;
+    for (size_t j = 0; j <= i; ++j) path += (j ? "." : "") + keys[j];
+    origin.fail(path, child, "expected a mapping, got " + describe(child),
+                " (while applying --set " + text + ")");
+  }
+  if (!child.IsMap()) child = YAML::Node(YAML::NodeType::Map);
+  set_path(child, keys, i + 1, value, origin, text);
+}
+
+void apply_override(YAML::Node& root, const std::string& text, Origin& origin) {
+  const size_t eq = text.find('=');
+  if (eq == std::string::npos)
+    throw ConfigError("--set " + text + ": expected key.path=value, e.g. optim.lr=1e-3");
+  const std::string key = text.substr(0, eq);
+  std::vector<std::string> keys;
+  std::stringstream parts(key);
+  for (std::string part; std::getline(parts, part, '.');) keys.push_back(part);
+  if (keys.empty() || key.back() == '.' ||
+      std::any_of(keys.begin(), keys.end(), [](const std::string& k) { return k.empty(); }))
+    throw ConfigError("--set " + text + ": '" + key + "' is not a key path like optim.lr");
+  YAML::Node value;
+  try {
+    value = YAML::Load(text.substr(eq + 1));
+  } catch (const YAML::Exception& e) {
+    throw ConfigError("--set " + text + ": the value is not valid YAML: " + e.msg);
+  }
+  set_path(root, keys, 0, value, origin, text);
+  origin.overrides.emplace_back(key, text);
+}
+
+// YAML double-quoted string; control bytes as \xHH escapes.
+std::string quote(const std::string& s) {
+  std::string q = "\"";
+  for (unsigned char ch : s) {
+    if (ch == '"' || ch == '\\') {
+      q += '\\';
+      q += char(ch);
+    } else if (ch < 0x20 || ch == 0x7f) {
+      const char* hex = "0123456789abcdef";
+      q += "\\x";
+      q += hex[ch >> 4];
+      q += hex[ch & 15];
+    } else {
+      q += char(ch);
+    }
+  }
+  return q + "\"";
+}
+
+}  // namespace
+
+Config parse_config(const std::string& yaml, const std::string& name,
+                    const std::vector<std::string>& overrides) {
+  Origin origin{name, {}};
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml);
+  } catch (const YAML::ParserException& e) {
+    throw ConfigError(name + ":" + std::to_string(e.mark.line + 1) + ":" +
+                      std::to_string(e.mark.column + 1) + ": YAML syntax error: " + e.msg);
+  }
+  if (root.IsDefined() && !root.IsNull() && !root.IsMap())
+    throw ConfigError(name + ": the config must be a mapping of keys, got " + describe(root));
+  if (!root.IsMap()) root = YAML::Node(YAML::NodeType::Map);
+  for (const std::string& o : overrides) apply_override(root, o, origin);
+  return read_config(origin, root);
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  if (path.empty()) return parse_config("", "<defaults>", overrides);
+  if (!exists(path)) throw ConfigError("config file " + path + " does not exist");
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw ConfigError("config file " + path + " is a directory");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError("cannot read config file " + path + ": " + std::strerror(errno));
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_config(text.str(), path, overrides);
+}
+
+std::string to_yaml(const Config& c) {
+  auto ints = [](const std::vector<int64_t>& v) {
+    std::string s = "[";
+    for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+    return s + "]";
+  };
+  auto num = format_double;
+  auto flag = [](bool b) { return b ? "true" : "false"; };
+  const std::string loss_scale = c.precision.loss_scale == "fixed"
+                                     ? num(c.precision.fixed_loss_scale)
+                                     : c.precision.loss_scale;
+
+  std::ostringstream y;
+  y << "seed: " << c.seed << "\n"
+    << "device: " << quote(c.device) << "\n"
+    << "model:\n"
+    << "  input: " << c.model.input << "\n"
+    << "  hidden: " << ints(c.model.hidden) << "\n"
+    << "  classes: " << c.model.classes << "\n"
+    << "  norm: " << quote(c.model.norm) << "\n"
+    << "  activation: " << quote(c.model.activation) << "\n"
+    << "  bias: " << flag(c.model.bias) << "\n"
+    << "data:\n"
+    << "  kind: " << quote(c.data.kind) << "\n"
+    << "  samples: " << c.data.samples << "\n"
+    << "  noise: " << num(c.data.noise) << "\n"
+    << "  path: " << quote(c.data.path) << "\n"
+    << "  test_path: " << quote(c.data.test_path) << "\n"
+    << "  label_column: " << c.data.label_column << "\n"
+    << "  header: " << flag(c.data.header) << "\n"
+    << "  val_fraction: " << num(c.data.val_fraction) << "\n"
+    << "  shuffle: " << flag(c.data.shuffle) << "\n"
+    << "  seed: " << c.data.seed << "\n"
+    << "optim:\n"
+    << "  name: " << quote(c.optim.name) << "\n"
+    << "  lr: " << num(c.optim.lr) << "\n"
+    << "  weight_decay: " << num(c.optim.weight_decay) << "\n"
+    << "  betas: [" << num(c.optim.betas[0]) << ", " << num(c.optim.betas[1]) << "]\n"
+    << "  eps: " << num(c.optim.eps) << "\n"
+    << "  momentum: " << num(c.optim.momentum) << "\n"
+    << "  nesterov: " << flag(c.optim.nesterov) << "\n"
+    << "  schedule: " << quote(c.optim.schedule) << "\n"
+    << "  warmup_steps: " << c.optim.warmup_steps << "\n"
+    << "  min_lr: " << num(c.optim.min_lr) << "\n"
+    << "  steps: " << c.optim.steps << "\n"
+    << "  batch_size: " << c.optim.batch_size << "\n"
+    << "  microbatches: " << c.optim.microbatches << "\n"
+    << "  clip_norm: " << num(c.optim.clip_norm) << "\n"
+    << "precision:\n"
+    << "  compute_dtype: " << dtype_name(c.precision.compute_dtype) << "\n"
+    << "  deterministic: " << flag(c.precision.deterministic) << "\n"
+    << "  loss_scale: " << loss_scale << "\n"
+    << "  growth_interval: " << c.precision.growth_interval << "\n"
+    << "eval:\n"
+    << "  every: " << c.eval.every << "\n"
+    << "  batch_size: " << c.eval.batch_size << "\n"
+    << "checkpoint:\n"
+    << "  dir: " << quote(c.checkpoint.dir) << "\n"
+    << "  every: " << c.checkpoint.every << "\n"
+    << "  keep_last: " << c.checkpoint.keep_last << "\n"
+    << "logging:\n"
+    << "  every: " << c.logging.every << "\n"
+    << "  metrics: " << quote(c.logging.metrics) << "\n"
+    << "  curve: " << quote(c.logging.curve) << "\n"
+    << "cuda_graph: " << flag(c.cuda_graph) << "\n";
+  return y.str();
+}
+
+std::string metrics_path(const Config& c) {
+  if (!c.logging.metrics.empty()) return c.logging.metrics;
+  return (std::filesystem::path(c.checkpoint.dir) / "metrics.jsonl").string();
+}
+
+std::string curve_path(const Config& c) {
+  if (!c.logging.curve.empty()) return c.logging.curve;
+  return (std::filesystem::path(c.checkpoint.dir) / "curve.svg").string();
+}
+
+}  // namespace mt

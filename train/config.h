@@ -1,0 +1,124 @@
+#pragma once
+// The trainer's configuration: a YAML file (configs/mlp.yaml), then `--set key.path=value`
+// overrides, validated as a whole before anything runs. Every key is optional; the defaults below
+// are a small synthetic run that needs no download. docs/config.md has the table.
+//
+// A bad config is a ConfigError naming the full key path and where the value came from, e.g.
+//   optim.lr: expected a number, got 'fast' at mlp.yaml:7:7
+//   optim.lrr: unknown key (from --set optim.lrr=1); did you mean 'optim.lr'?
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+
+namespace mt {
+
+struct ConfigError : Error {
+  using Error::Error;
+};
+
+struct ModelConfig {
+  int64_t input = 32;                        // features per sample
+  std::vector<int64_t> hidden = {128, 128};  // hidden layer widths; empty = a linear model
+  int64_t classes = 8;
+  std::string norm = "rms_norm";           // rms_norm | none
+  std::string activation = "scaled_silu";  // scaled_silu | relu
+  bool bias = true;
+  bool operator==(const ModelConfig&) const = default;
+};
+
+struct DataConfig {
+  std::string kind = "synthetic";  // synthetic | mnist | csv
+  int64_t samples = 20000;         // synthetic only
+  double noise = 0.1;              // synthetic only
+  std::string path;                // mnist / csv: the training data
+  std::string test_path;           // optional held-out test data
+  int64_t label_column = -1;       // csv: -1 = last
+  bool header = false;             // csv: skip the first line
+  double val_fraction = 0.1;       // share of the training data held out for validation
+  bool shuffle = true;
+  uint64_t seed = 1;  // shuffling and the synthetic data
+  bool operator==(const DataConfig&) const = default;
+};
+
+struct OptimConfig {
+  std::string name = "adamw";  // adamw | sgd
+  double lr = 0.003;
+  double weight_decay = 0.01;
+  std::array<double, 2> betas = {0.9, 0.999};  // adamw
+  double eps = 1e-8;                           // adamw
+  double momentum = 0.9;                       // sgd
+  bool nesterov = false;                       // sgd
+  std::string schedule = "cosine";             // constant | cosine
+  int64_t warmup_steps = 20;
+  double min_lr = 0.0;  // where the cosine ends
+  int64_t steps = 300;  // optimizer steps
+  int64_t batch_size = 256;
+  int64_t microbatches = 4;  // the batch is split into this many backward passes
+  double clip_norm = 1.0;    // max global gradient norm; 0 = no clipping
+  bool operator==(const OptimConfig&) const = default;
+};
+
+struct PrecisionConfig {
+  DType compute_dtype = DType::f32;    // f64 | f32 | bf16 | f16
+  bool deterministic = true;           // deterministic reductions
+  std::string loss_scale = "dynamic";  // dynamic | none | fixed (YAML: a positive number)
+  double fixed_loss_scale = 0.0;       // the scale when loss_scale == "fixed"
+  int64_t growth_interval = 200;       // dynamic: steps without overflow before the scale doubles
+  bool operator==(const PrecisionConfig&) const = default;
+};
+
+struct EvalConfig {
+  int64_t every = 100;  // optimizer steps between evaluations
+  int64_t batch_size = 1024;
+  bool operator==(const EvalConfig&) const = default;
+};
+
+struct CheckpointConfig {
+  std::string dir = "runs/mlp";
+  int64_t every = 100;
+  int64_t keep_last = 2;
+  bool operator==(const CheckpointConfig&) const = default;
+};
+
+struct LoggingConfig {
+  int64_t every = 25;
+  std::string metrics;  // empty = <checkpoint.dir>/metrics.jsonl; see metrics_path()
+  std::string curve;    // empty = <checkpoint.dir>/curve.svg; see curve_path()
+  bool operator==(const LoggingConfig&) const = default;
+};
+
+struct Config {
+  uint64_t seed = 0;
+  std::string device = "auto";  // auto | cpu | cuda | cuda:N
+  ModelConfig model;
+  DataConfig data;
+  OptimConfig optim;
+  PrecisionConfig precision;
+  EvalConfig eval;
+  CheckpointConfig checkpoint;
+  LoggingConfig logging;
+  bool cuda_graph = false;
+  bool operator==(const Config&) const = default;
+};
+
+// Reads `path` (an empty path: no file, only the defaults), applies each override
+// "key.path=value" (the value parsed as YAML, so `optim.lr=1e-3` and `model.hidden=[64,64]` work)
+// in order, then validates. Throws ConfigError.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// The same from YAML text; `name` stands for the file in messages (a config saved in a checkpoint).
+Config parse_config(const std::string& yaml, const std::string& name,
+                    const std::vector<std::string>& overrides = {});
+
+// A complete YAML document for `c`, every key written out: parse_config(to_yaml(c)) == c.
+std::string to_yaml(const Config& c);
+
+// Where metrics and the loss curve go: the configured path, or the default inside checkpoint.dir.
+std::string metrics_path(const Config& c);
+std::string curve_path(const Config& c);
+
+}  // namespace mt

@@ -1,0 +1,24 @@
+#pragma once
+// Numeric CSV: one sample per line, comma-separated numbers, one column holding the class label
+// (a non-negative integer). Blank lines are skipped; there is no quoting, since every cell is a
+// number.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace mt {
+
+struct CsvData {
+  std::vector<float> features;  // rows x cols, row-major, the label column removed
+  std::vector<int64_t> labels;  // rows
+  int64_t rows = 0;
+  int64_t cols = 0;  // feature columns
+};
+
+// label_column counts from 0; -1 means the last column. With `header` the first line is skipped.
+// Throws mt::Error as "file:line:column: ..." for a cell that is not a finite number, a label that
+// is not a non-negative integer, a row with a different number of cells than the first, or a
+// file with no data rows.
+CsvData read_csv(const std::string& path, int label_column = -1, bool header = false);
+
+}  // namespace mt

@@ -1,0 +1,159 @@
+#include "train/data.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "train/csv.h"
+#include "train/idx.h"
+
+namespace mt::data {
+
+std::pair<Tensor, Tensor> Dataset::gather(const std::vector<int64_t>& indices, Device device) const {
+  const int64_t n = int64_t(indices.size());
+  Tensor x = empty({n, dim}, DType::f32);
+  Tensor y = empty({n}, DType::i64);
+  float* xp = x.data<float>();
+  int64_t* yp = y.data<int64_t>();
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t i = indices[size_t(r)];
+    std::copy_n(features.begin() + i * dim, dim, xp + r * dim);
+    yp[r] = labels[size_t(i)];
+  }
+  return {x.to(device), y.to(device)};
+}
+
+Dataset make_synthetic(int64_t samples, int64_t dim, int64_t classes, double noise, uint64_t seed) {
+  MT_CHECK(samples > 0 && dim > 0 && classes >= 2 && noise >= 0, "make_synthetic: invalid sizes (",
+           samples, " samples, dim ", dim, ", ", classes, " classes, noise ", noise, ")");
+  Generator g(seed);
+  std::vector<double> centers(size_t(classes * dim));
+  for (auto& c : centers) c = g.normal();
+  Dataset d;
+  d.name = "synthetic";
+  d.size = samples;
+  d.dim = dim;
+  d.classes = classes;
+  d.features.resize(size_t(samples * dim));
+  d.labels.resize(size_t(samples));
+  for (int64_t i = 0; i < samples; ++i) {
+    const int64_t c = int64_t(g.below(uint64_t(classes)));
+    d.labels[size_t(i)] = c;
+    for (int64_t j = 0; j < dim; ++j)
+      d.features[size_t(i * dim + j)] = float(centers[size_t(c * dim + j)] + noise * g.normal());
+  }
+  return d;
+}
+
+// Finds `stem` or `stem.gz` in dir.
+static std::string find_idx(const std::string& dir, const std::string& stem) {
+  namespace fs = std::filesystem;
+  for (const std::string& name : {stem, stem + ".gz"})
+    if (fs::exists(fs::path(dir) / name)) return (fs::path(dir) / name).string();
+  MT_THROW("load_mnist: neither ", stem, " nor ", stem, ".gz found in '", dir,
+           "' (put the standard MNIST IDX files there)");
+}
+
+Dataset load_mnist(const std::string& dir, bool test) {
+  const std::string prefix = test ? "t10k" : "train";
+  const std::string img_path = find_idx(dir, prefix + "-images-idx3-ubyte");
+  const std::string lbl_path = find_idx(dir, prefix + "-labels-idx1-ubyte");
+  IdxArray images = read_idx(img_path), labels = read_idx(lbl_path);
+  MT_CHECK(images.shape.size() == 3, img_path, ": expected a 3-D image array, got ",
+           shape_str(images.shape));
+  MT_CHECK(labels.shape.size() == 1, lbl_path, ": expected a 1-D label array, got ",
+           shape_str(labels.shape));
+  MT_CHECK(images.shape[0] == labels.shape[0], "load_mnist: ", images.shape[0], " images but ",
+           labels.shape[0], " labels");
+  Dataset d;
+  d.name = "mnist";
+  d.size = images.shape[0];
+  d.dim = images.shape[1] * images.shape[2];
+  d.classes = 10;
+  d.features.resize(images.data.size());
+  for (size_t i = 0; i < images.data.size(); ++i)
+    d.features[i] = (float(images.data[i]) / 255.0f - 0.1307f) / 0.3081f;
+  d.labels.resize(labels.data.size());
+  for (size_t i = 0; i < labels.data.size(); ++i) {
+    MT_CHECK(labels.data[i] < 10, lbl_path, ": label ", int(labels.data[i]), " at index ", i,
+             " is not a digit");
+    d.labels[i] = labels.data[i];
+  }
+  return d;
+}
+
+Dataset load_csv(const std::string& path, int label_column, bool header) {
+  CsvData c = read_csv(path, label_column, header);
+  Dataset d;
+  d.name = "csv";
+  d.size = c.rows;
+  d.dim = c.cols;
+  d.features = std::move(c.features);
+  d.labels = std::move(c.labels);
+  d.classes = d.labels.empty() ? 0 : *std::max_element(d.labels.begin(), d.labels.end()) + 1;
+  MT_CHECK(d.classes >= 2, path, ": needs at least two classes (labels 0 and 1), found ", d.classes);
+  return d;
+}
+
+static void shuffle(std::vector<int64_t>& v, Generator& g) {
+  for (size_t i = v.size(); i > 1; --i) std::swap(v[i - 1], v[g.below(i)]);
+}
+
+Split split_indices(int64_t size, double val_fraction, uint64_t seed) {
+  std::vector<int64_t> all(static_cast<size_t>(size));
+  for (int64_t i = 0; i < size; ++i) all[size_t(i)] = i;
+  Generator g(seed ^ 0x5eedu);
+  shuffle(all, g);
+  const auto n_val = size_t(std::llround(val_fraction * double(size)));
+  Split s;
+  s.val.assign(all.begin(), all.begin() + long(n_val));
+  s.train.assign(all.begin() + long(n_val), all.end());
+  return s;
+}
+
+std::vector<int64_t> microbatch_sizes(int64_t batch, int64_t k) {
+  MT_CHECK(k >= 1 && k <= batch, "microbatch_sizes: cannot split a batch of ", batch, " into ", k,
+           " microbatches");
+  std::vector<int64_t> sizes(size_t(k), batch / k);
+  for (int64_t i = 0; i < batch % k; ++i) ++sizes[size_t(i)];
+  return sizes;
+}
+
+Loader::Loader(const Dataset& data, std::vector<int64_t> indices, int64_t batch_size,
+               int64_t microbatches, bool shuffle, uint64_t seed)
+    : data_(data), indices_(std::move(indices)), batch_size_(batch_size),
+      microbatches_(microbatches), shuffle_(shuffle), seed_(seed) {
+  MT_CHECK(batch_size_ >= 1 && int64_t(indices_.size()) >= batch_size_, "Loader: batch_size ",
+           batch_size_, " is larger than the ", indices_.size(), " training samples");
+  microbatch_sizes(batch_size_, microbatches_);  // validates k
+  steps_per_epoch_ = int64_t(indices_.size()) / batch_size_;
+}
+
+const std::vector<int64_t>& Loader::epoch_order(int64_t epoch) const {
+  if (epoch != cached_epoch_) {
+    cached_order_ = indices_;
+    if (shuffle_) {
+      Generator g(seed_ * 0x9e3779b97f4a7c15ull + uint64_t(epoch));
+      shuffle(cached_order_, g);
+    }
+    cached_epoch_ = epoch;
+  }
+  return cached_order_;
+}
+
+std::vector<Loader::Microbatch> Loader::step_batches(int64_t step, Device device) const {
+  const std::vector<int64_t>& order = epoch_order(step / steps_per_epoch_);
+  int64_t pos = (step % steps_per_epoch_) * batch_size_;
+  std::vector<Microbatch> out;
+  for (int64_t n : microbatch_sizes(batch_size_, microbatches_)) {
+    std::vector<int64_t> rows(order.begin() + pos, order.begin() + pos + n);
+    auto [x, y] = data_.gather(rows, device);
+    out.push_back({x, y});
+    pos += n;
+  }
+  return out;
+}
+
+}  // namespace mt::data

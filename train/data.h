@@ -1,0 +1,75 @@
+#pragma once
+// Datasets and the batch loader.
+//
+// Every source (the generated default, MNIST IDX files, CSV) is read once into an in-memory
+// Dataset of float features and int64 labels. The loader then forms each optimizer step's batch
+// as a pure function of (seed, step): epoch e's order is a Fisher-Yates shuffle drawn from a
+// generator seeded by (seed, e), so a resumed run sees exactly the batches an uninterrupted run
+// would, with no loader state to save.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace mt::data {
+
+struct Dataset {
+  std::vector<float> features;  // [size, dim], row-major
+  std::vector<int64_t> labels;  // [size], in [0, classes)
+  int64_t size = 0, dim = 0, classes = 0;
+  std::string name;
+
+  // The rows `indices` as tensors: x [n, dim] f32 and y [n] i64, on `device`.
+  std::pair<Tensor, Tensor> gather(const std::vector<int64_t>& indices, Device device) const;
+};
+
+// A classification task that needs no download: `classes` Gaussian clusters in `dim` dimensions.
+// Centers are drawn from N(0, 1) once per seed; a sample is its class center plus N(0, noise²)
+// per coordinate, so `noise` sets how much the classes overlap (and the best reachable accuracy).
+Dataset make_synthetic(int64_t samples, int64_t dim, int64_t classes, double noise, uint64_t seed);
+
+// MNIST in its standard IDX files (train-images-idx3-ubyte, train-labels-idx1-ubyte, optionally
+// .gz) from `dir`; `test` picks the t10k-* files. Pixels are scaled to [0, 1] and normalized with
+// MNIST's mean 0.1307 and std 0.3081.
+Dataset load_mnist(const std::string& dir, bool test);
+
+// Numeric CSV: every column but the label is a feature.
+Dataset load_csv(const std::string& path, int label_column, bool header);
+
+// Splits [0, size) into a training and a held-out part, after a seeded shuffle.
+struct Split {
+  std::vector<int64_t> train, val;
+};
+Split split_indices(int64_t size, double val_fraction, uint64_t seed);
+
+// The sizes of k microbatches of a batch of B samples: the first B % k get one more, so sizes
+// differ by at most one and the last is never larger than the first.
+std::vector<int64_t> microbatch_sizes(int64_t batch, int64_t k);
+
+class Loader {
+ public:
+  // Batches of `batch_size` drawn from `indices` (whole batches only: an epoch is
+  // floor(|indices| / batch_size) steps), each split into `microbatches` parts.
+  Loader(const Dataset& data, std::vector<int64_t> indices, int64_t batch_size,
+         int64_t microbatches, bool shuffle, uint64_t seed);
+
+  struct Microbatch {
+    Tensor x, y;
+  };
+  // The microbatches of optimizer step `step` (0-based), on `device`.
+  std::vector<Microbatch> step_batches(int64_t step, Device device) const;
+  int64_t steps_per_epoch() const { return steps_per_epoch_; }
+
+ private:
+  const std::vector<int64_t>& epoch_order(int64_t epoch) const;
+  const Dataset& data_;
+  std::vector<int64_t> indices_;
+  int64_t batch_size_, microbatches_, steps_per_epoch_;
+  bool shuffle_;
+  uint64_t seed_;
+  mutable int64_t cached_epoch_ = -1;  // the order is recomputed once per epoch, not per step
+  mutable std::vector<int64_t> cached_order_;
+};
+
+}  // namespace mt::data
