@@ -28,13 +28,13 @@
 //
 // Accumulation:
 //   forward    y = (dt, rounded from fp32), rstd = (fp32)
-//   backward   dx = (dt; skipped when null), in the same pass that accumulates dweight. Each team
-//              adds dy xhat of its rows into its own fp32 row of shared memory (a thread always
-//              owns the same columns, so there are no races); at the end the block adds its
-//              teams' rows in team order. deterministic: partials[block, :] = that (fp32), then a
-//              column reduce sums partials[0..blocks) in a fixed order and does
-//              dweight[:] += (fp32). Otherwise atomicAdd(dweight[j], the block's value), whose
-//              rounding depends on the blocks' arrival order.
+//   backward   dx = (dt; skipped when null), in the same pass that accumulates dweight. A thread
+//              always owns the same columns, so it sums dy xhat of its rows in fp32 registers;
+//              at the end each team writes its sums to its own row of shared memory and the
+//              block adds its teams' rows in team order. deterministic: partials[block, :] =
+//              that (fp32), then a column reduce sums partials[0..blocks) in a fixed order and
+//              does dweight[:] += (fp32). Otherwise atomicAdd(dweight[j], the block's value),
+//              whose rounding depends on the blocks' arrival order.
 //   Every sum is fp32 in a fixed order (per thread, shuffle tree, teams, blocks), and the grid
 //   depends only on the GPU model: the same inputs give the same bits on every run.
 #include "ops/rms_norm/rms_norm_cuda.h"
@@ -57,8 +57,9 @@ namespace {
 constexpr int kElems = 16;          // row elements a thread keeps in registers, per input
 constexpr int kWarpTeamBlock = 256;  // block size when the team is a warp: 8 rows at a time
 constexpr int kMaxBlock = 1024;
+constexpr int kSmallBlock = 256;     // backward blocks up to this size get a register-rich build
 constexpr int kReduceCols = 32;      // column reduce: 32 columns (one warp wide) per block,
-constexpr int kReduceSlices = 8;     // and 8 slices of the partial rows summed side by side
+constexpr int kReduceSlices = 32;    // and 32 slices of the partial rows summed side by side
 constexpr size_t kDefaultSharedBytes = 48 * 1024;  // more needs an explicit opt-in per kernel
 
 static_assert(kRmsNormMaxD == int64_t(kElems) * kMaxBlock);
@@ -100,20 +101,16 @@ __device__ __forceinline__ void load_weight(const float* __restrict__ w, int col
   }
 }
 
-// dst[0 .. V) += v in shared memory, 16 bytes at a time when V allows.
+// dst[0 .. V) = v in shared memory, 16 bytes at a time when V allows.
 template <int V>
-__device__ __forceinline__ void add_to(float* dst, const float (&v)[V]) {
+__device__ __forceinline__ void store_to(float* dst, const float (&v)[V]) {
   if constexpr (V % 4 == 0) {
 #pragma unroll
-    for (int k = 0; k < V; k += 4) {
-      float4* p = reinterpret_cast<float4*>(dst + k);
-      float4 a = *p;
-      a.x += v[k], a.y += v[k + 1], a.z += v[k + 2], a.w += v[k + 3];
-      *p = a;
-    }
+    for (int k = 0; k < V; k += 4)
+      *reinterpret_cast<float4*>(dst + k) = make_float4(v[k], v[k + 1], v[k + 2], v[k + 3]);
   } else {
 #pragma unroll
-    for (int k = 0; k < V; ++k) dst[k] += v[k];
+    for (int k = 0; k < V; ++k) dst[k] = v[k];
   }
 }
 
@@ -189,26 +186,23 @@ __global__ void __launch_bounds__(kMaxBlock)
 // written to partials[blockIdx.x, :], or atomically added to dweight_atomic (at most one of the
 // two is non-null; both null when the caller does not want dweight). Dynamic shared memory:
 // teams * d floats when dweight is wanted.
-template <class T, int V>
-__global__ void __launch_bounds__(kMaxBlock)
+//
+// kMaxThreads is the launch bound. A thread holds 16 elements of x, 16 of dy and 16 fp32 sums of
+// dweight, about 80 registers: blocks of at most kSmallBlock threads (rows up to 4096) may have
+// them; larger blocks cap a thread at 64 and the compiler spills a few bytes, a cost only rows
+// longer than 4096 pay.
+template <class T, int V, int kMaxThreads>
+__global__ void __launch_bounds__(kMaxThreads)
     backward_kernel(const T* __restrict__ x, const float* __restrict__ weight,
                     const float* __restrict__ rstd, const T* __restrict__ dy, T* __restrict__ dx,
                     float* __restrict__ partials, float* dweight_atomic, int64_t rows, int d,
                     int team_size) {
   using P = Pack<T, V>;
   constexpr int kPacks = kElems / V;
-  extern __shared__ float4 shared[];  // float4: 16-byte alignment for add_to
-  float* dw_rows = reinterpret_cast<float*>(shared);  // [teams][d]: sum of dy xhat per team
   const int teams = blockDim.x / team_size;
   const int team = threadIdx.x / team_size, lane = threadIdx.x % team_size;
   const int packs = d / V;
-  const bool want_dw = partials != nullptr || dweight_atomic != nullptr;
-  float* my_dw = dw_rows + team * d;
-
-  if (want_dw) {
-    for (int i = threadIdx.x; i < teams * d; i += blockDim.x) dw_rows[i] = 0.0f;
-    __syncthreads();
-  }
+  float dw_sum[kPacks][V] = {};  // this thread's columns of sum_r dy xhat
 
   for (int64_t first = int64_t(blockIdx.x) * teams; first < rows;
        first += int64_t(gridDim.x) * teams) {
@@ -231,15 +225,14 @@ __global__ void __launch_bounds__(kMaxBlock)
     for (int p = 0; p < kPacks; ++p) {
       const int q = lane + p * team_size;
       if (!live || q >= packs) break;
-      float w[V], dw[V];
+      float w[V];
       load_weight<V>(weight, q * V, w);
 #pragma unroll
       for (int k = 0; k < V; ++k) {
         const float xhat = to_float(xv[p].v[k]) * r, dyv = to_float(gv[p].v[k]);
         dot += dyv * w[k] * xhat;
-        dw[k] = dyv * xhat;
+        dw_sum[p][k] += dyv * xhat;
       }
-      if (want_dw) add_to<V>(my_dw + q * V, dw);
     }
     const float c = team_sum(dot, team_size) / float(d);
     if (!live || dx == nullptr) continue;
@@ -261,7 +254,14 @@ __global__ void __launch_bounds__(kMaxBlock)
     }
   }
 
-  if (!want_dw) return;
+  if (partials == nullptr && dweight_atomic == nullptr) return;  // the same for the whole grid
+  extern __shared__ float4 shared[];  // float4: 16-byte aligned, for store_to
+  float* dw_rows = reinterpret_cast<float*>(shared);  // [teams][d]
+#pragma unroll
+  for (int p = 0; p < kPacks; ++p) {
+    const int q = lane + p * team_size;
+    if (q < packs) store_to<V>(dw_rows + team * d + q * V, dw_sum[p]);
+  }
   __syncthreads();
   for (int col = threadIdx.x; col < d; col += blockDim.x) {
     float total = 0.0f;
@@ -273,17 +273,20 @@ __global__ void __launch_bounds__(kMaxBlock)
   }
 }
 
-// dweight[j] += sum_b partials[b, j] in a fixed order. Thread (x, y) of a 32 x 8 block sums rows
-// b = y, y + 8, ... of column blockIdx.x * 32 + x (a warp reads 128 contiguous bytes); then
-// thread (x, 0) adds the 8 slices in order.
+// dweight[j] += sum_b partials[b, j] in a fixed order. Thread (x, y) of a 32 x 32 block sums rows
+// b = y, y + 32, ... of column blockIdx.x * 32 + x (a warp reads 128 contiguous bytes, and the
+// unrolled loop keeps several loads in flight: this pass is latency-bound, not bandwidth-bound);
+// then thread (x, 0) adds the 32 slices in order.
 __global__ void __launch_bounds__(kReduceCols * kReduceSlices)
     column_reduce_kernel(const float* __restrict__ partials, int blocks, int d,
                          float* __restrict__ dweight) {
   __shared__ float slices[kReduceSlices][kReduceCols];
   const int col = blockIdx.x * kReduceCols + threadIdx.x;
   float v = 0.0f;
-  if (col < d)
+  if (col < d) {
+#pragma unroll 4
     for (int b = threadIdx.y; b < blocks; b += kReduceSlices) v += partials[int64_t(b) * d + col];
+  }
   slices[threadIdx.y][threadIdx.x] = v;
   __syncthreads();
   if (threadIdx.y == 0 && col < d) {
@@ -378,10 +381,11 @@ void backward_as(const void* x, const float* weight, const float* rstd, const vo
   };
   const bool vectorized = d % V == 0 && aligned16(x) && aligned16(dy) && aligned16(weight) &&
                           (dx == nullptr || aligned16(dx));
+  const bool small = L.block <= kSmallBlock;
   if (vectorized)
-    launch(backward_kernel<T, V>);
+    small ? launch(backward_kernel<T, V, kSmallBlock>) : launch(backward_kernel<T, V, kMaxBlock>);
   else
-    launch(backward_kernel<T, 1>);
+    small ? launch(backward_kernel<T, 1, kSmallBlock>) : launch(backward_kernel<T, 1, kMaxBlock>);
 }
 
 }  // namespace
