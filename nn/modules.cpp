@@ -1,0 +1,103 @@
+#include "nn/modules.h"
+
+#include <cmath>
+#include <sstream>
+
+#include "core/autograd.h"
+#include "nn/init.h"
+#include "ops/elementwise/elementwise.h"
+#include "ops/linear/linear.h"
+#include "ops/rms_norm/rms_norm.h"
+#include "ops/scaled_silu/scaled_silu.h"
+
+namespace mt::nn {
+
+// ---- Linear -------------------------------------------------------------------------------
+
+Linear::Linear(int64_t in, int64_t out, bool with_bias) : in_features(in), out_features(out) {
+  MT_CHECK(in > 0 && out > 0, "Linear(", in, ", ", out, "): both sizes must be positive");
+  weight = register_parameter("weight", empty({out, in}));
+  init::kaiming_uniform_(weight, std::sqrt(5.0));
+  if (with_bias) {
+    bias = register_parameter("bias", empty({out}));
+    const double bound = 1.0 / std::sqrt(double(in));
+    init::uniform_(bias, -bound, bound);
+  }
+}
+
+Tensor Linear::forward(const Tensor& x) { return linear(x, weight, bias, weight.compute_copy()); }
+
+std::string Linear::repr() const {
+  return "Linear(in_features=" + std::to_string(in_features) + ", out_features=" +
+         std::to_string(out_features) + ", bias=" + (bias.defined() ? "true" : "false") + ")";
+}
+
+void Linear::set_compute_dtype(DType dtype) {
+  Module::set_compute_dtype(dtype);  // checks the dtype
+  NoGradGuard no_grad;               // the copy is detached: gradients go to the fp32 weight
+  weight.set_compute_copy(dtype == DType::f32 ? Tensor() : weight.to(dtype));
+}
+
+// ---- RMSNorm, ScaledSiLU, ReLU ------------------------------------------------------------
+
+RMSNorm::RMSNorm(int64_t d, double e) : dim(d), eps(e) {
+  MT_CHECK(d > 0 && e >= 0, "RMSNorm(", d, ", eps=", e, "): dim must be positive and eps >= 0");
+  weight = register_parameter("weight", ones({d}));
+}
+
+Tensor RMSNorm::forward(const Tensor& x) { return rms_norm(x, weight, eps); }
+
+std::string RMSNorm::repr() const {
+  std::ostringstream os;
+  os << "RMSNorm(" << dim << ", eps=" << eps << ")";
+  return os.str();
+}
+
+ScaledSiLU::ScaledSiLU() { w = register_parameter("w", ones({1})); }
+
+Tensor ScaledSiLU::forward(const Tensor& x) { return scaled_silu(x, w); }
+
+Tensor ReLU::forward(const Tensor& x) { return relu(x); }
+
+// ---- Sequential ---------------------------------------------------------------------------
+
+Sequential::Sequential(std::initializer_list<AnyModule> modules) {
+  for (const AnyModule& m : modules) push_back(m);
+}
+
+void Sequential::push_back(const AnyModule& module) {
+  register_module(std::to_string(size()), module.ptr());
+}
+
+Tensor Sequential::forward(const Tensor& x) {
+  MT_CHECK(size() > 0, "Sequential: forward through an empty Sequential");
+  Tensor y = x;
+  for (const auto& [name, child] : named_children()) y = child->forward(y);
+  return y;
+}
+
+const std::shared_ptr<Module>& Sequential::operator[](size_t i) const {
+  MT_CHECK(i < size(), "Sequential: index ", i, " out of range for ", size(), " modules");
+  return named_children()[i].second;
+}
+
+// ---- MLP ----------------------------------------------------------------------------------
+
+MLP::MLP(const std::vector<int64_t>& widths, const std::string& norm, const std::string& activation,
+         bool bias) {
+  MT_CHECK(widths.size() >= 2, "MLP: widths needs at least {in, out}, got ", widths.size(), " values");
+  MT_CHECK(norm == "rms_norm" || norm == "none", "MLP: norm must be 'rms_norm' or 'none', got '",
+           norm, "'");
+  MT_CHECK(activation == "scaled_silu" || activation == "relu",
+           "MLP: activation must be 'scaled_silu' or 'relu', got '", activation, "'");
+  layers = register_module("layers", Sequential());
+  for (size_t i = 0; i + 1 < widths.size(); ++i) {
+    layers->push_back(Linear(widths[i], widths[i + 1], bias));
+    if (i + 2 == widths.size()) break;  // the output layer has no norm or activation
+    if (norm == "rms_norm") layers->push_back(RMSNorm(widths[i + 1]));
+    if (activation == "scaled_silu") layers->push_back(ScaledSiLU());
+    else layers->push_back(ReLU());
+  }
+}
+
+}  // namespace mt::nn

@@ -1,0 +1,102 @@
+#pragma once
+// The layers of an MLP and the containers that stack them.
+//
+//   nn::Sequential model{nn::Linear(784, 256), nn::RMSNorm(256), nn::ScaledSiLU(),
+//                        nn::Linear(256, 10)};
+//   Tensor logits = model(x);
+//
+// Every parameter is fp32 (f64 after Module::to(DType::f64)); bf16/f16 compute goes through
+// Module::set_compute_dtype, which gives Linear weights a compute-dtype copy for the GEMMs.
+#include <concepts>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nn/module.h"
+
+namespace mt::nn {
+
+// y = x·Wᵀ + b, W [out, in], b [out]. PyTorch's default init: W by kaiming_uniform_(a = √5) and
+// b ~ U(−1/√in, 1/√in), i.e. both uniform within ±1/√in, W drawn first.
+class Linear : public Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, bool bias = true);
+  Tensor forward(const Tensor& x) override;
+  std::string repr() const override;
+  void set_compute_dtype(DType dtype) override;
+
+  int64_t in_features, out_features;
+  Tensor weight, bias;  // bias undefined when bias = false
+};
+
+// y = x / rms(x) · weight over the last dimension; weight starts at ones.
+class RMSNorm : public Module {
+ public:
+  explicit RMSNorm(int64_t dim, double eps = 1e-5);
+  Tensor forward(const Tensor& x) override;
+  std::string repr() const override;
+
+  int64_t dim;
+  double eps;
+  Tensor weight;
+};
+
+// y = w · x · σ(x) with one learnable scalar w (shape [1]), starting at 1: SiLU with a learned gain.
+class ScaledSiLU : public Module {
+ public:
+  ScaledSiLU();
+  Tensor forward(const Tensor& x) override;
+  std::string repr() const override { return "ScaledSiLU()"; }
+
+  Tensor w;
+};
+
+class ReLU : public Module {
+ public:
+  Tensor forward(const Tensor& x) override;
+  std::string repr() const override { return "ReLU()"; }
+};
+
+// A handle to any module, so that containers can take a brace list of different layer types.
+// Built from a module value (moved into a new shared_ptr) or from a shared_ptr (shared).
+class AnyModule {
+ public:
+  template <std::derived_from<Module> M>
+  AnyModule(M&& module) : ptr_(std::make_shared<M>(std::move(module))) {}  // NOLINT: implicit
+  template <std::derived_from<Module> M>
+  AnyModule(std::shared_ptr<M> module) : ptr_(std::move(module)) {}  // NOLINT: implicit
+  const std::shared_ptr<Module>& ptr() const { return ptr_; }
+
+ private:
+  std::shared_ptr<Module> ptr_;
+};
+
+// Runs its children in order; they are named "0", "1", ... (so "0.weight" in a state dict).
+class Sequential : public Module {
+ public:
+  Sequential() = default;
+  Sequential(std::initializer_list<AnyModule> modules);
+  void push_back(const AnyModule& module);
+  Tensor forward(const Tensor& x) override;
+  std::string repr() const override { return "Sequential"; }
+
+  size_t size() const { return named_children().size(); }
+  const std::shared_ptr<Module>& operator[](size_t i) const;
+};
+
+// widths {in, h1, ..., hk, out}: per hidden layer Linear → [RMSNorm] → activation, then a final
+// Linear, held in a Sequential child "layers" ("layers.0.weight", ...).
+//   norm: "rms_norm" or "none";  activation: "scaled_silu" or "relu".
+class MLP : public Module {
+ public:
+  explicit MLP(const std::vector<int64_t>& widths, const std::string& norm = "rms_norm",
+               const std::string& activation = "scaled_silu", bool bias = true);
+  Tensor forward(const Tensor& x) override { return layers->forward(x); }
+  std::string repr() const override { return "MLP"; }
+
+  std::shared_ptr<Sequential> layers;
+};
+
+}  // namespace mt::nn
