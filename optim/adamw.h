@@ -1,0 +1,39 @@
+#pragma once
+// AdamW (Loshchilov & Hutter), with PyTorch's torch.optim.AdamW semantics. Per parameter, with t
+// its own step count (a parameter without a .grad is skipped and its t does not advance):
+//
+//   p  = p · (1 − lr · weight_decay)           decoupled decay: not part of the gradient
+//   m  = β1 · m + (1 − β1) · g
+//   v  = β2 · v + (1 − β2) · g²
+//   p  = p − lr · (m / (1 − β1^t)) / (sqrt(v / (1 − β2^t)) + eps)
+//
+// State per parameter: exp_avg (m) and exp_avg_sq (v), fp32 (f64 for f64 parameters).
+// On the CPU this is a plain loop per parameter. On CUDA every parameter is updated by ONE fused
+// launch (optim/adamw_cuda.h), which also rewrites each bf16/f16 compute copy in the same pass;
+// parameters whose lr or step count differ (rare) go in separate launches.
+#include <utility>
+#include <vector>
+
+#include "optim/optimizer.h"
+
+namespace mt::optim {
+
+struct AdamWOptions {
+  double lr = 1e-3;
+  std::pair<double, double> betas = {0.9, 0.999};
+  double eps = 1e-8;
+  double weight_decay = 1e-2;
+};
+
+class AdamW : public Optimizer {
+ public:
+  AdamW(std::vector<ParamGroup> groups, AdamWOptions options);
+  AdamW(const std::vector<Tensor>& params, AdamWOptions options)
+      : AdamW(std::vector<ParamGroup>{{params, std::nullopt, std::nullopt}}, options) {}
+  void step() override;
+
+ private:
+  AdamWOptions options_;
+};
+
+}  // namespace mt::optim

@@ -1,0 +1,19 @@
+#pragma once
+// Gradient clipping by global norm, PyTorch's torch.nn.utils.clip_grad_norm_ (norm_type 2):
+//
+//   norm = sqrt(Σ_params Σ_i g_i²)                    over every parameter that has a .grad
+//   g   *= min(1, max_norm / (norm + 1e-6))          in place, for every such parameter
+//
+// Returns the norm before clipping, as a 0-dim tensor on the parameters' device: f32 (f64 for f64
+// gradients). On CUDA the norm is one fused reduction over all gradients and the factor is
+// computed and applied on the device, so clipping never waits for the GPU (the returned norm is
+// read only when it is logged). On the CPU the sum runs in double.
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace mt::optim {
+
+Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm);
+
+}  // namespace mt::optim
