@@ -1,12 +1,13 @@
 #include "optim/adamw.h"
 
 #include <cmath>
-#include <map>
-#include <tuple>
 
 #include "core/autograd.h"
 #include "nn/module.h"
 #ifdef MT_WITH_CUDA
+#include <map>
+#include <tuple>
+
 #include "core/cuda/runtime.h"
 #include "optim/adamw_cuda.h"
 #endif
