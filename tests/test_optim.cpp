@@ -397,3 +397,45 @@ TEST(Schedule, WarmupCosineAtItsBoundaries) {
   expect_error([] { optim::WarmupCosineLR(1.0, 10, 5); }, {"warmup_steps", "10", "5"});
   expect_error([] { optim::WarmupCosineLR(1.0, 0, 5, 2.0); }, {"min_lr"});
 }
+
+// ---- CUDA against the CPU reference (skipped without a GPU) ---------------------------------
+
+TEST(OptimCUDA, FusedAdamWSGDAndClippingMatchTheCPU) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU";
+  for (int which = 0; which < 2; ++which) {
+    nn::Sequential cpu = tiny(8), gpu = tiny(8);
+    gpu.to(cuda_device(0));
+    gpu.set_compute_dtype(DType::bf16);
+    auto make = [&](nn::Module& m) -> std::unique_ptr<optim::Optimizer> {
+      if (which == 0) return std::make_unique<optim::AdamW>(optim::Optimizer::decay_groups(m, 0.1),
+                                                            optim::AdamWOptions{.lr = 0.05});
+      return std::make_unique<optim::SGD>(m.parameters(),
+                                          optim::SGDOptions{.lr = 0.1, .momentum = 0.9, .nesterov = true,
+                                                            .weight_decay = 0.01});
+    };
+    auto opt_cpu = make(cpu), opt_gpu = make(gpu);
+    Generator gen(9);
+    for (int s = 0; s < 3; ++s) {
+      const auto pc = cpu.parameters(), pg = gpu.parameters();
+      for (size_t k = 0; k < pc.size(); ++k) {
+        std::vector<double> g(size_t(pc[k].numel()));
+        for (double& x : g) x = 3 * gen.normal();
+        Tensor(pc[k]).set_grad(from_vector(g, pc[k].shape()));
+        Tensor(pg[k]).set_grad(from_vector(g, pc[k].shape(), DType::f32, cuda_device(0)));
+      }
+      const double norm_cpu = optim::clip_grad_norm_(pc, 1.0).item();
+      const double norm_gpu = optim::clip_grad_norm_(pg, 1.0).item();
+      EXPECT_NEAR(norm_gpu, norm_cpu, 1e-5 * norm_cpu);
+      opt_cpu->step();
+      opt_gpu->step();
+      for (size_t k = 0; k < pc.size(); ++k) {
+        const std::vector<double> want = pc[k].to_vector(), got = pg[k].to_vector();
+        for (size_t i = 0; i < want.size(); ++i)
+          EXPECT_NEAR(got[i], want[i], 1e-5 * std::max(1.0, std::abs(want[i])))
+              << (which == 0 ? "AdamW" : "SGD") << " step " << s << " param " << k;
+        if (pg[k].compute_copy().defined())  // rewritten in the same pass as the fp32 update
+          EXPECT_EQ(pg[k].compute_copy().to_vector(), pg[k].to(DType::bf16).to_vector());
+      }
+    }
+  }
+}
