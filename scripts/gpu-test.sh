@@ -32,14 +32,16 @@ for b in "$build"/bench_*; do
   name=$(basename "$b")
   timeout 300 "$b" >"$logs/$name.log" 2>&1
   note "$name (rc $?):"
-  while IFS= read -r line; do note "  $line"; done < <(grep -E '^SUMMARY' "$logs/$name.log")
+  while IFS= read -r line; do note "  $line"; done < <(tail -n 12 "$logs/$name.log")
 done
 
-if [[ -f configs/mlp.yaml ]]; then
+for dt in f32 bf16 f16; do
   timeout 300 "$build/train" --config configs/mlp.yaml --device cuda \
-    --set checkpoint.dir="$logs/run-mlp" >"$logs/train.log" 2>&1
-  note "train configs/mlp.yaml --device cuda (rc $?): $(tail -1 "$logs/train.log")"
-fi
+    --set precision.compute_dtype=$dt --set checkpoint.dir="$build/run-mlp-$dt" \
+    >"$logs/train-$dt.log" 2>&1
+  note "train configs/mlp.yaml --device cuda, $dt (rc $?):"
+  while IFS= read -r line; do note "  $line"; done < <(grep -E 'step +300/|test:' "$logs/train-$dt.log")
+done
 
 echo
 echo "================ summary ================"

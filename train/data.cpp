@@ -25,12 +25,14 @@ std::pair<Tensor, Tensor> Dataset::gather(const std::vector<int64_t>& indices, D
   return {x.to(device), y.to(device)};
 }
 
-Dataset make_synthetic(int64_t samples, int64_t dim, int64_t classes, double noise, uint64_t seed) {
+Dataset make_synthetic(int64_t samples, int64_t dim, int64_t classes, double noise, uint64_t seed,
+                       uint64_t draw) {
   MT_CHECK(samples > 0 && dim > 0 && classes >= 2 && noise >= 0, "make_synthetic: invalid sizes (",
            samples, " samples, dim ", dim, ", ", classes, " classes, noise ", noise, ")");
-  Generator g(seed);
+  Generator centers_rng(seed);
   std::vector<double> centers(size_t(classes * dim));
-  for (auto& c : centers) c = g.normal();
+  for (auto& c : centers) c = centers_rng.normal();
+  Generator g(seed * 0x9e3779b97f4a7c15ull + 0x1234567u + draw);
   Dataset d;
   d.name = "synthetic";
   d.size = samples;

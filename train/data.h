@@ -27,7 +27,9 @@ struct Dataset {
 // A classification task that needs no download: `classes` Gaussian clusters in `dim` dimensions.
 // Centers are drawn from N(0, 1) once per seed; a sample is its class center plus N(0, noise²)
 // per coordinate, so `noise` sets how much the classes overlap (and the best reachable accuracy).
-Dataset make_synthetic(int64_t samples, int64_t dim, int64_t classes, double noise, uint64_t seed);
+// `draw` picks an independent set of samples from the same clusters (0: training, 1: test).
+Dataset make_synthetic(int64_t samples, int64_t dim, int64_t classes, double noise, uint64_t seed,
+                       uint64_t draw = 0);
 
 // MNIST in its standard IDX files (train-images-idx3-ubyte, train-labels-idx1-ubyte, optionally
 // .gz) from `dir`; `test` picks the t10k-* files. Pixels are scaled to [0, 1] and normalized with

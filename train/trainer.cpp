@@ -1,0 +1,261 @@
+#include "train/trainer.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+#include <spdlog/spdlog.h>
+
+#include "core/accumulate.h"
+#include "core/autograd.h"
+#include "core/registry.h"
+#include "core/rng.h"
+#include "ops/cross_entropy/cross_entropy.h"
+#include "optim/adamw.h"
+#include "optim/clip.h"
+#include "optim/sgd.h"
+#include "train/checkpoint.h"
+#include "train/metrics.h"
+
+namespace mt::train {
+
+Device resolve_device(const std::string& spec) {
+  if (spec == "auto") return cuda_available() ? cuda_device(0) : kCPU;
+  Device d = Device::parse(spec);
+  MT_CHECK(d.is_cpu() || cuda_available(), "device ", d.str(), " requested, but ",
+           cuda_available() ? "it does not exist" : "no CUDA device is available");
+  return d;
+}
+
+namespace {
+
+data::Dataset load_data(const DataConfig& d, const ModelConfig& m, bool test) {
+  if (d.kind == "synthetic") {
+    // The synthetic task's test set is an independent draw from the same clusters.
+    return test ? data::make_synthetic(d.samples / 5, m.input, m.classes, d.noise, d.seed, 1)
+                : data::make_synthetic(d.samples, m.input, m.classes, d.noise, d.seed, 0);
+  }
+  if (d.kind == "mnist") return data::load_mnist(test ? d.test_path : d.path, test);
+  return data::load_csv(test ? d.test_path : d.path, int(d.label_column), d.header);
+}
+
+void check_fits(const data::Dataset& set, const ModelConfig& m) {
+  if (set.size == 0) return;
+  if (set.dim != m.input)
+    throw ConfigError(detail::concat("model.input: is ", m.input, " but the ", set.name,
+                                     " data has ", set.dim, " features per sample"));
+  for (int64_t y : set.labels)
+    if (y < 0 || y >= m.classes)
+      throw ConfigError(detail::concat("model.classes: is ", m.classes, " but the ", set.name,
+                                       " data has label ", y));
+}
+
+bool is_terminal() { return ::isatty(::fileno(stdout)) == 1; }
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+Trainer::Trainer(Config config, Device device) : cfg_(std::move(config)), device_(device) {
+  const ModelConfig& m = cfg_.model;
+  set_deterministic(cfg_.precision.deterministic);
+  if (!cfg_.precision.deterministic) spdlog::warn("deterministic: false: reductions may use atomics");
+  MT_CHECK(device_.is_cpu() || cfg_.precision.compute_dtype != DType::f64,
+           "precision.compute_dtype: f64 runs on the CPU only");
+
+  train_set_ = load_data(cfg_.data, m, false);
+  check_fits(train_set_, m);
+  if (cfg_.data.kind == "synthetic" || !cfg_.data.test_path.empty()) {
+    test_set_ = load_data(cfg_.data, m, true);
+    check_fits(test_set_, m);
+  }
+  split_ = data::split_indices(train_set_.size, cfg_.data.val_fraction, cfg_.data.seed);
+  if (int64_t(split_.train.size()) < cfg_.optim.batch_size)
+    throw ConfigError(detail::concat("optim.batch_size: ", cfg_.optim.batch_size, " is larger than the ",
+                                     split_.train.size(), " training samples"));
+  loader_ = std::make_unique<data::Loader>(train_set_, split_.train, cfg_.optim.batch_size,
+                                           cfg_.optim.microbatches, cfg_.data.shuffle, cfg_.data.seed);
+
+  manual_seed(cfg_.seed);  // the model's initialization
+  std::vector<int64_t> widths{m.input};
+  widths.insert(widths.end(), m.hidden.begin(), m.hidden.end());
+  widths.push_back(m.classes);
+  model_ = std::make_shared<nn::MLP>(widths, m.norm, m.activation, m.bias);
+  if (cfg_.precision.compute_dtype == DType::f64) model_->to(DType::f64);
+  model_->to(device_);
+  if (cfg_.precision.compute_dtype != DType::f64) model_->set_compute_dtype(cfg_.precision.compute_dtype);
+
+  const OptimConfig& o = cfg_.optim;
+  auto groups = optim::Optimizer::decay_groups(*model_, o.weight_decay);
+  if (o.name == "adamw")
+    optimizer_ = std::make_unique<optim::AdamW>(
+        groups, optim::AdamWOptions{o.lr, {o.betas[0], o.betas[1]}, o.eps, o.weight_decay});
+  else
+    optimizer_ = std::make_unique<optim::SGD>(
+        groups, optim::SGDOptions{o.lr, o.momentum, o.nesterov, o.weight_decay});
+  if (o.schedule == "cosine")
+    schedule_ = std::make_unique<optim::WarmupCosineLR>(o.lr, o.warmup_steps, o.steps, o.min_lr);
+  else
+    schedule_ = std::make_unique<optim::ConstantLR>(o.lr);
+}
+
+Trainer::~Trainer() = default;
+
+void Trainer::resume(const std::string& path) {
+  Checkpoint c = load_checkpoint(path);
+  model_->load_state_dict(c.model);
+  optimizer_->load_state_dict(c.optimizer);
+  step_ = c.step;
+  resumed_ = true;
+  spdlog::info("resumed from {} at step {}", path, step_);
+}
+
+std::string Trainer::save(int64_t step) {
+  return save_checkpoint(cfg_.checkpoint.dir, step, model_->state_dict(), optimizer_->state_dict(),
+                         {{"config", to_yaml(cfg_)}}, cfg_.checkpoint.keep_last);
+}
+
+Trainer::Eval Trainer::evaluate(const data::Dataset& set, const std::vector<int64_t>& indices) {
+  NoGradGuard no_grad;
+  model_->eval();  // a flag only: accumulated gradients are left alone
+  double loss_sum = 0;
+  int64_t correct = 0;
+  const int64_t bs = cfg_.eval.batch_size;
+  for (size_t begin = 0; begin < indices.size(); begin += size_t(bs)) {
+    std::vector<int64_t> rows(indices.begin() + long(begin),
+                              indices.begin() + long(std::min(indices.size(), begin + size_t(bs))));
+    auto [x, y] = set.gather(rows, device_);
+    Tensor logits = (*model_)(x.to(cfg_.precision.compute_dtype));
+    loss_sum += cross_entropy(logits, y, -100, 1.0).item();
+    std::vector<double> l = logits.to_vector(), t = y.to_vector();
+    const int64_t C = logits.size(1);
+    for (size_t r = 0; r < rows.size(); ++r) {
+      int64_t best = 0;
+      for (int64_t c = 1; c < C; ++c)
+        if (l[r * size_t(C) + size_t(c)] > l[r * size_t(C) + size_t(best)]) best = c;
+      correct += best == int64_t(t[r]);
+    }
+  }
+  model_->train();
+  const double n = double(std::max<size_t>(indices.size(), 1));
+  return {loss_sum / n, double(correct) / n};
+}
+
+RunSummary Trainer::run() {
+  const OptimConfig& o = cfg_.optim;
+  const DType dt = cfg_.precision.compute_dtype;
+  MetricsWriter metrics(metrics_path(cfg_), resumed_);
+  const auto params = model_->parameters();
+  const bool tty = is_terminal();
+  RunSummary summary;
+  spdlog::info("training {} on {}: {} parameters, {} steps of {} samples in {} microbatches ({} {})",
+               train_set_.name, device_.str(), [&] {
+                 int64_t n = 0;
+                 for (auto& p : params) n += p.numel();
+                 return n;
+               }(), o.steps, o.batch_size, o.microbatches, dtype_name(dt),
+               cfg_.precision.deterministic ? "deterministic" : "non-deterministic");
+
+  auto window_start = std::chrono::steady_clock::now();
+  const auto run_start = window_start;
+  int64_t window_steps = 0;
+  const int64_t first_step = step_;
+  Tensor loss_sum = zeros({}, DType::f32, device_);
+  for (; step_ < o.steps; ++step_) {
+    const bool log_now = (step_ + 1) % cfg_.logging.every == 0 || step_ + 1 == o.steps;
+    const bool eval_now = (step_ + 1) % cfg_.eval.every == 0 || step_ + 1 == o.steps;
+    const bool save_now = (step_ + 1) % cfg_.checkpoint.every == 0 || step_ + 1 == o.steps;
+    const double lr = schedule_->lr_at(step_);
+    optimizer_->set_lr(lr);
+
+    int64_t correct = 0;
+    for (const auto& mb : loader_->step_batches(step_, device_)) {
+      Tensor logits = (*model_)(mb.x.to(dt));
+      // Normalized by the whole step's sample count: k backward passes add up to the full batch.
+      Tensor loss = cross_entropy(logits, mb.y, -100, double(o.batch_size));
+      loss.backward();
+      add_into(loss_sum, loss.detach().to(DType::f32));
+      if (log_now) {
+        NoGradGuard g;
+        std::vector<double> l = logits.to_vector(), t = mb.y.to_vector();
+        const int64_t C = logits.size(1);
+        for (size_t r = 0; r < t.size(); ++r) {
+          int64_t best = 0;
+          for (int64_t c = 1; c < C; ++c)
+            if (l[r * size_t(C) + size_t(c)] > l[r * size_t(C) + size_t(best)]) best = c;
+          correct += best == int64_t(t[r]);
+        }
+      }
+    }
+    // max_norm = inf computes the norm for the log without clipping.
+    Tensor grad_norm = optim::clip_grad_norm_(params, o.clip_norm > 0 ? o.clip_norm : INFINITY);
+    optimizer_->step();
+    optimizer_->zero_grad();
+    ++window_steps;
+
+    if (tty) {
+      const double elapsed = seconds_since(run_start);
+      const double eta = elapsed / double(step_ + 1 - first_step) * double(o.steps - step_ - 1);
+      std::printf("\r  step %lld/%lld  lr %.2e  %.0fs left   ", static_cast<long long>(step_ + 1),
+                  static_cast<long long>(o.steps), lr, eta);
+      std::fflush(stdout);
+    }
+    if (!(log_now || save_now)) continue;
+
+    // The only host synchronization of a step: reading back what is logged.
+    const double loss = loss_sum.item() / double(window_steps);
+    const double gn = grad_norm.item();
+    if (!std::isfinite(loss) || !std::isfinite(gn))
+      throw NonFiniteError(detail::concat("step ", step_ + 1, ": the ",
+                                          std::isfinite(loss) ? "gradient norm" : "loss", " is ",
+                                          std::isfinite(loss) ? gn : loss, "; stopping without "
+                                          "saving (the last checkpoint on disk is intact)"));
+    if (log_now) {
+      const double secs = seconds_since(window_start);
+      const double sps = double(window_steps * o.batch_size) / secs;
+      const double acc = double(correct) / double(o.batch_size);
+      if (tty) std::printf("\r");
+      spdlog::info("step {:>5}/{} | loss {:.4f} | acc {:.3f} | grad_norm {:.3f} | lr {:.2e} | "
+                   "{:.0f} samples/s | {:.2f} ms/step",
+                   step_ + 1, o.steps, loss, acc, gn, lr, sps, 1e3 * secs / double(window_steps));
+      metrics.write({{"step", step_ + 1}, {"loss", loss}, {"accuracy", acc}, {"grad_norm", gn},
+                     {"lr", lr}, {"samples_per_s", sps}, {"ms_per_step", 1e3 * secs / double(window_steps)}});
+      summary.train_loss = loss;
+      loss_sum.fill_(0.0);
+      window_steps = 0;
+      window_start = std::chrono::steady_clock::now();
+    }
+    if (eval_now && !split_.val.empty()) {
+      Eval e = evaluate(train_set_, split_.val);
+      spdlog::info("step {:>5}/{} | val_loss {:.4f} | val_accuracy {:.4f}", step_ + 1, o.steps,
+                   e.loss, e.accuracy);
+      metrics.write({{"step", step_ + 1}, {"val_loss", e.loss}, {"val_accuracy", e.accuracy}});
+      summary.val_loss = e.loss;
+      summary.val_accuracy = e.accuracy;
+    }
+    if (save_now) summary.checkpoint = save(step_ + 1);
+  }
+  summary.steps = step_;
+
+  if (test_set_.size > 0) {
+    std::vector<int64_t> all(static_cast<size_t>(test_set_.size));
+    for (int64_t i = 0; i < test_set_.size; ++i) all[size_t(i)] = i;
+    Eval e = evaluate(test_set_, all);
+    spdlog::info("test: loss {:.4f} | accuracy {:.4f} ({} samples)", e.loss, e.accuracy, test_set_.size);
+    metrics.write({{"step", step_}, {"test_loss", e.loss}, {"test_accuracy", e.accuracy}});
+  }
+  std::vector<CurvePoint> loss_curve, acc_curve;
+  read_curve(metrics.path(), loss_curve, acc_curve);
+  write_curve_svg(curve_path(cfg_), loss_curve, acc_curve,
+                  "minitrain: " + train_set_.name + " MLP, " + dtype_name(dt));
+  spdlog::info("done: {} steps; metrics {}; curve {}; checkpoint {}", summary.steps, metrics.path(),
+               curve_path(cfg_), summary.checkpoint.empty() ? "(none)" : summary.checkpoint);
+  return summary;
+}
+
+}  // namespace mt::train

@@ -1,0 +1,75 @@
+#pragma once
+// The trainer behind `train --config configs/mlp.yaml`.
+//
+// One optimizer step, as DESIGN.md describes it:
+//   1. the loader hands out the step's batch of B samples as k microbatches (a pure function of
+//      the seed and the step, so a resumed run sees the same batches);
+//   2. for each microbatch: forward, cross_entropy with normalizer = B (the whole step's count,
+//      never the microbatch's own), backward — gradients accumulate (+=) in fp32 .grad;
+//   3. clip the global gradient norm, optimizer step, learning-rate schedule, zero_grad.
+// The loss stays on the device and is read back only when logged, evaluated or checkpointed; a
+// non-finite loss or gradient norm found then stops the run (exit code 3) before anything is
+// saved, so the last checkpoint on disk is always a good one.
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/error.h"
+#include "nn/modules.h"
+#include "optim/optimizer.h"
+#include "optim/schedule.h"
+#include "train/config.h"
+#include "train/data.h"
+
+namespace mt::train {
+
+// A NaN or inf loss or gradient norm: the run stops; `train` exits with code 3.
+struct NonFiniteError : Error {
+  using Error::Error;
+};
+
+// "auto" is cuda:0 when a GPU is visible, else cpu.
+Device resolve_device(const std::string& spec);
+
+struct RunSummary {
+  int64_t steps = 0;
+  double train_loss = 0;  // the last logged step's
+  double val_loss = 0, val_accuracy = 0;
+  std::string checkpoint;  // the last one written
+};
+
+class Trainer {
+ public:
+  // Builds data, model and optimizer from a validated config; mismatches between the config and
+  // the data (feature count, labels outside model.classes) are ConfigErrors.
+  Trainer(Config config, Device device);
+  ~Trainer();
+
+  // Continues the run saved at `path` (a checkpoint file or its directory).
+  void resume(const std::string& path);
+  RunSummary run();
+
+  nn::Module& model() { return *model_; }
+  optim::Optimizer& optimizer() { return *optimizer_; }
+  int64_t step() const { return step_; }
+
+ private:
+  struct Eval {
+    double loss, accuracy;
+  };
+  Eval evaluate(const data::Dataset& set, const std::vector<int64_t>& indices);
+  std::string save(int64_t step);
+
+  Config cfg_;
+  Device device_;
+  data::Dataset train_set_, test_set_;
+  data::Split split_;
+  std::unique_ptr<data::Loader> loader_;
+  std::shared_ptr<nn::MLP> model_;
+  std::unique_ptr<optim::Optimizer> optimizer_;
+  std::unique_ptr<optim::LRSchedule> schedule_;
+  int64_t step_ = 0;
+  bool resumed_ = false;
+};
+
+}  // namespace mt::train
