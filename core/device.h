@@ -1,5 +1,6 @@
 #pragma once
 // Where a tensor's memory lives: the host (cpu) or GPU number N (cuda:N).
+#include <cstdint>
 #include <string>
 
 namespace mt {

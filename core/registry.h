@@ -10,6 +10,7 @@
 // Registration is static (MT_REGISTER_KERNEL at namespace scope of the op's .cpp or .cu), so
 // adding a backend means adding a file, not editing a switch.
 #include <any>
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
