@@ -248,6 +248,8 @@ RunSummary Trainer::run() {
     Eval e = evaluate(test_set_, all);
     spdlog::info("test: loss {:.4f} | accuracy {:.4f} ({} samples)", e.loss, e.accuracy, test_set_.size);
     metrics.write({{"step", step_}, {"test_loss", e.loss}, {"test_accuracy", e.accuracy}});
+    summary.test_loss = e.loss;
+    summary.test_accuracy = e.accuracy;
   }
   std::vector<CurvePoint> loss_curve, acc_curve;
   read_curve(metrics.path(), loss_curve, acc_curve);

@@ -35,6 +35,7 @@ struct RunSummary {
   int64_t steps = 0;
   double train_loss = 0;  // the last logged step's
   double val_loss = 0, val_accuracy = 0;
+  double test_loss = 0, test_accuracy = 0;  // when there is a test set
   std::string checkpoint;  // the last one written
 };
 

@@ -1,0 +1,202 @@
+// The trainer on the CPU: the loader, microbatches = one batch through whole training runs,
+// bitwise resume, checkpoint corruption, the CLI's exit codes, and the default config's accuracy.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sys/wait.h>
+
+#include "core/autograd.h"
+#include "train/checkpoint.h"
+#include "train/config.h"
+#include "train/data.h"
+#include "train/trainer.h"
+
+using namespace mt;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A fresh directory under the system temp dir, removed at the end of the test.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    path = fs::temp_directory_path() / ("mt_trainer_" + std::to_string(::getpid()) + "_" +
+                                        std::to_string(reinterpret_cast<uintptr_t>(this)));
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string operator/(const std::string& name) const { return (path / name).string(); }
+};
+
+// A small, quick run: 24 steps of 48 samples.
+Config small_config(const TempDir& dir, DType dt = DType::f32, int64_t k = 1) {
+  std::vector<std::string> sets = {
+      "model.input=12", "model.hidden=[16]", "model.classes=4", "data.samples=600",
+      "optim.steps=24", "optim.batch_size=48", "optim.warmup_steps=4",
+      "optim.microbatches=" + std::to_string(k), "eval.every=12", "logging.every=6",
+      "checkpoint.every=12", "checkpoint.keep_last=5", "checkpoint.dir=" + (dir / "ckpt"),
+      std::string("precision.compute_dtype=") + dtype_name(dt), "device=cpu"};
+  return load_config("", sets);
+}
+
+std::vector<std::vector<double>> params_of(train::Trainer& t) {
+  std::vector<std::vector<double>> out;
+  for (auto& p : t.model().parameters()) out.push_back(p.to_vector());
+  return out;
+}
+
+double max_rel_diff(const std::vector<std::vector<double>>& a, const std::vector<std::vector<double>>& b) {
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    double scale = 1e-30, err = 0;
+    for (size_t j = 0; j < a[i].size(); ++j) {
+      scale = std::max(scale, std::abs(a[i][j]));
+      err = std::max(err, std::abs(a[i][j] - b[i][j]));
+    }
+    worst = std::max(worst, err / scale);
+  }
+  return worst;
+}
+
+int run_train(const std::string& args) {
+  std::string cmd = std::string(MT_BINARY_DIR) + "/train " + args + " >/dev/null 2>&1";
+  int status = std::system(cmd.c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+}  // namespace
+
+TEST(Loader, SameSeedSameOrderAndUnevenLastMicrobatch) {
+  data::Dataset d = data::make_synthetic(103, 5, 3, 0.5, 7);
+  data::Split split = data::split_indices(d.size, 0.1, 7);
+  EXPECT_EQ(split.val.size(), 10u);
+  EXPECT_EQ(split.train.size(), 93u);
+  data::Loader a(d, split.train, 10, 4, true, 3), b(d, split.train, 10, 4, true, 3);
+  EXPECT_EQ(a.steps_per_epoch(), 9);
+  for (int64_t step : {0, 5, 9, 20}) {
+    auto ma = a.step_batches(step, kCPU), mb = b.step_batches(step, kCPU);
+    ASSERT_EQ(ma.size(), 4u);
+    std::vector<int64_t> sizes;
+    for (size_t i = 0; i < ma.size(); ++i) {
+      sizes.push_back(ma[i].x.size(0));
+      EXPECT_EQ(ma[i].x.to_vector(), mb[i].x.to_vector());
+      EXPECT_EQ(ma[i].y.to_vector(), mb[i].y.to_vector());
+    }
+    EXPECT_EQ(sizes, (std::vector<int64_t>{3, 3, 2, 2}));  // the last ones are smaller
+  }
+  // A different seed or epoch gives another order.
+  data::Loader c(d, split.train, 10, 4, true, 4);
+  EXPECT_NE(a.step_batches(0, kCPU)[0].y.to_vector(), c.step_batches(0, kCPU)[0].y.to_vector());
+  EXPECT_NE(a.step_batches(0, kCPU)[0].x.to_vector(), a.step_batches(9, kCPU)[0].x.to_vector());
+  EXPECT_THROW(data::microbatch_sizes(3, 4), Error);
+}
+
+TEST(Loader, SyntheticTestDrawIsIndependentOfTraining) {
+  data::Dataset train = data::make_synthetic(50, 4, 3, 0.5, 1, 0);
+  data::Dataset test = data::make_synthetic(50, 4, 3, 0.5, 1, 1);
+  EXPECT_NE(train.features, test.features);
+  EXPECT_EQ(train.features, data::make_synthetic(50, 4, 3, 0.5, 1, 0).features);
+}
+
+// Whole training runs: k = 4 microbatches per step ends with the parameters of k = 1.
+TEST(TrainerMicrobatch, FourMicrobatchesTrainLikeOneBatch) {
+  for (DType dt : {DType::f64, DType::f32}) {
+    TempDir dir;
+    train::Trainer one(small_config(dir, dt, 1), kCPU);
+    one.run();
+    TempDir dir4;
+    train::Trainer four(small_config(dir4, dt, 4), kCPU);
+    four.run();
+    // f64: only summation order differs (1e-10 after 24 AdamW steps); f32: 1e-4.
+    EXPECT_LE(max_rel_diff(params_of(one), params_of(four)), dt == DType::f64 ? 1e-10 : 1e-4)
+        << dtype_name(dt);
+  }
+}
+
+TEST(TrainerResume, StoppedAndResumedRunEndsBitwiseEqual) {
+  TempDir dir;
+  train::Trainer full(small_config(dir), kCPU);
+  full.run();
+  auto expected = params_of(full);
+  // Resume from the step-12 checkpoint the full run left, in a fresh trainer.
+  TempDir dir2;
+  Config cfg = small_config(dir2);
+  train::Trainer resumed(cfg, kCPU);
+  resumed.resume(dir / "ckpt/step-000012.safetensors");
+  EXPECT_EQ(resumed.step(), 12);
+  resumed.run();
+  EXPECT_EQ(params_of(resumed), expected);
+}
+
+TEST(TrainerCheckpoint, TruncatedOrCorruptCheckpointsAreClearErrors) {
+  TempDir dir;
+  train::Trainer t(small_config(dir), kCPU);
+  t.run();
+  const std::string good = dir / "ckpt/step-000024.safetensors";
+  ASSERT_TRUE(fs::exists(good));
+  train::Checkpoint c = train::load_checkpoint(dir / "ckpt");  // the directory: the newest
+  EXPECT_EQ(c.step, 24);
+  EXPECT_EQ(c.model.front().first, "layers.0.weight");
+  // Truncate a copy.
+  const std::string bad = dir / "ckpt/step-000099.safetensors";
+  fs::copy_file(good, bad);
+  fs::copy_file(dir / "ckpt/step-000024.optim.safetensors", dir / "ckpt/step-000099.optim.safetensors");
+  fs::resize_file(bad, fs::file_size(bad) - 10);
+  try {
+    train::load_checkpoint(bad);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("step-000099"), std::string::npos) << e.what();
+  }
+  // A checkpoint of another model shape does not load into this one.
+  TempDir dir2;
+  Config other = small_config(dir2);
+  other.model.hidden = {8};
+  train::Trainer t2(other, kCPU);
+  EXPECT_THROW(t2.resume(good), Error);
+}
+
+TEST(TrainerNumerics, NonFiniteLossStopsWithoutSavingAndKeepsTheLastCheckpoint) {
+  TempDir dir;
+  Config cfg = small_config(dir);
+  cfg.optim.lr = 1e30;  // diverges within a few steps
+  cfg.optim.clip_norm = 0;
+  cfg.optim.schedule = "constant";
+  cfg.optim.warmup_steps = 0;
+  train::Trainer t(cfg, kCPU);
+  EXPECT_THROW(t.run(), train::NonFiniteError);
+  for (const auto& f : train::list_checkpoints(dir / "ckpt")) {
+    train::Checkpoint c = train::load_checkpoint(f);
+    for (auto& [name, p] : c.model)
+      for (double v : p.to_vector()) ASSERT_TRUE(std::isfinite(v)) << name << " in " << f;
+  }
+}
+
+TEST(TrainCli, ExitCodesAndNothingWrittenOnBadConfig) {
+  TempDir dir;
+  const std::string out = dir / "never";
+  EXPECT_EQ(run_train("--config " + std::string(MT_SOURCE_DIR) + "/configs/mlp.yaml --set optim.lrr=1 --set checkpoint.dir=" + out), 2);
+  EXPECT_EQ(run_train("--config " + std::string(MT_SOURCE_DIR) + "/configs/mlp.yaml --set optim.microbatches=1000 --set checkpoint.dir=" + out), 2);
+  EXPECT_EQ(run_train("--config /nonexistent.yaml"), 2);
+  EXPECT_EQ(run_train("--bogus"), 2);
+  EXPECT_FALSE(fs::exists(out));
+  EXPECT_EQ(run_train("--list-ops"), 0);
+  EXPECT_EQ(run_train("--version"), 0);
+  EXPECT_EQ(run_train("--config " + std::string(MT_SOURCE_DIR) + "/configs/mlp.yaml --resume " + (dir / "missing") + " --set device=cpu --set checkpoint.dir=" + out), 1);
+}
+
+// What the README promises: the default config reaches at least 95% test accuracy on the CPU.
+TEST(TrainerDefaultConfig, ReachesTheStatedAccuracy) {
+  TempDir dir;
+  Config cfg = load_config(std::string(MT_SOURCE_DIR) + "/configs/mlp.yaml",
+                           {"device=cpu", "checkpoint.dir=" + (dir / "run")});
+  train::Trainer t(cfg, kCPU);
+  train::RunSummary s = t.run();
+  EXPECT_GE(s.test_accuracy, 0.95);
+  EXPECT_GE(s.val_accuracy, 0.95);
+  EXPECT_TRUE(fs::exists(dir / "run/curve.svg"));
+  EXPECT_TRUE(fs::exists(dir / "run/metrics.jsonl"));
+}
