@@ -6,6 +6,10 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#ifdef MT_WITH_CUDA
+#include "core/cuda/check.h"
+#include "core/cuda/runtime.h"
+#endif
 #include "train/csv.h"
 #include "train/idx.h"
 
@@ -145,14 +149,62 @@ const std::vector<int64_t>& Loader::epoch_order(int64_t epoch) const {
   return cached_order_;
 }
 
+Loader::~Loader() {
+#ifdef MT_WITH_CUDA
+  for (Staging& s : staging_) {
+    if (s.done) {
+      cudaEventSynchronize(static_cast<cudaEvent_t>(s.done));  // its copy may still be reading
+      cudaEventDestroy(static_cast<cudaEvent_t>(s.done));
+    }
+    cuda::free_pinned(s.host);
+  }
+#endif
+}
+
+Loader::Microbatch Loader::gather_to_device(const std::vector<int64_t>& rows, Device device) const {
+#ifdef MT_WITH_CUDA
+  if (device.is_cuda()) {
+    if (staging_.empty()) staging_.resize(size_t(2 * microbatches_));
+    Staging& s = staging_[next_staging_++ % staging_.size()];
+    const int64_t n = int64_t(rows.size()), dim = data_.dim;
+    const size_t x_bytes = size_t(n * dim) * sizeof(float), bytes = x_bytes + size_t(n) * sizeof(int64_t);
+    cuda::set_device(device.index);
+    if (s.done) MT_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(s.done)));
+    if (s.bytes < bytes) {
+      cuda::free_pinned(s.host);
+      s.host = cuda::alloc_pinned(bytes);
+      s.bytes = bytes;
+    }
+    if (!s.done) {
+      cudaEvent_t e;
+      MT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      s.done = e;
+    }
+    auto* xp = static_cast<float*>(s.host);
+    auto* yp = reinterpret_cast<int64_t*>(static_cast<char*>(s.host) + x_bytes);
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t i = rows[size_t(r)];
+      std::copy_n(data_.features.begin() + i * dim, dim, xp + r * dim);
+      yp[r] = data_.labels[size_t(i)];
+    }
+    Tensor x = empty({n, dim}, DType::f32, device), y = empty({n}, DType::i64, device);
+    cuda::copy_h2d(x.data_ptr(), xp, x_bytes, device.index);
+    cuda::copy_h2d(y.data_ptr(), yp, size_t(n) * sizeof(int64_t), device.index);
+    MT_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(s.done), cuda::stream(device.index)));
+    return {x, y};
+  }
+#endif
+  auto [x, y] = data_.gather(rows, device);
+  return {x, y};
+}
+
 std::vector<Loader::Microbatch> Loader::step_batches(int64_t step, Device device) const {
   const std::vector<int64_t>& order = epoch_order(step / steps_per_epoch_);
   int64_t pos = (step % steps_per_epoch_) * batch_size_;
   std::vector<Microbatch> out;
   for (int64_t n : microbatch_sizes(batch_size_, microbatches_)) {
     std::vector<int64_t> rows(order.begin() + pos, order.begin() + pos + n);
-    auto [x, y] = data_.gather(rows, device);
-    out.push_back({x, y});
+    out.push_back(gather_to_device(rows, device));
     pos += n;
   }
   return out;

@@ -51,6 +51,9 @@ std::vector<int64_t> microbatch_sizes(int64_t batch, int64_t k);
 
 class Loader {
  public:
+  ~Loader();
+  Loader(const Loader&) = delete;
+  Loader& operator=(const Loader&) = delete;
   // Batches of `batch_size` drawn from `indices` (whole batches only: an epoch is
   // floor(|indices| / batch_size) steps), each split into `microbatches` parts.
   Loader(const Dataset& data, std::vector<int64_t> indices, int64_t batch_size,
@@ -72,6 +75,18 @@ class Loader {
   uint64_t seed_;
   mutable int64_t cached_epoch_ = -1;  // the order is recomputed once per epoch, not per step
   mutable std::vector<int64_t> cached_order_;
+
+  // On CUDA, microbatches are gathered into page-locked staging buffers and copied to the device
+  // asynchronously; a buffer is refilled only once the event recorded after its last copy has
+  // passed (two steps' worth of buffers, so that is never a wait in practice).
+  struct Staging {
+    void* host = nullptr;
+    size_t bytes = 0;
+    void* done = nullptr;  // cudaEvent_t
+  };
+  mutable std::vector<Staging> staging_;
+  mutable size_t next_staging_ = 0;
+  Microbatch gather_to_device(const std::vector<int64_t>& rows, Device device) const;
 };
 
 }  // namespace mt::data
