@@ -1,8 +1,12 @@
 // The engine and the Function contract: graph shapes, retain_graph, no-grad, detach, and the
-// contract's errors (wrong count, mismatched gradient, modified saved tensor).
+// contract's errors (wrong count, mismatched gradient, modified saved tensor). Traps 1 and 2 of
+// the lesson are built here on purpose, as Functions with the bug.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "core/autograd.h"
+#include "core/registry.h"
 #include "ops/elementwise/elementwise.h"
 #include "ops/scaled_silu/scaled_silu.h"
 #include "tests/gradcheck.h"
@@ -33,6 +37,27 @@ struct WrongShape : Function<WrongShape> {
   static constexpr const char* name = "wrong_shape";
   static Tensor forward(Context&, const Tensor& x) { return x.clone(); }
   static GradList backward(Context&, const GradList& dy) { return {dy[0].view({-1})}; }
+};
+
+// scaled_silu with the lesson's second trap: the same forward and the same backward kernel, but
+// its w gradient goes into w's grad sink with '=' (a store) instead of '+=' (an add).
+struct StoresIntoSink : Function<StoresIntoSink> {
+  static constexpr const char* name = "scaled_silu_that_stores";
+  static Tensor forward(Context& ctx, const Tensor& x, const Tensor& w) {
+    ctx.save_for_backward({x, w});
+    return scaled_silu(x, w);
+  }
+  static GradList backward(Context& ctx, const GradList& dy) {
+    auto saved = ctx.saved_tensors();
+    const Tensor &x = saved[0], &w = saved[1];
+    Tensor dx = ctx.needs_input_grad(0) ? empty(x.shape(), x.dtype()) : Tensor();
+    Tensor this_call = zeros(w.shape(), w.dtype());  // this backward's dw alone
+    kernel<ScaledSiLUBackwardFn>("scaled_silu", Phase::Backward, x.device())(
+        x, w, dy[0].contiguous(), dx, this_call);
+    Tensor sink = ctx.grad_sink(1);  // w's .grad: what earlier microbatches left there
+    sink.copy_(this_call);           // THE BUG: '=' overwrites them; scaled_silu does '+='
+    return {dx, Tensor()};
+  }
 };
 
 }  // namespace
@@ -131,6 +156,37 @@ TEST(AutogradTrap1, WrongNumberOfGradientsIsAClearError) {
   EXPECT_NE(msg.find("returned 1 gradient(s) but forward took 2"), std::string::npos) << msg;
 }
 
+// The lesson's second trap: a backward that stores into the grad sink where it should add. The
+// first backward after zero_grad cannot tell the two apart (the sink starts at zero), so a test
+// with one backward passes; the second microbatch shows it: only its own gradient is left.
+TEST(AccumulationTrap2, StoreInsteadOfAddLosesMicrobatches) {
+  manual_seed(12);
+  Tensor w = random_leaf({1}, 0.5, 1.5);
+  Tensor a = random_leaf({20}, -2, 2, /*grad=*/false), b = random_leaf({13}, -2, 2, false);
+  auto real = [&](const Tensor& x) { return sum(scaled_silu(x, w)); };
+  auto buggy = [&](const Tensor& x) { return sum(StoresIntoSink::apply(x, w)); };
+  auto alone = [&](const Tensor& x) {
+    w.zero_grad();
+    real(x).backward();
+    return w.grad().item();
+  };
+  const double ga = alone(a), gb = alone(b);
+  ASSERT_GT(std::abs(ga), 0.1);  // a lost microbatch must be visible
+
+  // Microbatch a, then b, into the same .grad.
+  w.zero_grad();
+  real(a).backward();
+  real(b).backward();
+  EXPECT_NEAR(w.grad().item(), ga + gb, 1e-12);  // the real op: the sum
+
+  w.zero_grad();
+  buggy(a).backward();
+  EXPECT_NEAR(w.grad().item(), ga, 1e-12);  // one backward: no difference yet
+  buggy(b).backward();
+  EXPECT_NEAR(w.grad().item(), gb, 1e-12);  // the store: a is gone
+  EXPECT_GT(std::abs(w.grad().item() - (ga + gb)), 0.1);
+}
+
 TEST(Autograd, MismatchedGradientShapeNamesOpArgumentAndShapes) {
   Tensor x = random_leaf({2, 3});
   std::string msg = error_of([&] { sum(WrongShape::apply(x)).backward(); });
@@ -204,4 +260,21 @@ TEST(ElementwiseOps, GradientChecks) {
   expect_gradcheck([](auto& in) { return sum(in[0]); }, {a}, "sum");
   expect_gradcheck([](auto& in) { return mean(in[0]); }, {a}, "mean");
   expect_gradcheck([](auto& in) { return mse_loss(in[0], in[1]); }, {a, b}, "mse_loss");
+}
+
+// The lesson's third trap for the small ops: strided inputs and a strided upstream gradient give
+// the gradients their contiguous copies give.
+TEST(ElementwiseTrap3, StridedInputsAndUpstreamGradientMatchContiguous) {
+  manual_seed(13);
+  Tensor at = random_leaf({5, 3}), bt = random_leaf({5, 3});
+  Tensor seed = rand({5, 3}, DType::f64);
+  add(relu(mul(at.t(), bt.t())), at.t()).backward(seed.t());  // [3, 5] views, dy a view too
+  const std::vector strided{at.grad().to_vector(), bt.grad().to_vector()};
+
+  Tensor a = at.detach().t().contiguous(), b = bt.detach().t().contiguous();
+  a.set_requires_grad();
+  b.set_requires_grad();
+  add(relu(mul(a, b)), a).backward(seed.t().contiguous());
+  const std::vector contiguous{a.grad().t().to_vector(), b.grad().t().to_vector()};
+  EXPECT_EQ(contiguous, strided);
 }

@@ -12,6 +12,7 @@
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/data.h"
+#include "train/metrics.h"
 #include "train/trainer.h"
 
 using namespace mt;
@@ -199,4 +200,37 @@ TEST(TrainerDefaultConfig, ReachesTheStatedAccuracy) {
   EXPECT_GE(s.val_accuracy, 0.95);
   EXPECT_TRUE(fs::exists(dir / "run/curve.svg"));
   EXPECT_TRUE(fs::exists(dir / "run/metrics.jsonl"));
+}
+
+// The picture of a run: both panels, every series, and nothing a log axis cannot show (a zero or
+// NaN loss is left out instead of becoming NaN coordinates); a line without a step is skipped.
+TEST(TrainerCurve, SvgDrawsEverySeriesAndSkipsWhatItCannotShow) {
+  TempDir dir;
+  {
+    std::ofstream m(dir / "metrics.jsonl");
+    m << R"({"step": 10, "loss": 2.0, "accuracy": 0.5})" "\n"
+      << R"({"step": 20, "loss": 0.0, "accuracy": 0.7})" "\n"
+      << R"({"step": 20, "val_loss": 0.4, "val_accuracy": 0.75})" "\n"
+      << R"({"loss": 9.0})" "\n"
+      << "not json\n"
+      << R"({"step": 30, "loss": 0.3, "accuracy": 0.8})" "\n";
+  }
+  const train::Curves c = train::read_curves(dir / "metrics.jsonl");
+  EXPECT_EQ(c.train_loss.size(), 3u);
+  EXPECT_EQ(c.val_loss.size(), 1u);
+  EXPECT_EQ(c.train_accuracy.size(), 3u);
+  EXPECT_EQ(c.val_accuracy.size(), 1u);
+  train::write_curve_svg(dir / "curve.svg", c, "a <test> & run");
+  std::ifstream in(dir / "curve.svg");
+  const std::string svg((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const char* want : {"loss (log scale)", "accuracy", "training loss", "validation accuracy",
+                           "a &lt;test&gt; &amp; run", "</svg>"})
+    EXPECT_NE(svg.find(want), std::string::npos) << want;
+  EXPECT_EQ(svg.find("nan"), std::string::npos);
+  EXPECT_EQ(svg.find("inf"), std::string::npos);
+  // Two training-loss dots (the zero is left out) plus one validation-loss dot: 3 on the log panel.
+  size_t dots = 0;
+  for (size_t at = svg.find("<circle"); at != std::string::npos; at = svg.find("<circle", at + 1))
+    ++dots;
+  EXPECT_EQ(dots, 3u + 4u);  // and 3 + 1 accuracy dots
 }

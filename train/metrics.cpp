@@ -23,64 +23,204 @@ void MetricsWriter::write(const nlohmann::json& record) {
   out_.flush();  // a killed run keeps every line it logged
 }
 
-void read_curve(const std::string& metrics_path, std::vector<CurvePoint>& train_loss,
-                std::vector<CurvePoint>& val_accuracy) {
+Curves read_curves(const std::string& metrics_path) {
+  Curves c;
+  const std::pair<const char*, std::vector<CurvePoint>*> series[] = {
+      {"loss", &c.train_loss},
+      {"val_loss", &c.val_loss},
+      {"accuracy", &c.train_accuracy},
+      {"val_accuracy", &c.val_accuracy},
+  };
   std::ifstream in(metrics_path);
   std::string line;
   while (std::getline(in, line)) {
     auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (!j.is_object() || !j.contains("step")) continue;
-    if (j.contains("loss") && j["loss"].is_number())
-      train_loss.push_back({j["step"].get<int64_t>(), j["loss"].get<double>()});
-    if (j.contains("val_accuracy") && j["val_accuracy"].is_number())
-      val_accuracy.push_back({j["step"].get<int64_t>(), j["val_accuracy"].get<double>()});
+    if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) continue;
+    for (const auto& [key, points] : series)
+      if (j.contains(key) && j[key].is_number())
+        points->push_back({j["step"].get<int64_t>(), j[key].get<double>()});
+  }
+  return c;
+}
+
+namespace {
+
+// 1, 2 or 5 times a power of ten: the first such step >= raw.
+double nice_step(double raw) {
+  const double p = std::pow(10.0, std::floor(std::log10(raw)));
+  for (double m : {1.0, 2.0, 5.0, 10.0})
+    if (m * p >= raw * (1 - 1e-9)) return m * p;
+  return 10 * p;
+}
+
+// The values 1, 2, 5 times a power of ten from the largest <= lo to the smallest >= hi.
+std::vector<double> log_ticks(double lo, double hi) {
+  std::vector<double> all;
+  for (int e = int(std::floor(std::log10(lo))) - 1; e <= int(std::ceil(std::log10(hi))); ++e)
+    for (double m : {1.0, 2.0, 5.0}) all.push_back(m * std::pow(10.0, e));
+  std::vector<double> ticks;
+  for (size_t i = 0; i < all.size(); ++i) {
+    const bool below = i + 1 < all.size() && all[i + 1] <= lo * (1 + 1e-9);
+    const bool above = i > 0 && all[i - 1] >= hi * (1 - 1e-9);
+    if (!below && !above) ticks.push_back(all[i]);
+  }
+  return ticks;
+}
+
+std::string num(double v, int precision = 3) {
+  std::ostringstream s;
+  s << std::setprecision(precision) << v;
+  return s.str();
+}
+
+std::string xml_escape(const std::string& text) {
+  std::string out;
+  for (char ch : text) {
+    if (ch == '&') out += "&amp;";
+    else if (ch == '<') out += "&lt;";
+    else if (ch == '>') out += "&gt;";
+    else out += ch;
+  }
+  return out;
+}
+
+// One plot: a box on the page, the step range across and a value range up (log or linear).
+struct Panel {
+  double left, top, width, height;
+  double max_step;
+  double lo, hi;
+  bool log_scale;
+
+  double x(double step) const { return left + width * step / max_step; }
+  double y(double v) const {
+    const double f = log_scale ? std::log(v / lo) / std::log(hi / lo) : (v - lo) / (hi - lo);
+    return top + height * (1 - f);
+  }
+  bool shows(double v) const { return std::isfinite(v) && (!log_scale || v > 0); }
+};
+
+constexpr const char* kTrainColor = "#1f77b4";
+constexpr const char* kValColor = "#e8710a";
+
+// Grid, ticks, frame, title and x label of a panel.
+void draw_axes(std::ostream& svg, const Panel& p, const std::vector<double>& y_ticks,
+               const std::string& title) {
+  const double step_tick = std::max(1.0, nice_step(p.max_step / 6));
+  svg << std::fixed << std::setprecision(1);
+  for (double s = 0; s <= p.max_step * (1 + 1e-9); s += step_tick)
+    svg << "<line x1='" << p.x(s) << "' y1='" << p.top << "' x2='" << p.x(s) << "' y2='"
+        << p.top + p.height << "' stroke='#e6e6e6'/>\n"
+        << "<text x='" << p.x(s) << "' y='" << p.top + p.height + 16
+        << "' text-anchor='middle' fill='#444'>" << int64_t(std::llround(s)) << "</text>\n";
+  for (double v : y_ticks)
+    svg << "<line x1='" << p.left << "' y1='" << p.y(v) << "' x2='" << p.left + p.width << "' y2='"
+        << p.y(v) << "' stroke='#e6e6e6'/>\n"
+        << "<text x='" << p.left - 6 << "' y='" << p.y(v) + 4 << "' text-anchor='end' fill='#444'>"
+        << num(v) << "</text>\n";
+  svg << "<rect x='" << p.left << "' y='" << p.top << "' width='" << p.width << "' height='"
+      << p.height << "' fill='none' stroke='#999'/>\n"
+      << "<text x='" << p.left << "' y='" << p.top - 8 << "' font-size='13' font-weight='bold'>"
+      << title << "</text>\n"
+      << "<text x='" << p.left + p.width / 2 << "' y='" << p.top + p.height + 34
+      << "' text-anchor='middle' fill='#444'>optimizer step</text>\n";
+}
+
+// A series as a line with a dot at every logged point (validation dashed).
+void draw_series(std::ostream& svg, const Panel& p, const std::vector<CurvePoint>& points,
+                 const char* color, bool dashed) {
+  std::ostringstream line, dots;
+  line << std::fixed << std::setprecision(1);
+  dots << std::fixed << std::setprecision(1);
+  for (const auto& pt : points) {
+    if (!p.shows(pt.value)) continue;
+    line << p.x(double(pt.step)) << ',' << p.y(pt.value) << ' ';
+    dots << "<circle cx='" << p.x(double(pt.step)) << "' cy='" << p.y(pt.value) << "' r='"
+         << (dashed ? 3.5 : 2.5) << "' fill='" << color << "'/>\n";
+  }
+  svg << "<polyline fill='none' stroke='" << color << "' stroke-width='2'"
+      << (dashed ? " stroke-dasharray='6 4'" : "") << " points='" << line.str() << "'/>\n"
+      << dots.str();
+}
+
+// The legend in the upper right, or the lower right when the curves end in the upper half.
+void draw_legend(std::ostream& svg, const Panel& p, const std::vector<CurvePoint>& train,
+                 const std::vector<CurvePoint>& val, const std::string& what) {
+  double end_sum = 0;
+  int ends = 0;
+  for (const auto* s : {&train, &val})
+    if (!s->empty() && p.shows(s->back().value)) {
+      end_sum += p.y(s->back().value);
+      ++ends;
+    }
+  const bool top = ends == 0 || end_sum / ends > p.top + p.height / 2;
+  const double w = 150, h = 44, x0 = p.left + p.width - w - 8;
+  const double y0 = top ? p.top + 8 : p.top + p.height - h - 8;
+  svg << "<rect x='" << x0 << "' y='" << y0 << "' width='" << w << "' height='" << h
+      << "' fill='white' fill-opacity='0.9' stroke='#ccc' rx='3'/>\n";
+  const std::pair<const char*, const char*> rows[] = {{"training ", kTrainColor},
+                                                      {"validation ", kValColor}};
+  for (int i = 0; i < 2; ++i) {
+    const double yy = y0 + 15 + 18 * i;
+    svg << "<line x1='" << x0 + 8 << "' y1='" << yy - 4 << "' x2='" << x0 + 30 << "' y2='"
+        << yy - 4 << "' stroke='" << rows[i].second << "' stroke-width='2'"
+        << (i == 1 ? " stroke-dasharray='6 4'" : "") << "/>\n"
+        << "<text x='" << x0 + 36 << "' y='" << yy << "'>" << rows[i].first << what << "</text>\n";
   }
 }
 
-void write_curve_svg(const std::string& path, const std::vector<CurvePoint>& loss,
-                     const std::vector<CurvePoint>& acc, const std::string& title) {
-  const double W = 640, H = 360, L = 60, R = 60, T = 40, B = 40;  // size and margins
+}  // namespace
+
+void write_curve_svg(const std::string& path, const Curves& c, const std::string& title) {
+  const double W = 760, H = 340, top = 62, bottom = 46, left = 58, gap = 76, right = 20;
+  const double pw = (W - left - gap - right) / 2, ph = H - top - bottom;
+
   int64_t max_step = 1;
-  for (const auto& p : loss) max_step = std::max(max_step, p.step);
-  for (const auto& p : acc) max_step = std::max(max_step, p.step);
-  double max_loss = 1e-9;
-  for (const auto& p : loss)
-    if (std::isfinite(p.value)) max_loss = std::max(max_loss, p.value);
-  auto x = [&](int64_t s) { return L + (W - L - R) * double(s) / double(max_step); };
-  auto y_loss = [&](double v) { return T + (H - T - B) * (1 - v / max_loss); };
-  auto y_acc = [&](double v) { return T + (H - T - B) * (1 - v); };
-  auto polyline = [&](const std::vector<CurvePoint>& pts, auto&& fy, const char* color) {
-    std::ostringstream s;
-    s << "<polyline fill='none' stroke='" << color << "' stroke-width='2' points='";
-    for (const auto& p : pts)
-      if (std::isfinite(p.value)) s << x(p.step) << ',' << fy(p.value) << ' ';
-    s << "'/>\n";
-    return s.str();
-  };
+  for (const auto* s : {&c.train_loss, &c.val_loss, &c.train_accuracy, &c.val_accuracy})
+    for (const auto& p : *s) max_step = std::max(max_step, p.step);
+
+  // Losses: a log axis from the 1-2-5 value at or below the smallest to the one at or above the
+  // largest, so the long tail of a training run is as readable as its first steps.
+  double lmin = INFINITY, lmax = 0;
+  for (const auto* s : {&c.train_loss, &c.val_loss})
+    for (const auto& p : *s)
+      if (std::isfinite(p.value) && p.value > 0) {
+        lmin = std::min(lmin, p.value);
+        lmax = std::max(lmax, p.value);
+      }
+  if (!(lmax > 0)) lmin = 0.1, lmax = 10;  // nothing to show: a neutral axis
+  std::vector<double> loss_ticks = log_ticks(lmin, lmax);
+  if (loss_ticks.size() < 2) loss_ticks = {loss_ticks[0], loss_ticks[0] * 2};
+  const Panel loss{left, top, pw, ph, double(max_step), loss_ticks.front(), loss_ticks.back(),
+                   /*log_scale=*/true};
+
+  // Accuracies: from the tenth at or below the smallest, up to 1.
+  double amin = 1;
+  for (const auto* s : {&c.train_accuracy, &c.val_accuracy})
+    for (const auto& p : *s)
+      if (std::isfinite(p.value)) amin = std::min(amin, p.value);
+  const double alo = std::clamp(std::floor(amin * 10 - 1e-9) / 10, 0.0, 0.9);
+  const double astep = nice_step((1 - alo) / 5);
+  std::vector<double> acc_ticks;
+  for (double v = alo; v <= 1 + 1e-9; v += astep)
+    acc_ticks.push_back(std::round(v / astep) * astep);
+  const Panel acc{left + pw + gap, top, pw, ph, double(max_step), alo, 1.0, /*log_scale=*/false};
+
   std::ostringstream svg;
   svg << "<svg xmlns='http://www.w3.org/2000/svg' width='" << W << "' height='" << H
-      << "' font-family='sans-serif' font-size='12'>\n"
+      << "' viewBox='0 0 " << W << ' ' << H << "' font-family='sans-serif' font-size='12'>\n"
       << "<rect width='100%' height='100%' fill='white'/>\n"
-      << "<text x='" << W / 2 << "' y='22' text-anchor='middle' font-size='14'>" << title << "</text>\n"
-      << "<line x1='" << L << "' y1='" << H - B << "' x2='" << W - R << "' y2='" << H - B
-      << "' stroke='black'/>\n"
-      << "<line x1='" << L << "' y1='" << T << "' x2='" << L << "' y2='" << H - B << "' stroke='black'/>\n"
-      << "<line x1='" << W - R << "' y1='" << T << "' x2='" << W - R << "' y2='" << H - B
-      << "' stroke='black'/>\n";
-  for (int i = 0; i <= 4; ++i) {  // ticks: loss on the left, accuracy on the right, steps below
-    double f = i / 4.0;
-    svg << "<text x='" << L - 6 << "' y='" << y_loss(f * max_loss) + 4 << "' text-anchor='end' fill='#1f77b4'>"
-        << std::setprecision(3) << f * max_loss << "</text>\n"
-        << "<text x='" << W - R + 6 << "' y='" << y_acc(f) + 4 << "' fill='#d62728'>" << f << "</text>\n"
-        << "<text x='" << x(int64_t(f * double(max_step))) << "' y='" << H - B + 16
-        << "' text-anchor='middle'>" << int64_t(f * double(max_step)) << "</text>\n";
-  }
-  svg << polyline(loss, y_loss, "#1f77b4") << polyline(acc, y_acc, "#d62728")
-      << "<text x='" << L + 10 << "' y='" << T + 14 << "' fill='#1f77b4'>training loss</text>\n"
-      << "<text x='" << W - R - 10 << "' y='" << T + 14
-      << "' text-anchor='end' fill='#d62728'>validation accuracy</text>\n"
-      << "<text x='" << W / 2 << "' y='" << H - 6 << "' text-anchor='middle'>optimizer step</text>\n"
-      << "</svg>\n";
+      << "<text x='" << W / 2 << "' y='24' text-anchor='middle' font-size='15'>"
+      << xml_escape(title) << "</text>\n";
+  draw_axes(svg, loss, loss_ticks, "loss (log scale)");
+  draw_series(svg, loss, c.train_loss, kTrainColor, false);
+  draw_series(svg, loss, c.val_loss, kValColor, true);
+  draw_legend(svg, loss, c.train_loss, c.val_loss, "loss");
+  draw_axes(svg, acc, acc_ticks, "accuracy");
+  draw_series(svg, acc, c.train_accuracy, kTrainColor, false);
+  draw_series(svg, acc, c.val_accuracy, kValColor, true);
+  draw_legend(svg, acc, c.train_accuracy, c.val_accuracy, "accuracy");
+  svg << "</svg>\n";
+
   std::ofstream out(path, std::ios::trunc);
   MT_CHECK(out.good(), "curve: cannot write '", path, "'");
   out << svg.str();

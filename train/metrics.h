@@ -27,13 +27,20 @@ struct CurvePoint {
   double value;
 };
 
-// Writes an SVG with the training loss (left axis) and the validation accuracy (right axis,
-// 0..1) against the step. Either series may be empty.
-void write_curve_svg(const std::string& path, const std::vector<CurvePoint>& train_loss,
-                     const std::vector<CurvePoint>& val_accuracy, const std::string& title);
+// The series a run's picture is drawn from, each in step order as logged.
+struct Curves {
+  std::vector<CurvePoint> train_loss;      // "loss": the mean over each logging window
+  std::vector<CurvePoint> val_loss;        // "val_loss"
+  std::vector<CurvePoint> train_accuracy;  // "accuracy": the logged step's batch
+  std::vector<CurvePoint> val_accuracy;    // "val_accuracy"
+};
 
-// Reads a metrics file back into the two series (records with "loss" and with "val_accuracy").
-void read_curve(const std::string& metrics_path, std::vector<CurvePoint>& train_loss,
-                std::vector<CurvePoint>& val_accuracy);
+// Reads a metrics file back into its curves (records without a step, and non-numbers, are skipped).
+Curves read_curves(const std::string& metrics_path);
+
+// Writes an SVG of two panels against the optimizer step: the losses on a log scale (training and
+// validation), and the accuracies on a linear scale zoomed to the range they cover. Any series may
+// be empty; non-finite values (and non-positive losses, which a log axis cannot show) are left out.
+void write_curve_svg(const std::string& path, const Curves& curves, const std::string& title);
 
 }  // namespace mt::train

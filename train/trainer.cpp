@@ -251,9 +251,7 @@ RunSummary Trainer::run() {
     summary.test_loss = e.loss;
     summary.test_accuracy = e.accuracy;
   }
-  std::vector<CurvePoint> loss_curve, acc_curve;
-  read_curve(metrics.path(), loss_curve, acc_curve);
-  write_curve_svg(curve_path(cfg_), loss_curve, acc_curve,
+  write_curve_svg(curve_path(cfg_), read_curves(metrics.path()),
                   "minitrain: " + train_set_.name + " MLP, " + dtype_name(dt));
   spdlog::info("done: {} steps; metrics {}; curve {}; checkpoint {}", summary.steps, metrics.path(),
                curve_path(cfg_), summary.checkpoint.empty() ? "(none)" : summary.checkpoint);

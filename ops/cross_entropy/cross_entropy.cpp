@@ -92,6 +92,8 @@ void forward_cpu(const Tensor& logits, const Tensor& targets, int64_t ignore_ind
   });
 }
 
+// Accumulation: dlogits '=' (a new tensor in logits' dtype, math in acc_t); nothing here adds
+// into a .grad: the engine does that when logits is a leaf.
 void backward_cpu(const Tensor& logits, const Tensor& targets, const Tensor& lse,
                   const Tensor& dloss, int64_t ignore_index, double normalizer,
                   const Tensor& dlogits) {

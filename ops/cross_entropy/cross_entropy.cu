@@ -216,6 +216,7 @@ void cross_entropy_forward(const void* logits, const int64_t* targets, float* lo
   });
 }
 
+// dlogits '=' in dt (fp32 math, rounded once); nothing is added into: no reduction, no sink.
 void cross_entropy_backward(const void* logits, const int64_t* targets, const float* lse,
                             const float* dloss, void* dlogits, int64_t rows, int64_t C,
                             int64_t ignore_index, float normalizer, DType dt, cudaStream_t s) {
@@ -272,6 +273,7 @@ void cross_entropy_forward_cuda(const Tensor& logits, const Tensor& targets, int
   MT_CUDA_CHECK_LAUNCH();
 }
 
+// dlogits '=' in logits' dtype, a new tensor; the engine adds it into .grad if logits is a leaf.
 void cross_entropy_backward_cuda(const Tensor& logits, const Tensor& targets, const Tensor& lse,
                                  const Tensor& dloss, int64_t ignore_index, double normalizer,
                                  const Tensor& dlogits) {

@@ -4,6 +4,8 @@
 //   lse[r]  = log Σ_c exp(logits[r, c])                     (max-subtracted, fp32 or f64)
 //   loss    = Σ_{r: t_r ≠ ignore_index} (lse[r] − logits[r, t_r]) / normalizer
 //   dlogits = dloss / normalizer · (softmax(logits[r]) − onehot(t_r)),  0 for ignored rows ('=')
+//   dlogits is '=' into a new tensor in logits' dtype (math in fp32, f64 for f64); no grad sink:
+//   logits are activations, and the engine adds dlogits into .grad if they are ever a leaf.
 //
 // The normalizer is explicit so a microbatch can divide by the whole optimizer step's count of
 // targets, not its own: Σ_k (x_k / N) over microbatches is the full-batch mean, while

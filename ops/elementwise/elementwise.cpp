@@ -131,6 +131,7 @@ void scale_cpu(const Tensor& x, double c, const Tensor& out) {
 void relu_forward_cpu(const Tensor& x, const Tensor& y) {
   map2_cpu("relu", x, x, y, [](auto v, auto) { return v > 0 ? v : decltype(v)(0); });
 }
+// dx '=' a new tensor in x's dtype (the engine adds it into .grad); likewise broadcast_cpu.
 void relu_backward_cpu(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   map2_cpu("relu", x, dy, dx, [](auto v, auto g) { return v > 0 ? g : decltype(v)(0); });
 }

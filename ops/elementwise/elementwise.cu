@@ -461,6 +461,7 @@ void relu_forward_cuda(const Tensor& x, const Tensor& y) {
     MT_CUDA_CHECK_LAUNCH();
   });
 }
+// dx '=' in x's dtype, a new tensor (the engine adds it into .grad); likewise broadcast_cuda.
 void relu_backward_cuda(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   if (x.numel() == 0) return;
   cudaStream_t s = cuda::stream_of(x);

@@ -11,7 +11,8 @@
 //   mean(x)           out = Σ x / n          dx = dy / n broadcast
 //   mse_loss(a, b)    mean((a − b)²)
 // Reductions accumulate in double on the CPU and in fp32 (fixed order) on CUDA, whatever the
-// input dtype, and return the input dtype.
+// input dtype, and return the input dtype. Backwards write '=' into new tensors in the input's
+// dtype (add hands dy itself on); the engine adds them into .grad (no grad sinks here).
 #include "core/tensor.h"
 
 namespace mt {

@@ -154,6 +154,8 @@ void forward_cpu(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor
   }
 }
 
+// Accumulation, in T (f32 or f64; 16-bit inputs arrive upcast to f32): dx '=' (GEMM beta 0);
+// dW '+=' (GEMM beta 1) and db '+=' into the .grad sinks or fresh zeros.
 template <class T>
 void backward_typed(const Tensor& x, const Tensor& W, const Tensor& dy, const Tensor& dx,
                     const Tensor& dW, const Tensor& db) {

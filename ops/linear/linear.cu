@@ -280,6 +280,7 @@ void linear_forward(const void* x, const void* W, const float* bias, void* y, in
   else lt_matmul(g, W, x, y, 1.f, 0.f, bias, s);
 }
 
+// dx '=' in dt (beta 0); dW '+=' (beta_dW 1) or '=' (0) in fp32 inside the GEMM; db '+=' fp32.
 void linear_backward(const void* x, const void* W, const void* dy, void* dx, float* dW,
                      float beta_dW, float* db, int64_t M, int64_t N, int64_t K, DType dt,
                      cudaStream_t s) {
@@ -315,7 +316,8 @@ void linear_forward_cuda(const Tensor& x, const Tensor& W, const Tensor& b, cons
                        x.size(0), W.size(0), x.size(1), x.dtype(), cuda::stream_of(x));
 }
 
-// dW and db are always added into (beta = 1): they are the leaves' .grad sinks, or fresh zeros.
+// dx '=' in x's dtype; dW and db are always added into (beta = 1, fp32): they are the leaves'
+// .grad sinks, or fresh zeros.
 void linear_backward_cuda(const Tensor& x, const Tensor& W, const Tensor& dy, const Tensor& dx,
                           const Tensor& dW, const Tensor& db) {
   cuda::linear_backward(x.data_ptr(), W.data_ptr(), dy.data_ptr(), cuda::ptr(dx),

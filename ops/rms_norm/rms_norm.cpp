@@ -86,6 +86,8 @@ void forward_cpu(const Tensor& x, const Tensor& weight, double eps, const Tensor
   });
 }
 
+// Accumulation: dx '=' (x's dtype, math in acc_t); dweight '+=' into weight's .grad (the grad
+// sink) or fresh zeros, in the grad dtype, each column summed in double over the rows in order.
 void backward_cpu(const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy,
                   const Tensor& dx, const Tensor& dweight) {
   MT_DISPATCH_FLOATING(x.dtype(), "rms_norm", [&] {

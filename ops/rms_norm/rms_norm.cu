@@ -406,6 +406,7 @@ void rms_norm_forward(const void* x, const float* weight, void* y, float* rstd, 
   }
 }
 
+// dx '=' in dt; dweight[:] '+=' in fp32 (fixed-order column reduce, or atomicAdd): see the top.
 void rms_norm_backward(const void* x, const float* weight, const float* rstd, const void* dy,
                        void* dx, float* dweight, int64_t rows, int64_t d, DType dt,
                        bool deterministic, cudaStream_t s) {
@@ -445,7 +446,8 @@ void rms_norm_forward_cuda(const Tensor& x, const Tensor& weight, double eps, co
                          cuda::stream_of(x));
 }
 
-// dweight is the weight's .grad (the sink) or fresh zeros: the column reduce adds into it.
+// dx '=' in x's dtype; dweight is the weight's fp32 .grad (the sink) or fresh zeros: the column
+// reduce adds into it ('+=').
 void rms_norm_backward_cuda(const Tensor& x, const Tensor& weight, const Tensor& rstd,
                             const Tensor& dy, const Tensor& dx, const Tensor& dweight) {
   const int64_t d = weight.numel();

@@ -73,6 +73,8 @@ void forward_cpu(const Tensor& x, const Tensor& w, const Tensor& y) {
   });
 }
 
+// Accumulation: dx '=' (x's dtype, math in acc_t: f32, or f64 for f64 x); dw '+=' into w's
+// .grad (the grad sink) or fresh zeros, in the grad dtype, the sum taken in double in index order.
 void backward_cpu(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
                   const Tensor& dw) {
   MT_DISPATCH_FLOATING(x.dtype(), "scaled_silu", [&] {

@@ -249,6 +249,7 @@ void scaled_silu_forward(const void* x, const float* w, void* y, int64_t n, DTyp
   }
 }
 
+// dx '=' in dt; *dw '+=' one fp32 total (fixed-order second pass, or atomicAdd): see the top.
 void scaled_silu_backward(const void* x, const float* w, const void* dy, void* dx, float* dw,
                           int64_t n, DType dt, bool deterministic, cudaStream_t s) {
   MT_CHECK(n >= 0, "scaled_silu_backward: negative element count ", n);
@@ -276,7 +277,8 @@ void scaled_silu_forward_cuda(const Tensor& x, const Tensor& w, const Tensor& y)
                             x.dtype(), cuda::stream_of(x));
 }
 
-// dw is w's .grad (the sink) or fresh zeros: the kernel's second pass adds into it.
+// dx '=' in x's dtype; dw is w's fp32 .grad (the sink) or fresh zeros: the kernel's second pass
+// adds into it ('+=').
 void scaled_silu_backward_cuda(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
                                const Tensor& dw) {
   cuda::scaled_silu_backward(x.data_ptr(), cuda::ptr<const float>(w), dy.data_ptr(), cuda::ptr(dx),
