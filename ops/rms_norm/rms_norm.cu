@@ -41,6 +41,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -314,14 +317,31 @@ Layout layout_for(int d) {
   return {block, block};
 }
 
-// One wave: as many blocks as fit on all SMs at once, fewer when there are fewer row groups.
+// Blocks of `kernel` that fit on one SM at once. The answer depends only on the device, the
+// kernel, the block size and the shared memory, so the driver is asked once per combination:
+// the query costs host time on every launch, and a training step launches these kernels many
+// times with the same few shapes.
 template <class Kernel>
-int one_wave(Kernel kernel, int block, size_t shared_bytes, int64_t row_groups) {
+int blocks_per_sm(Kernel kernel, int block, size_t shared_bytes) {
+  using Key = std::tuple<int, const void*, int, size_t>;
+  static std::mutex mutex;
+  static std::map<Key, int> cache;
+  const Key key{current_device(), reinterpret_cast<const void*>(kernel), block, shared_bytes};
+  std::lock_guard<std::mutex> lock(mutex);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
   int per_sm = 0;
   MT_CUDA_CHECK(
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block, shared_bytes));
   MT_CHECK(per_sm > 0, "rms_norm: a block of ", block, " threads with ", shared_bytes,
            " bytes of shared memory does not fit on an SM");
+  cache.emplace(key, per_sm);
+  return per_sm;
+}
+
+// One wave: as many blocks as fit on all SMs at once, fewer when there are fewer row groups.
+template <class Kernel>
+int one_wave(Kernel kernel, int block, size_t shared_bytes, int64_t row_groups) {
+  const int per_sm = blocks_per_sm(kernel, block, shared_bytes);
   return int(std::min(row_groups, int64_t(per_sm) * sm_count(current_device())));
 }
 

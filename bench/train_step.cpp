@@ -1,0 +1,430 @@
+// train_step: whole optimizer steps of a bf16 MLP on cuda:0, timed, beside the bare cuBLAS bf16
+// GEMM rate and the device copy bandwidth measured in the same run (DESIGN.md, "Performance,
+// measured"; docs/perf.md reads the output).
+//
+// One step is what train/trainer.cpp does, minus the data loader and the logging:
+//   4 microbatches of  forward → cross_entropy (sum / (4·microbatch)) → backward,
+//   then clip_grad_norm_(params, 1.0), AdamW step, zero_grad.
+// The model, fp32 master weights and fp32 gradients, GEMMs in bf16 (set_compute_dtype):
+//   Linear(in, h) → RMSNorm(h) → ScaledSiLU → Linear(h, h) → RMSNorm(h) → ScaledSiLU → Linear(h, C)
+//
+//   train_step [--size small|large|all] [--export DIR]
+//     small   in 784,  h 1024, C 10,   microbatch 128    (1.9M params: bound by launches)
+//     large   in 4096, h 8192, C 4096, microbatch 8192   (134M params, ~26.4 TFLOP per step)
+//     all     both (the default)
+//
+// The batch is fixed (the same 4·microbatch samples every step; x ~ N(0, 1), targets uniform
+// over the classes), drawn from a seeded generator after the model's initialization.
+//
+// --export DIR writes, before timing, what bench/torch_reference.py needs to check us against
+// PyTorch and to compare times:
+//   DIR/<size>_init.safetensors   the initial weights under the model's state_dict names
+//   DIR/<size>_batch.safetensors  x (f32 [4·microbatch, in]) and y (i64 [4·microbatch])
+//   DIR/<size>_losses.txt         the losses of the first 20 steps, one per line (each read back
+//                                 after its step, outside any timed region)
+// then reloads the initial weights and makes a fresh optimizer, so timing starts from the same
+// state; and after timing it writes DIR/<size>_timing.json (this run's figures).
+//
+// Timing: 3 untimed steps, then N steps (small 50, large 10), each between two cudaEvents on the
+// framework stream, with the host waiting for the stop event before the next step begins. So each
+// time is one step started from an idle GPU, host launch overhead included; the loss is never read
+// inside it. Reported: the median ms/step, samples/s, and TFLOP/s counted as 6·params·samples.
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <nlohmann/json.hpp>
+
+#include "core/accumulate.h"
+#include "core/cuda/check.h"
+#include "core/cuda/runtime.h"
+#include "core/rng.h"
+#include "core/tensor.h"
+#include "nn/modules.h"
+#include "ops/cross_entropy/cross_entropy.h"
+#include "optim/adamw.h"
+#include "optim/clip.h"
+#include "train/safetensors.h"
+
+namespace {
+
+using namespace mt;
+
+// ---- the run's settings, all here: bench/torch_reference.py repeats them and must match --------
+constexpr uint64_t kSeed = 1234;      // the model's initialization, then the batch
+constexpr int64_t kMicrobatches = 4;  // per optimizer step
+constexpr double kLr = 1e-4;
+constexpr double kBeta1 = 0.9, kBeta2 = 0.999;
+constexpr double kEps = 1e-8;
+constexpr double kWeightDecay = 0.1;  // Linear weights only (decay_groups: parameters of >= 2 dims)
+constexpr double kClipNorm = 1.0;
+constexpr int kWarmupSteps = 3;
+constexpr int kLossSteps = 20;        // steps whose losses --export writes
+
+struct Size {
+  const char* name;
+  int64_t in, hidden, classes, microbatch;
+  int timed_steps;
+};
+constexpr Size kSizes[] = {{"small", 784, 1024, 10, 128, 50},
+                           {"large", 4096, 8192, 4096, 8192, 10}};
+
+// The reference GEMM: bf16 inputs and output, fp32 compute, square, median of kGemmReps.
+constexpr int kGemmN = 8192;
+constexpr int kGemmReps = 10;
+constexpr int64_t kCopyFloats = int64_t(1) << 28;  // 1 GiB each way for the copy bandwidth
+constexpr int kCopyReps = 10;
+
+constexpr int kDevice = 0;
+
+// ---- timing ----------------------------------------------------------------------------------
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// A start/stop pair of CUDA events, destroyed with the object.
+class EventPair {
+ public:
+  EventPair() {
+    MT_CUDA_CHECK(cudaEventCreate(&start_));
+    MT_CUDA_CHECK(cudaEventCreate(&stop_));
+  }
+  ~EventPair() {
+    // Destructors must not throw; a failure here would be reported by the next checked call.
+    (void)cudaEventDestroy(start_);
+    (void)cudaEventDestroy(stop_);
+  }
+  EventPair(const EventPair&) = delete;
+  EventPair& operator=(const EventPair&) = delete;
+
+  // Milliseconds between the events recorded around f() on stream s. The host waits for the
+  // stop event, so the next call starts from an idle GPU.
+  double time_ms(cudaStream_t s, const std::function<void()>& f) {
+    MT_CUDA_CHECK(cudaEventRecord(start_, s));
+    f();
+    MT_CUDA_CHECK(cudaEventRecord(stop_, s));
+    MT_CUDA_CHECK(cudaEventSynchronize(stop_));
+    float ms = 0;
+    MT_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
+    return ms;
+  }
+
+ private:
+  cudaEvent_t start_ = nullptr, stop_ = nullptr;
+};
+
+// f() run `warmup` times untimed, then `reps` times timed one by one: the times in ms.
+std::vector<double> time_each(int warmup, int reps, const std::function<void()>& f) {
+  cudaStream_t s = cuda::stream(kDevice);
+  for (int i = 0; i < warmup; ++i) f();
+  cuda::synchronize(kDevice);
+  EventPair events;
+  std::vector<double> times;
+  for (int i = 0; i < reps; ++i) times.push_back(events.time_ms(s, f));
+  return times;
+}
+
+// ---- the device's own rates, measured in this run --------------------------------------------
+
+// TFLOP/s of one 8192³ cublasGemmEx (bf16 A, B, C; fp32 compute) through the framework's
+// handle, on random data (constant data draws less power and would flatter the rate).
+double cublas_bf16_tflops() {
+  const int64_t n = kGemmN;
+  const Tensor a = mt::rand({n, n}, DType::bf16, cuda_device(kDevice));
+  const Tensor c = mt::empty({n, n}, DType::bf16, cuda_device(kDevice));
+  cublasHandle_t h = cuda::cublas(kDevice);
+  const float alpha = 1.f, beta = 0.f;
+  // C = Aᵀ·A in cuBLAS's column-major view; the operands' values do not change the work.
+  const double ms = median(time_each(3, kGemmReps, [&] {
+    MT_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, kGemmN, kGemmN, kGemmN, &alpha,
+                                 a.data_ptr(), CUDA_R_16BF, kGemmN, a.data_ptr(), CUDA_R_16BF,
+                                 kGemmN, &beta, c.data_ptr(), CUDA_R_16BF, kGemmN,
+                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }));
+  return 2.0 * double(n) * double(n) * double(n) / (ms * 1e-3) / 1e12;
+}
+
+// TB/s of a device-to-device cudaMemcpy, counting its read and its write (2 bytes moved per byte
+// copied), the yardstick of every memory-bound op.
+double copy_tbps() {
+  const Tensor src = zeros({kCopyFloats}, DType::f32, cuda_device(kDevice));
+  const Tensor dst = mt::empty({kCopyFloats}, DType::f32, cuda_device(kDevice));
+  const size_t bytes = src.nbytes();
+  cudaStream_t s = cuda::stream(kDevice);
+  const double ms = median(time_each(3, kCopyReps, [&] {
+    MT_CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), bytes, cudaMemcpyDeviceToDevice, s));
+  }));
+  return 2.0 * double(bytes) / (ms * 1e-3) / 1e12;
+}
+
+// ---- the model, the batch, one step ------------------------------------------------------------
+
+// Children 0..6, so the state_dict names are 0.weight, 0.bias, 1.weight, 2.w, 3.weight, ...
+nn::Sequential make_model(const Size& s) {
+  return nn::Sequential{nn::Linear(s.in, s.hidden),     nn::RMSNorm(s.hidden), nn::ScaledSiLU(),
+                        nn::Linear(s.hidden, s.hidden), nn::RMSNorm(s.hidden), nn::ScaledSiLU(),
+                        nn::Linear(s.hidden, s.classes)};
+}
+
+std::unique_ptr<optim::AdamW> make_optimizer(const nn::Module& model) {
+  return std::make_unique<optim::AdamW>(
+      optim::Optimizer::decay_groups(model, kWeightDecay),
+      optim::AdamWOptions{kLr, {kBeta1, kBeta2}, kEps, kWeightDecay});
+}
+
+struct Batch {
+  Tensor x, y;  // x f32 [4·microbatch, in], y i64 [4·microbatch]
+};
+
+// Drawn on the CPU from the default generator (seeded before the model was built).
+Batch make_batch(const Size& s) {
+  const int64_t n = kMicrobatches * s.microbatch;
+  Tensor x = randn({n, s.in});
+  std::vector<int64_t> labels(static_cast<size_t>(n));
+  for (int64_t& label : labels) label = int64_t(default_generator().below(uint64_t(s.classes)));
+  return {x, from_vector(labels, {n})};
+}
+
+// One optimizer step. Returns its loss (the mean over the batch) as a device scalar: nothing in
+// here reads a value back to the host.
+Tensor train_step(nn::Module& model, optim::AdamW& optimizer, const std::vector<Tensor>& params,
+                  const Batch& batch, int64_t microbatch) {
+  // Each microbatch's summed loss over the whole step's sample count: the k backward passes add
+  // up to the full batch's mean gradient.
+  const double normalizer = double(kMicrobatches * microbatch);
+  Tensor loss_sum = zeros({}, DType::f32, batch.x.device());
+  for (int64_t k = 0; k < kMicrobatches; ++k) {
+    const int64_t begin = k * microbatch, end = begin + microbatch;
+    // The trainer casts its f32 batch to the compute dtype the same way, once per microbatch.
+    Tensor x = batch.x.slice_rows(begin, end).to(DType::bf16);
+    Tensor loss = cross_entropy(model(x), batch.y.slice_rows(begin, end), -100, normalizer);
+    loss.backward();
+    add_into(loss_sum, loss.detach());
+  }
+  optim::clip_grad_norm_(params, kClipNorm);
+  optimizer.step();
+  optimizer.zero_grad();
+  return loss_sum;
+}
+
+// ---- export ------------------------------------------------------------------------------------
+
+void write_tensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& named) {
+  std::vector<StEntry> entries;
+  for (const auto& [name, t] : named) {
+    const Tensor c = t.detach().to(kCPU).contiguous();
+    StEntry e{name, c.dtype(), c.shape(), {}};
+    const auto* p = static_cast<const uint8_t*>(c.data_ptr());
+    e.data.assign(p, p + c.nbytes());
+    entries.push_back(std::move(e));
+  }
+  write_safetensors(path, entries, {{"format", "minitrain-train-step-1"}});
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  MT_CHECK(f != nullptr, "train_step: cannot open '", path, "' for writing: ", std::strerror(errno));
+  const bool ok = std::fputs(text.c_str(), f) >= 0;
+  const bool closed = std::fclose(f) == 0;
+  MT_CHECK(ok && closed, "train_step: could not write '", path, "'");
+}
+
+std::string num(const char* format, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, format, v);
+  return buf;
+}
+
+// ---- the floor ---------------------------------------------------------------------------------
+
+// What one step must do at the least; docs/perf.md derives each term.
+struct Work {
+  double gemm_flop;  // forward, dX (not for the input, which needs no gradient) and dW GEMMs
+  double bytes;      // minimum traffic of the memory-bound ops, activations in bf16
+};
+
+Work work_of(const Size& s, double params, double weights) {
+  const double B = double(kMicrobatches * s.microbatch);
+  const double in = double(s.in), h = double(s.hidden), C = double(s.classes);
+  const double gemm_flop = 2 * B * (2 * in * h + 3 * h * h + 3 * h * C);
+  const double activations = 6 * B * in         // x: f32 read, bf16 written
+                             + 2 * 20 * B * h   // per hidden layer and element: RMSNorm fwd 4 + bwd 6,
+                                                // ScaledSiLU fwd 4 + bwd 6 bytes
+                             + 6 * B * C        // cross_entropy: logits read; read again, dlogits written
+                             + 2 * B * (2 * h + C);  // db: each Linear's dY read once
+  // Per parameter: fresh grads zero-filled 4, norm read 4, clip scale read + write 8, AdamW
+  // p, g, m, v read 16 + p, m, v written 12; per Linear weight, its bf16 copy written 2.
+  const double per_param = 44 * params + 2 * weights;
+  return {gemm_flop, activations + per_param};
+}
+
+// ---- one size ----------------------------------------------------------------------------------
+
+std::string layers_str(const Size& s) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "Linear(%lld, %lld) > RMSNorm > ScaledSiLU > Linear(%lld, %lld) > RMSNorm > "
+                "ScaledSiLU > Linear(%lld, %lld)",
+                (long long)s.in, (long long)s.hidden, (long long)s.hidden, (long long)s.hidden,
+                (long long)s.hidden, (long long)s.classes);
+  return buf;
+}
+
+// Runs one size; false if its loss is not finite.
+bool run_size(const Size& s, const std::string& export_dir, double gemm_tflops, double copy_tb_s) {
+  const Device dev = cuda_device(kDevice);
+  manual_seed(kSeed);
+  nn::Sequential model = make_model(s);
+  const Batch host_batch = make_batch(s);
+  model.to(dev);
+  model.set_compute_dtype(DType::bf16);
+  const Batch batch{host_batch.x.to(dev), host_batch.y.to(dev)};
+  const std::vector<Tensor> params = model.parameters();
+  double n_params = 0, n_weights = 0;
+  for (const Tensor& p : params) {
+    n_params += double(p.numel());
+    if (p.dim() >= 2) n_weights += double(p.numel());
+  }
+  const int64_t samples = kMicrobatches * s.microbatch;
+  auto optimizer = make_optimizer(model);
+
+  std::printf("\n== train_step %s: %s\n", s.name, layers_str(s).c_str());
+  std::printf("   bf16 GEMMs, fp32 master weights and grads; %lld microbatches x %lld = %lld samples "
+              "per step; %.0f params\n",
+              (long long)kMicrobatches, (long long)s.microbatch, (long long)samples, n_params);
+  std::fflush(stdout);
+
+  if (!export_dir.empty()) {
+    const std::string base = (std::filesystem::path(export_dir) / s.name).string();
+    // A host snapshot, to start the timed run from the same weights. clone() first: the state
+    // dict shares storage with the model, and to(kCPU) of a host tensor would not copy.
+    nn::StateDict init;
+    for (const auto& [name, t] : model.state_dict()) init.emplace_back(name, t.clone().to(kCPU));
+    write_tensors(base + "_init.safetensors", init);
+    write_tensors(base + "_batch.safetensors", {{"x", host_batch.x}, {"y", host_batch.y}});
+    std::vector<double> losses;
+    std::string text;
+    for (int i = 0; i < kLossSteps; ++i) {
+      losses.push_back(train_step(model, *optimizer, params, batch, s.microbatch).item());
+      text += num("%.9g", losses.back()) + "\n";
+    }
+    write_text(base + "_losses.txt", text);
+    std::printf("   exported %s_{init,batch}.safetensors and the first %d losses (%.6f ... %.6f)\n",
+                base.c_str(), kLossSteps, losses.front(), losses.back());
+    model.load_state_dict(init);
+    optimizer = make_optimizer(model);
+  }
+
+  Tensor last_loss;
+  const std::vector<double> times = time_each(kWarmupSteps, s.timed_steps, [&] {
+    last_loss = train_step(model, *optimizer, params, batch, s.microbatch);
+  });
+  const double loss = last_loss.item();  // after the timed region
+  const double ms = median(times);
+  const double min_ms = *std::min_element(times.begin(), times.end());
+  const double max_ms = *std::max_element(times.begin(), times.end());
+  const double flop_6ps = 6 * n_params * double(samples);
+  const double tflops = flop_6ps / (ms * 1e-3) / 1e12;
+  const double samples_per_s = double(samples) / (ms * 1e-3);
+  const Work w = work_of(s, n_params, n_weights);
+  const double gemm_ms = w.gemm_flop / (gemm_tflops * 1e12) * 1e3;
+  const double bytes_ms = w.bytes / (copy_tb_s * 1e12) * 1e3;
+  const double floor_ms = gemm_ms + bytes_ms;
+
+  std::printf("   per step: GEMMs %.4g GFLOP (6*params*samples %.4g GFLOP), memory-bound ops %.4g GB\n",
+              w.gemm_flop / 1e9, flop_6ps / 1e9, w.bytes / 1e9);
+  std::printf("   %-34s %10s %12s %10s %10s\n", "", "ms/step", "samples/s", "TFLOP/s", "of cuBLAS");
+  std::printf("   %-34s %10.3f %12.0f %10.1f %9.1f%%\n",
+              num("ours, median of %.0f steps", double(s.timed_steps)).c_str(), ms, samples_per_s,
+              tflops, 100 * tflops / gemm_tflops);
+  std::printf("   %-34s %10.3f / %.3f\n", "  min / max", min_ms, max_ms);
+  std::printf("   %-34s %10.3f   = GEMMs %.3f + memory-bound %.3f\n", "floor", floor_ms, gemm_ms,
+              bytes_ms);
+  std::printf("train_step %s: %.3f ms/step, %.0f samples/s, %.1f TFLOP/s (6PS) = %.1f%% of cuBLAS "
+              "bf16 %.0f TFLOP/s; floor %.3f ms, ours %.2fx the floor; loss after %d steps %.6f\n",
+              s.name, ms, samples_per_s, tflops, 100 * tflops / gemm_tflops, gemm_tflops, floor_ms,
+              ms / floor_ms, kWarmupSteps + s.timed_steps, loss);
+  std::fflush(stdout);
+
+  if (!export_dir.empty()) {
+    const nlohmann::json timing = {
+        {"size", s.name},           {"ms_per_step", ms},           {"timed_steps", s.timed_steps},
+        {"samples_per_step", samples}, {"params", n_params},       {"tflops_6ps", tflops},
+        {"cublas_bf16_tflops", gemm_tflops}, {"copy_tb_per_s", copy_tb_s}, {"floor_ms", floor_ms}};
+    write_text((std::filesystem::path(export_dir) / s.name).string() + "_timing.json",
+               timing.dump(2) + "\n");
+  }
+
+  if (!std::isfinite(loss)) {
+    std::fprintf(stderr, "train_step %s: the loss after the timed steps is %f\n", s.name, loss);
+    return false;
+  }
+  return true;
+}
+
+int usage(const char* message) {
+  std::fprintf(stderr, "train_step: %s\nusage: train_step [--size small|large|all] [--export DIR]\n",
+               message);
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string size = "all", export_dir;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "-h" || arg == "--help") {
+      std::printf("usage: train_step [--size small|large|all] [--export DIR]\n");
+      return 0;
+    }
+    if ((arg == "--size" || arg == "--export") && i + 1 >= argc)
+      return usage((arg + " needs a value").c_str());
+    if (arg == "--size") size = argv[++i];
+    else if (arg == "--export") export_dir = argv[++i];
+    else return usage(("unknown argument '" + arg + "'").c_str());
+  }
+  if (size != "small" && size != "large" && size != "all")
+    return usage(("--size must be small, large or all, got '" + size + "'").c_str());
+
+  try {
+    if (!cuda_available()) {
+      std::fprintf(stderr, "train_step: no CUDA device\n");
+      return 1;
+    }
+    if (!export_dir.empty()) {
+      std::error_code ec;
+      std::filesystem::create_directories(export_dir, ec);
+      MT_CHECK(!ec, "train_step: cannot create '", export_dir, "': ", ec.message());
+    }
+    cuda::set_device(kDevice);
+    cudaDeviceProp prop{};
+    MT_CUDA_CHECK(cudaGetDeviceProperties(&prop, kDevice));
+    const double gemm_tflops = cublas_bf16_tflops();
+    const double copy_tb_s = copy_tbps();
+    std::printf("device: %s (%d SMs)\n", prop.name, prop.multiProcessorCount);
+    std::printf("cuBLAS bf16 GEMM %dx%dx%d (fp32 compute), median of %d: %.1f TFLOP/s\n", kGemmN,
+                kGemmN, kGemmN, kGemmReps, gemm_tflops);
+    std::printf("device-to-device copy, median of %d: %.3f TB/s (read + write)\n", kCopyReps, copy_tb_s);
+    bool ok = true;
+    for (const Size& s : kSizes)
+      if (size == "all" || size == s.name) ok = run_size(s, export_dir, gemm_tflops, copy_tb_s) && ok;
+    return ok ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train_step: %s\n", e.what());
+    return 1;
+  }
+}
