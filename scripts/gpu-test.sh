@@ -1,49 +1,82 @@
 #!/usr/bin/env bash
 # On a machine with an NVIDIA GPU: build for sm_90, run every test (the CUDA ones included), the
-# kernel benchmarks and the default training run on the GPU, then print a short summary last.
-# Logs go to $MT_LOG_DIR (default build-gpu/logs).
+# kernel benchmarks, the default training run in f32/bf16/f16 with the mixed-precision checks,
+# then the train-step benchmark beside PyTorch, and print a short summary last. The summary is
+# also written as it grows to $MT_LOG_DIR/summary.txt (default build-gpu/logs), with every log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0  # never use NVLink multicast
 build=${MT_BUILD_DIR:-build-gpu}
 logs=${MT_LOG_DIR:-$build/logs}
 mkdir -p "$logs"
-summary=()
-note() { summary+=("$*"); }
+: >"$logs/summary.txt"
+note() { echo "$*" >>"$logs/summary.txt"; }
+finish() {
+  echo
+  echo "================ summary ================"
+  cat "$logs/summary.txt"
+}
+trap finish EXIT
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$logs/gpu.txt"
+start=$(date +%s)
 if ! MT_BUILD_DIR=$build bash scripts/build.sh -DMT_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
     >"$logs/build.log" 2>&1; then
   tail -40 "$logs/build.log"
-  echo "SUMMARY build FAILED"
+  note "build FAILED"
   exit 1
 fi
-note "build ok ($(grep -c 'Building' "$logs/build.log") objects)"
+note "build ok in $(( $(date +%s) - start )) s"
 
 # Every test in one process (the CUDA ones included; the CPU ones are cheap), then the example.
 "$build/mt_tests" >"$logs/tests.log" 2>&1
 note "all tests: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$logs/tests.log" | tr '\n' ' ')"
-note "CUDA tests: $(grep -cE '^\[       OK \] Cuda' "$logs/tests.log") passed, $(grep -cE '^\[  FAILED  \] Cuda' "$logs/tests.log") failed"
-grep -E '^\[  FAILED  \]|Failure$|error' "$logs/tests.log" | head -30
-ctest --test-dir "$build" -R example >"$logs/example.log" 2>&1
-note "example: $(grep -E 'tests passed|tests failed' "$logs/example.log")"
+note "CUDA tests: $(grep -cE '^\[       OK \] (Cuda|OptimCUDA)' "$logs/tests.log") passed, $(grep -cE '^\[  FAILED  \] ' "$logs/tests.log") failed"
+grep -E '^\[  FAILED  \]' "$logs/tests.log" | head -20 | while IFS= read -r l; do note "  $l"; done
 
 for b in "$build"/bench_*; do
   [[ -x $b ]] || continue
   name=$(basename "$b")
-  timeout 300 "$b" >"$logs/$name.log" 2>&1
+  timeout 120 "$b" >"$logs/$name.log" 2>&1
   note "$name (rc $?):"
-  while IFS= read -r line; do note "  $line"; done < <(tail -n 12 "$logs/$name.log")
+  tail -n 12 "$logs/$name.log" | while IFS= read -r l; do note "  $l"; done
 done
 
-for dt in f32 bf16 f16; do
-  timeout 300 "$build/train" --config configs/mlp.yaml --device cuda \
-    --set precision.compute_dtype=$dt --set checkpoint.dir="$build/run-mlp-$dt" \
-    >"$logs/train-$dt.log" 2>&1
-  note "train configs/mlp.yaml --device cuda, $dt (rc $?):"
-  while IFS= read -r line; do note "  $line"; done < <(grep -E 'step +300/|test:' "$logs/train-$dt.log")
+# The default config in each compute dtype; bf16 twice (determinism) and f16 from a scale of 2^40
+# (forced overflow: the dynamic scaler must back off, skip those steps and recover).
+train() {  # name, then --set arguments
+  local name=$1; shift
+  local args=()
+  for s in "$@"; do args+=(--set "$s"); done
+  local log=$build/runs/train-$name.log
+  timeout 120 "$build/train" --config configs/mlp.yaml --device cuda \
+    --set checkpoint.dir="$build/runs/$name" "${args[@]}" >"$log" 2>&1
+  local rc=$?
+  note "train $name (rc $rc): $(grep -E 'step +300/300 \| loss' "$log" | cut -c12-)"
+  note "  $(grep -E 'test:' "$log" | cut -c12-)"
+}
+rm -rf "$build/runs"
+mkdir -p "$build/runs"
+train f32 precision.compute_dtype=f32
+train bf16 precision.compute_dtype=bf16
+train bf16-again precision.compute_dtype=bf16
+train f16 precision.compute_dtype=f16
+train f16-overflow precision.compute_dtype=f16 precision.initial_scale=1099511627776
+cp "$build/runs/train-f16-overflow.log" "$logs/"
+note "  f16-overflow: $(grep -c 'step skipped' "$logs/train-f16-overflow.log") skipped steps; $(grep -m1 -o 'loss scale [0-9e.+]* -> [0-9e.+]*' "$logs/train-f16-overflow.log" || true) ... $(grep -o 'loss scale [0-9e.+]* -> [0-9e.+]*' "$logs/train-f16-overflow.log" | tail -1)"
+for dt in bf16 f16 f16-overflow; do
+  note "  $dt vs f32: $(python3 scripts/compare_metrics.py "$build/runs/f32/metrics.jsonl" \
+    "$build/runs/$dt/metrics.jsonl" --tolerance 0.05 2>&1)"
 done
+if cmp -s "$build/runs/bf16/step-000300.safetensors" "$build/runs/bf16-again/step-000300.safetensors"; then
+  note "  two deterministic bf16 runs: final checkpoints bitwise identical"
+else
+  note "  two deterministic bf16 runs: final checkpoints DIFFER"
+fi
 
-echo
-echo "================ summary ================"
-printf '%s\n' "${summary[@]}"
+# Last, as it takes longest: the whole train step beside PyTorch.
+if [[ -x $build/train_step ]]; then
+  timeout 240 bash scripts/bench-train-step.sh "$build" "$build/train-step" >"$logs/train_step.log" 2>&1
+  note "train step vs PyTorch (rc $?):"
+  sed -n '/=== train step summary ===/,$p' "$logs/train_step.log" | tail -n +2 | while IFS= read -r l; do note "  $l"; done
+fi
