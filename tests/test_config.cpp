@@ -107,7 +107,8 @@ optim:
   batch_size: 32
   microbatches: 3
   clip_norm: 0
-precision: {compute_dtype: bf16, deterministic: false, loss_scale: 128, growth_interval: 10}
+precision: {compute_dtype: bf16, deterministic: false, loss_scale: 128, initial_scale: 1024,
+            growth_interval: 10}
 eval: {every: 5, batch_size: 64}
 checkpoint: {dir: out, every: 10, keep_last: 1}
 logging: {every: 1, metrics: m.jsonl, curve: c.svg}
@@ -141,6 +142,7 @@ cuda_graph: true
   EXPECT_FALSE(c.precision.deterministic);
   EXPECT_EQ(c.precision.loss_scale, "fixed");
   EXPECT_EQ(c.precision.fixed_loss_scale, 128.0);
+  EXPECT_EQ(c.precision.initial_scale, 1024.0);
   EXPECT_EQ(c.precision.growth_interval, 10);
   EXPECT_EQ(c.eval.every, 5);
   EXPECT_EQ(c.checkpoint.dir, "out");
@@ -189,6 +191,7 @@ TEST(Config, ToYamlRoundTrips) {
   c.precision.compute_dtype = DType::f16;
   c.precision.loss_scale = "fixed";
   c.precision.fixed_loss_scale = 1.5;
+  c.precision.initial_scale = 1099511627776.0;  // 2^40
   c.logging.metrics = "";
   c.logging.curve = "true";  // a string that looks like a bool
   c.checkpoint.dir = "123";  // and one that looks like a number
@@ -313,6 +316,9 @@ TEST(Config, BadConfigsNameTheKeyAndThePlace) {
       {"device: cuda\nprecision:\n  compute_dtype: f64\n",
        {},
        "precision.compute_dtype: f64 runs on the CPU only, but device is cuda at mlp.yaml:3:18"},
+      {"precision:\n  initial_scale: 0.5\n",
+       {},
+       "precision.initial_scale: must be at least 1, got 0.5 at mlp.yaml:2:18"},
       {"precision:\n  growth_interval: 0\n",
        {},
        "precision.growth_interval: must be at least 1, got 0"},

@@ -374,6 +374,8 @@ void read_precision(Section s, PrecisionConfig& p, const std::string& device) {
       s.fail("loss_scale", "expected dynamic, none or a positive number, got " + describe(ls));
     }
   }
+  s.get("initial_scale", p.initial_scale);
+  s.require("initial_scale", p.initial_scale, p.initial_scale >= 1, "must be at least 1");
   s.get("growth_interval", p.growth_interval);
   s.require("growth_interval", p.growth_interval, p.growth_interval >= 1, "must be at least 1");
   s.finish();
@@ -568,6 +570,7 @@ std::string to_yaml(const Config& c) {
     << "  compute_dtype: " << dtype_name(c.precision.compute_dtype) << "\n"
     << "  deterministic: " << flag(c.precision.deterministic) << "\n"
     << "  loss_scale: " << loss_scale << "\n"
+    << "  initial_scale: " << num(c.precision.initial_scale) << "\n"
     << "  growth_interval: " << c.precision.growth_interval << "\n"
     << "eval:\n"
     << "  every: " << c.eval.every << "\n"

@@ -67,6 +67,7 @@ struct PrecisionConfig {
   bool deterministic = true;           // deterministic reductions
   std::string loss_scale = "dynamic";  // dynamic | none | fixed (YAML: a positive number)
   double fixed_loss_scale = 0.0;       // the scale when loss_scale == "fixed"
+  double initial_scale = 65536.0;      // dynamic: where the scale starts (2^16)
   int64_t growth_interval = 200;       // dynamic: steps without overflow before the scale doubles
   bool operator==(const PrecisionConfig&) const = default;
 };

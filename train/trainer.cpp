@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <string_view>
 
 #include <spdlog/spdlog.h>
 
@@ -53,6 +54,17 @@ void check_fits(const data::Dataset& set, const ModelConfig& m) {
                                        " data has label ", y));
 }
 
+// f16 is the one compute dtype whose range needs loss scaling; bf16 has fp32's exponent range.
+optim::LossScalerOptions loss_scaler_options(const PrecisionConfig& p) {
+  if (p.compute_dtype != DType::f16 || p.loss_scale == "none") return {optim::LossScaleMode::none};
+  if (p.loss_scale == "fixed")
+    return {optim::LossScaleMode::fixed, p.fixed_loss_scale, p.growth_interval};
+  return {optim::LossScaleMode::dynamic, p.initial_scale, p.growth_interval};
+}
+
+// The loss scaler's state travels in the optimizer file under this prefix.
+constexpr std::string_view kScalerPrefix = "loss_scaler.";
+
 bool is_terminal() { return ::isatty(::fileno(stdout)) == 1; }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -61,7 +73,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-Trainer::Trainer(Config config, Device device) : cfg_(std::move(config)), device_(device) {
+Trainer::Trainer(Config config, Device device)
+    : cfg_(std::move(config)), device_(device), scaler_(loss_scaler_options(cfg_.precision)) {
   const ModelConfig& m = cfg_.model;
   set_deterministic(cfg_.precision.deterministic);
   if (!cfg_.precision.deterministic) spdlog::warn("deterministic: false: reductions may use atomics");
@@ -109,14 +122,23 @@ Trainer::~Trainer() = default;
 void Trainer::resume(const std::string& path) {
   Checkpoint c = load_checkpoint(path);
   model_->load_state_dict(c.model);
-  optimizer_->load_state_dict(c.optimizer);
+  nn::StateDict optimizer, scaler;
+  for (const auto& [name, t] : c.optimizer) {
+    if (name.starts_with(kScalerPrefix)) scaler.emplace_back(name.substr(kScalerPrefix.size()), t);
+    else optimizer.emplace_back(name, t);
+  }
+  optimizer_->load_state_dict(optimizer);
+  scaler_.load_state_dict(scaler);
   step_ = c.step;
   resumed_ = true;
   spdlog::info("resumed from {} at step {}", path, step_);
 }
 
 std::string Trainer::save(int64_t step) {
-  return save_checkpoint(cfg_.checkpoint.dir, step, model_->state_dict(), optimizer_->state_dict(),
+  nn::StateDict optimizer = optimizer_->state_dict();
+  for (const auto& [name, t] : scaler_.state_dict())
+    optimizer.emplace_back(std::string(kScalerPrefix) + name, t);
+  return save_checkpoint(cfg_.checkpoint.dir, step, model_->state_dict(), optimizer,
                          {{"config", to_yaml(cfg_)}}, cfg_.checkpoint.keep_last);
 }
 
@@ -166,6 +188,8 @@ RunSummary Trainer::run() {
   int64_t window_steps = 0;
   const int64_t first_step = step_;
   Tensor loss_sum = zeros({}, DType::f32, device_);
+  // The norm of the last step that was applied: a skipped step has none of its own.
+  Tensor grad_norm = zeros({}, DType::f32, device_);
   for (; step_ < o.steps; ++step_) {
     const bool log_now = (step_ + 1) % cfg_.logging.every == 0 || step_ + 1 == o.steps;
     const bool eval_now = (step_ + 1) % cfg_.eval.every == 0 || step_ + 1 == o.steps;
@@ -178,7 +202,7 @@ RunSummary Trainer::run() {
       Tensor logits = (*model_)(mb.x.to(dt));
       // Normalized by the whole step's sample count: k backward passes add up to the full batch.
       Tensor loss = cross_entropy(logits, mb.y, -100, double(o.batch_size));
-      loss.backward();
+      loss.backward(scaler_.seed_for(loss));  // f16: the gradients come out times the scale
       add_into(loss_sum, loss.detach().to(DType::f32));
       if (log_now) {
         NoGradGuard g;
@@ -192,10 +216,18 @@ RunSummary Trainer::run() {
         }
       }
     }
-    // max_norm = inf computes the norm for the log without clipping.
-    Tensor grad_norm = optim::clip_grad_norm_(params, o.clip_norm > 0 ? o.clip_norm : INFINITY);
-    optimizer_->step();
-    optimizer_->zero_grad();
+    const double scale = scaler_.scale();
+    const bool overflow = scaler_.unscale_and_check(params);  // before clipping sees the norm
+    if (scaler_.update(overflow)) {
+      if (tty) std::printf("\r");
+      spdlog::warn("step {}: gradient overflow, loss scale {} -> {}, step skipped", step_ + 1, scale,
+                   scaler_.scale());
+    } else {
+      // max_norm = inf computes the norm for the log without clipping.
+      grad_norm = optim::clip_grad_norm_(params, o.clip_norm > 0 ? o.clip_norm : INFINITY);
+      optimizer_->step();
+    }
+    optimizer_->zero_grad();  // a skipped step's gradients are dropped too
     ++window_steps;
 
     if (tty) {
@@ -223,8 +255,14 @@ RunSummary Trainer::run() {
       spdlog::info("step {:>5}/{} | loss {:.4f} | acc {:.3f} | grad_norm {:.3f} | lr {:.2e} | "
                    "{:.0f} samples/s | {:.2f} ms/step",
                    step_ + 1, o.steps, loss, acc, gn, lr, sps, 1e3 * secs / double(window_steps));
-      metrics.write({{"step", step_ + 1}, {"loss", loss}, {"accuracy", acc}, {"grad_norm", gn},
-                     {"lr", lr}, {"samples_per_s", sps}, {"ms_per_step", 1e3 * secs / double(window_steps)}});
+      nlohmann::json record = {{"step", step_ + 1}, {"loss", loss}, {"accuracy", acc},
+                               {"grad_norm", gn}, {"lr", lr}, {"samples_per_s", sps},
+                               {"ms_per_step", 1e3 * secs / double(window_steps)}};
+      if (scaler_.enabled()) {
+        record["loss_scale"] = scaler_.scale();
+        record["skipped_steps"] = scaler_.skipped_steps();
+      }
+      metrics.write(record);
       summary.train_loss = loss;
       loss_sum.fill_(0.0);
       window_steps = 0;

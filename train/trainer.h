@@ -6,7 +6,9 @@
 //      the seed and the step, so a resumed run sees the same batches);
 //   2. for each microbatch: forward, cross_entropy with normalizer = B (the whole step's count,
 //      never the microbatch's own), backward — gradients accumulate (+=) in fp32 .grad;
-//   3. clip the global gradient norm, optimizer step, learning-rate schedule, zero_grad.
+//   3. f16 only: divide the gradients by the loss scale and check them for inf/NaN; an overflow
+//      skips step 4 (the scale halves; docs/precision.md);
+//   4. clip the global gradient norm, optimizer step, learning-rate schedule; then zero_grad.
 // The loss stays on the device and is read back only when logged, evaluated or checkpointed; a
 // non-finite loss or gradient norm found then stops the run (exit code 3) before anything is
 // saved, so the last checkpoint on disk is always a good one.
@@ -16,6 +18,7 @@
 
 #include "core/error.h"
 #include "nn/modules.h"
+#include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
 #include "train/config.h"
@@ -52,6 +55,7 @@ class Trainer {
 
   nn::Module& model() { return *model_; }
   optim::Optimizer& optimizer() { return *optimizer_; }
+  const optim::LossScaler& loss_scaler() const { return scaler_; }
   int64_t step() const { return step_; }
 
  private:
@@ -69,6 +73,7 @@ class Trainer {
   std::shared_ptr<nn::MLP> model_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<optim::LRSchedule> schedule_;
+  optim::LossScaler scaler_;  // mode none unless compute_dtype is f16
   int64_t step_ = 0;
   bool resumed_ = false;
 };
