@@ -68,6 +68,13 @@ for dt in bf16 f16 f16-overflow; do
   note "  $dt vs f32: $(python3 scripts/compare_metrics.py "$build/runs/f32/metrics.jsonl" \
     "$build/runs/$dt/metrics.jsonl" --tolerance 0.05 2>&1)"
 done
+# Device memory over a long run (3000 steps): the pool's live bytes at the first and last log.
+train long-f32 precision.compute_dtype=f32 optim.steps=3000 logging.every=500 eval.every=3000 \
+  checkpoint.every=3000
+note "  pool bytes over 3000 steps (step: bytes): $(python3 -c '
+import json, sys
+r = [json.loads(l) for l in open(sys.argv[1]) if "pool_bytes" in l]
+print(", ".join("%d: %d" % (x["step"], x["pool_bytes"]) for x in r))' "$build/runs/long-f32/metrics.jsonl" 2>&1)"
 if cmp -s "$build/runs/bf16/step-000300.safetensors" "$build/runs/bf16-again/step-000300.safetensors"; then
   note "  two deterministic bf16 runs: final checkpoints bitwise identical"
 else

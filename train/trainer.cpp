@@ -20,6 +20,9 @@
 #include "optim/sgd.h"
 #include "train/checkpoint.h"
 #include "train/metrics.h"
+#ifdef MT_WITH_CUDA
+#include "core/cuda/runtime.h"
+#endif
 
 namespace mt::train {
 
@@ -262,6 +265,10 @@ RunSummary Trainer::run() {
         record["loss_scale"] = scaler_.scale();
         record["skipped_steps"] = scaler_.skipped_steps();
       }
+#ifdef MT_WITH_CUDA
+      // Device memory held by live tensors: flat over a run unless something leaks.
+      if (device_.is_cuda()) record["pool_bytes"] = cuda::pool_used_bytes(device_.index);
+#endif
       metrics.write(record);
       summary.train_loss = loss;
       loss_sum.fill_(0.0);
