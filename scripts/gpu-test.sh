@@ -75,11 +75,8 @@ note "  pool bytes over 3000 steps (step: bytes): $(python3 -c '
 import json, sys
 r = [json.loads(l) for l in open(sys.argv[1]) if "pool_bytes" in l]
 print(", ".join("%d: %d" % (x["step"], x["pool_bytes"]) for x in r))' "$build/runs/long-f32/metrics.jsonl" 2>&1)"
-if cmp -s "$build/runs/bf16/step-000300.safetensors" "$build/runs/bf16-again/step-000300.safetensors"; then
-  note "  two deterministic bf16 runs: final checkpoints bitwise identical"
-else
-  note "  two deterministic bf16 runs: final checkpoints DIFFER"
-fi
+note "  two deterministic bf16 runs, final weights: $(python3 scripts/same_weights.py \
+  "$build/runs/bf16/step-000300.safetensors" "$build/runs/bf16-again/step-000300.safetensors" 2>&1)"
 
 # Last, as it takes longest: the whole train step beside PyTorch.
 if [[ -x $build/train_step ]]; then
