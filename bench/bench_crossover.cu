@@ -3,9 +3,10 @@
 //   copy bandwidth   a device-to-device copy of 2 GiB (bytes read + written), median of 10
 //   fp32 FMA rate    a kernel of independent FMA chains in registers, every SM busy, median of 10
 //   bf16 rate        an 8192³ bf16 cuBLAS GEMM with fp32 accumulation, median of 10
-// then prints the balance points and the crossover for a 4-byte (fp32) and a 2-byte (bf16)
-// round trip, with the formula of bench/crossover.h. The lesson's H100 figure is about 585
-// flops per element for a 4-byte round trip (bf16 tensor-core rate against HBM3 bandwidth).
+// then prints the balance points and the crossover for saving a 4-byte (fp32) and a 2-byte
+// (bf16) value, with the formula of bench/crossover.h (saving moves the value twice: written,
+// then read back). The lesson's H100 figure is about 585 flops per element for a 4-byte round
+// trip (a 2-byte value; bf16 tensor-core rate against HBM3 bandwidth).
 #include <algorithm>
 #include <cstdio>
 #include <vector>
@@ -118,9 +119,11 @@ int main() {
                 balance_flops_per_byte(fp32_tflops, bandwidth_gbs),
                 balance_flops_per_byte(bf16_tflops, bandwidth_gbs));
     for (double bytes : {4.0, 2.0})
-      std::printf("crossover for a %.0f-byte round trip: %.1f flops/element at the fp32 rate, "
-                  "%.1f at the bf16 rate (the lesson's H100: ~585 for 4 bytes)\n",
-                  bytes, crossover_flops_per_element(fp32_tflops, bandwidth_gbs, bytes),
+      std::printf("crossover for a %.0f-byte value (%.0f-byte round trip): %.1f flops/element at "
+                  "the fp32 rate, %.1f at the bf16 rate (the lesson's H100: ~585 for a 4-byte round "
+                  "trip)\n",
+                  bytes, round_trip_bytes(bytes),
+                  crossover_flops_per_element(fp32_tflops, bandwidth_gbs, bytes),
                   crossover_flops_per_element(bf16_tflops, bandwidth_gbs, bytes));
     std::printf("e.g. scaled-SiLU's sigmoid (~20 flops/element, fp32 units): %s\n",
                 choice_name(cheaper(20, crossover_flops_per_element(fp32_tflops, bandwidth_gbs, 4))));
