@@ -32,9 +32,9 @@ struct Args {
 const char* kUsage =
     "usage: crossover [--bandwidth GB/s] [--fp32-tflops X] [--bf16-tflops Y]\n"
     "                 [--width D] [--recompute-flops F] [--bytes-per-element B] [--json]\n"
-    "  --bandwidth          copy bandwidth, reads + writes counted (default 4270, the H200's)\n"
-    "  --fp32-tflops        fp32 FMA rate, an FMA = 2 flops (default 67)\n"
-    "  --bf16-tflops        bf16 dense tensor-core rate (default 790)\n"
+    "  --bandwidth          copy bandwidth, reads + writes counted (default 4264, the H200's)\n"
+    "  --fp32-tflops        fp32 FMA rate, an FMA = 2 flops (default 65.0)\n"
+    "  --bf16-tflops        bf16 dense tensor-core rate (default 788.6)\n"
     "  --width              elements per row (default 4096)\n"
     "  --recompute-flops    flops to recompute one element's value (default 20)\n"
     "  --bytes-per-element  bytes of the saved value (default 2: bf16)\n"

@@ -24,13 +24,12 @@
 
 namespace mt::crossover {
 
-// The H200 figures this project uses: copy bandwidth measured with bench/bench_kernels.cu
-// (read + write counted), and the fp32 FMA and bf16 dense tensor-core rates (67 and 790 TFLOP/s:
-// documented leads until measured).
+// The H200 figures, measured by bench/bench_crossover.cu on 2026-11-30: device-to-device copy
+// bandwidth (read + write counted), an fp32 FMA kernel and an 8192³ bf16 cuBLAS GEMM.
 struct Gpu {
-  double bandwidth_gbs = 4270;
-  double fp32_tflops = 67;
-  double bf16_tflops = 790;
+  double bandwidth_gbs = 4264;
+  double fp32_tflops = 65.0;
+  double bf16_tflops = 788.6;
 };
 
 // Flops the GPU does in the time it moves one byte.

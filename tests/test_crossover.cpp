@@ -6,7 +6,7 @@
 using namespace mt::crossover;
 
 TEST(Crossover, H200BalancePointsAndFourByteRoundTrip) {
-  const Gpu h200;
+  const Gpu h200{4270, 67, 790};
   // 67e12 flops/s over 4270e9 bytes/s; 790e12 over the same.
   EXPECT_NEAR(balance_flops_per_byte(h200.fp32_tflops, h200.bandwidth_gbs), 15.6909, 1e-4);
   EXPECT_NEAR(balance_flops_per_byte(h200.bf16_tflops, h200.bandwidth_gbs), 185.0117, 1e-4);
