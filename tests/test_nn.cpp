@@ -12,21 +12,13 @@
 #include "ops/elementwise/elementwise.h"
 #include "optim/sgd.h"
 #include "tests/gradcheck.h"
+#include "tests/expect_error.h"
 
 using namespace mt;
+using mt::test::expect_error;
 
 namespace {
 
-template <class F>
-void expect_error(F&& f, std::initializer_list<const char*> parts) {
-  try {
-    f();
-    FAIL() << "expected mt::Error";
-  } catch (const Error& e) {
-    for (const char* p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos)
-        << "message '" << e.what() << "' lacks '" << p << "'";
-  }
-}
 
 std::vector<std::string> names_of(const std::vector<std::pair<std::string, Tensor>>& named) {
   std::vector<std::string> out;

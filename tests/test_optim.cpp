@@ -13,21 +13,13 @@
 #include "optim/clip.h"
 #include "optim/schedule.h"
 #include "optim/sgd.h"
+#include "tests/expect_error.h"
 
 using namespace mt;
+using mt::test::expect_error;
 
 namespace {
 
-template <class F>
-void expect_error(F&& f, std::initializer_list<const char*> parts) {
-  try {
-    f();
-    FAIL() << "expected mt::Error";
-  } catch (const Error& e) {
-    for (const char* p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos)
-        << "message '" << e.what() << "' lacks '" << p << "'";
-  }
-}
 
 // ---- reference optimizers -----------------------------------------------------------------
 // Written from the algorithm boxes in PyTorch's documentation of torch.optim.SGD and

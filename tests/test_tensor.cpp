@@ -6,22 +6,13 @@
 
 #include "core/rng.h"
 #include "core/tensor.h"
+#include "tests/expect_error.h"
 
 using namespace mt;
+using mt::test::expect_error;
 
 namespace {
 
-// Expects `f` to throw mt::Error whose message contains every one of `parts`.
-template <class F>
-void expect_error(F&& f, std::initializer_list<const char*> parts) {
-  try {
-    f();
-    FAIL() << "expected mt::Error";
-  } catch (const Error& e) {
-    for (const char* p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos)
-        << "message '" << e.what() << "' lacks '" << p << "'";
-  }
-}
 
 }  // namespace
 
