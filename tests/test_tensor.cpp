@@ -11,10 +11,6 @@
 using namespace mt;
 using mt::test::expect_error;
 
-namespace {
-
-
-}  // namespace
 
 TEST(Tensor, FactoriesShapesAndValues) {
   Tensor z = zeros({2, 3});
