@@ -19,7 +19,6 @@ using mt::test::expect_error;
 
 namespace {
 
-
 std::vector<std::string> names_of(const std::vector<std::pair<std::string, Tensor>>& named) {
   std::vector<std::string> out;
   for (const auto& entry : named) out.push_back(entry.first);

@@ -20,7 +20,6 @@ using mt::test::expect_error;
 
 namespace {
 
-
 // ---- reference optimizers -----------------------------------------------------------------
 // Written from the algorithm boxes in PyTorch's documentation of torch.optim.SGD and
 // torch.optim.AdamW (dampening 0, maximize off, amsgrad off), in f64, one element at a time, and
