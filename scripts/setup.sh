@@ -14,17 +14,42 @@ for tool in cmake:cmake g++:g++ make:make pkg-config:pkg-config ninja:ninja-buil
   command -v "${tool%%:*}" >/dev/null || missing+=("${tool#*:}")
 done
 
-if ((${#missing[@]} == 0)); then
+# Optional, for scripts/fuzz.sh only: clang and its libFuzzer runtime. Whether they are there is
+# tested by linking a fuzzer, since distributions package the runtime differently (Ubuntu 22.04
+# has it in libclang-common-14-dev). If they cannot be installed, setup only warns and fuzz.sh
+# skips.
+optional=(clang libclang-rt-dev)
+have_libfuzzer() {
+  local dir ok=1
+  dir=$(mktemp -d)
+  echo 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }' \
+    >"$dir/probe.cpp"
+  clang++ -fsanitize=fuzzer "$dir/probe.cpp" -o "$dir/probe" 2>/dev/null || ok=0
+  rm -rf "$dir"
+  ((ok))
+}
+command -v clang++ >/dev/null && have_libfuzzer && optional=()
+
+if ((${#missing[@]} + ${#optional[@]} == 0)); then
   echo "setup: all packages present"
   exit 0
 fi
-echo "setup: installing ${missing[*]}"
 sudo_cmd=()
 [[ $(id -u) -eq 0 ]] || sudo_cmd=(sudo)
 export DEBIAN_FRONTEND=noninteractive
 "${sudo_cmd[@]}" apt-get update -qq || true
-if ! "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"; then
-  # Offline, or a distribution that names a package differently: carry on, and let CMake's
-  # configure step name precisely what is still missing.
-  echo "setup: warning: could not install ${missing[*]}; continuing" >&2
+if ((${#missing[@]} > 0)); then
+  echo "setup: installing ${missing[*]}"
+  if ! "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"; then
+    # Offline, or a distribution that names a package differently: carry on, and let CMake's
+    # configure step name precisely what is still missing.
+    echo "setup: warning: could not install ${missing[*]}; continuing" >&2
+  fi
 fi
+# One at a time, after the required ones: a package this distribution lacks (Ubuntu 22.04 has no
+# libclang-rt-dev; its clang brings libFuzzer along) must not keep the others from installing.
+for p in "${optional[@]}"; do
+  echo "setup: installing $p (optional: scripts/fuzz.sh)"
+  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "$p" ||
+    echo "setup: warning: could not install $p; scripts/fuzz.sh skips without libFuzzer" >&2
+done

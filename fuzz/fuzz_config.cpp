@@ -1,0 +1,36 @@
+// libFuzzer harness: parse_config on arbitrary text.
+//
+// The input is YAML, optionally followed by NUL-separated `--set` overrides ("key.path=value"),
+// so the override path is fuzzed too. A bad config must be a ConfigError; any other exception, a
+// crash or a sanitizer report is a bug. A config that parses must survive its own round trip,
+// parse_config(to_yaml(c)) == c, as config.h promises (checkpoints store the config that way).
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "train/config.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string input(reinterpret_cast<const char*>(data), size);
+  std::vector<std::string> parts;
+  for (size_t begin = 0;;) {
+    const size_t end = input.find('\0', begin);
+    parts.push_back(input.substr(begin, end - begin));
+    if (end == std::string::npos) break;
+    begin = end + 1;
+  }
+  const std::vector<std::string> overrides(parts.begin() + 1, parts.end());
+
+  mt::Config c;
+  try {
+    c = mt::parse_config(parts[0], "fuzz.yaml", overrides);
+  } catch (const mt::ConfigError&) {
+    return 0;
+  }
+  if (!(mt::parse_config(mt::to_yaml(c), "round-trip.yaml") == c)) {
+    std::fprintf(stderr, "to_yaml round trip changed the config:\n%s", mt::to_yaml(c).c_str());
+    std::abort();
+  }
+  return 0;
+}
