@@ -48,6 +48,27 @@ std::string optim_path_for(const std::string& model_path) {
   return model_path.substr(0, model_path.size() - suffix.size()) + ".optim" + suffix;
 }
 
+// What a run killed mid-save leaves behind: temp files (write_safetensors names them
+// "<target>.tmp.<pid>") and optimizer files whose model file never got renamed into place, or
+// was already pruned. Loading never looks at them; removing them after each save keeps them from
+// piling up over many interrupted runs. This process's own save has finished by then, so none of
+// the temp files is in use.
+void remove_debris(const std::string& dir) {
+  const std::string optim_suffix = ".optim.safetensors";
+  std::error_code ec;
+  std::vector<fs::path> debris;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string path = entry.path().string(), name = entry.path().filename().string();
+    if (name.rfind("step-", 0) != 0) continue;
+    const bool temp = name.find(".safetensors.tmp.") != std::string::npos;
+    const bool orphan =
+        name.ends_with(optim_suffix) &&
+        !fs::exists(path.substr(0, path.size() - optim_suffix.size()) + ".safetensors", ec);
+    if (temp || orphan) debris.push_back(entry.path());
+  }
+  for (const fs::path& p : debris) fs::remove(p, ec);
+}
+
 }  // namespace
 
 std::vector<std::string> list_checkpoints(const std::string& dir) {
@@ -79,10 +100,12 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const NamedTen
                     {{"format", kFormat}, {"step", std::to_string(step)}});
   write_safetensors(model_path, to_entries(model), meta);
   std::vector<std::string> all = list_checkpoints(dir);
+  // The model file goes first, so that a model file never outlives its optimizer file.
   for (size_t i = 0; i + size_t(keep_last) < all.size(); ++i) {
-    fs::remove(optim_path_for(all[i]), ec);
     fs::remove(all[i], ec);
+    fs::remove(optim_path_for(all[i]), ec);
   }
+  remove_debris(dir);
   return model_path;
 }
 

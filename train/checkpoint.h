@@ -9,7 +9,8 @@
 // Both are written atomically (temp file, fsync, rename), the optimizer file first: a model file
 // exists only once its optimizer file does, so the newest model file always names a complete
 // checkpoint, even if the process is killed mid-write. Older checkpoints beyond keep_last are
-// deleted only after the new one is on disk.
+// deleted only after the new one is on disk, model file first; temp and orphaned optimizer files
+// left by a killed run are removed after each save.
 #include <cstdint>
 #include <map>
 #include <string>

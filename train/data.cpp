@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <limits>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -98,7 +99,11 @@ Dataset load_csv(const std::string& path, int label_column, bool header) {
   d.dim = c.cols;
   d.features = std::move(c.features);
   d.labels = std::move(c.labels);
-  d.classes = d.labels.empty() ? 0 : *std::max_element(d.labels.begin(), d.labels.end()) + 1;
+  const int64_t max_label =
+      d.labels.empty() ? -1 : *std::max_element(d.labels.begin(), d.labels.end());
+  MT_CHECK(max_label < std::numeric_limits<int64_t>::max(), path, ": label ", max_label,
+           " is too large to count the classes");
+  d.classes = max_label + 1;
   MT_CHECK(d.classes >= 2, path, ": needs at least two classes (labels 0 and 1), found ", d.classes);
   return d;
 }

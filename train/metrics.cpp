@@ -10,11 +10,42 @@
 
 namespace mt::train {
 
-MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {
+namespace {
+
+// Keeps only the complete records of steps up to `last_step` in `path` (a line cut short by a
+// kill is dropped too). Rewritten through a temp file and a rename, so that a kill meanwhile
+// leaves the old file whole.
+void drop_records_after(const std::string& path, int64_t last_step) {
+  std::ifstream in(path);
+  std::string kept, line;
+  bool dropped = false;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
+        j["step"].get<int64_t>() <= last_step)
+      kept += line + '\n';
+    else
+      dropped = true;
+  }
+  if (!dropped) return;
+  const std::string tmp = path + ".tmp";
+  std::ofstream out(tmp, std::ios::trunc);
+  out << kept;
+  out.close();
+  MT_CHECK(out.good(), "metrics: cannot write '", tmp, "'");
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  MT_CHECK(!ec, "metrics: cannot rename '", tmp, "' over '", path, "': ", ec.message());
+}
+
+}  // namespace
+
+MetricsWriter::MetricsWriter(const std::string& path, int64_t resume_step) : path_(path) {
   std::error_code ec;
   auto parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-  out_.open(path, append ? std::ios::app : std::ios::trunc);
+  if (resume_step >= 0) drop_records_after(path, resume_step);
+  out_.open(path, resume_step >= 0 ? std::ios::app : std::ios::trunc);
   MT_CHECK(out_.good(), "metrics: cannot open '", path, "' for writing");
 }
 

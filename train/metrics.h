@@ -12,8 +12,10 @@ namespace mt::train {
 
 class MetricsWriter {
  public:
-  // Appends to `path` when resuming (so one file tells the whole run), truncates otherwise.
-  MetricsWriter(const std::string& path, bool append);
+  // Starts `path` afresh, or, resuming a run from step `resume_step` (>= 0), appends to it so that
+  // one file tells the whole run. Records of later steps are dropped first: a run killed after
+  // its last checkpoint logged steps that the resumed run logs again.
+  MetricsWriter(const std::string& path, int64_t resume_step);
   void write(const nlohmann::json& record);
   const std::string& path() const { return path_; }
 

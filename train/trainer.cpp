@@ -55,6 +55,29 @@ void check_fits(const data::Dataset& set, const ModelConfig& m) {
     if (y < 0 || y >= m.classes)
       throw ConfigError(detail::concat("model.classes: is ", m.classes, " but the ", set.name,
                                        " data has label ", y));
+  // One NaN or inf feature would turn every parameter into NaN in the first step that draws it.
+  for (size_t i = 0; i < set.features.size(); ++i)
+    if (!std::isfinite(set.features[i]))
+      throw NonFiniteError(detail::concat("the ", set.name, " data: sample ", i / size_t(set.dim),
+                                          ", feature ", i % size_t(set.dim), " is ",
+                                          set.features[i]));
+}
+
+// "3 of 64 values, e.g. nan" when `t` holds NaN or inf values; empty when it is all finite.
+std::string non_finite_values(const Tensor& t) {
+  const std::vector<double> v = t.to_vector();
+  int64_t count = 0;
+  double first = 0;
+  for (double x : v)
+    if (!std::isfinite(x) && count++ == 0) first = x;
+  return count == 0 ? "" : detail::concat(count, " of ", v.size(), " values, e.g. ", first);
+}
+
+// The first tensor of `state` that holds a NaN or inf, as "name (3 of 64 values, e.g. nan)".
+std::string first_non_finite(const nn::StateDict& state) {
+  for (const auto& [name, t] : state)
+    if (std::string bad = non_finite_values(t); !bad.empty()) return name + " (" + bad + ")";
+  return "";
 }
 
 // f16 is the one compute dtype whose range needs loss scaling; bf16 has fp32's exponent range.
@@ -145,6 +168,33 @@ std::string Trainer::save(int64_t step) {
                          {{"config", to_yaml(cfg_)}}, cfg_.checkpoint.keep_last);
 }
 
+// Where the non-finite loss or gradient norm of `step` (from 1) came from, looked for before the
+// update, in the order a NaN spreads: a parameter; else an activation, found by replaying the
+// step's forward pass one layer at a time; else a gradient (the backward pass); else the loss.
+std::string Trainer::find_non_finite(int64_t step) {
+  const nn::StateDict named = model_->named_parameters();
+  if (std::string bad = first_non_finite(named); !bad.empty())
+    return "non-finite parameter " + bad;
+  NoGradGuard no_grad;
+  for (const auto& mb : loader_->step_batches(step - 1, device_)) {
+    Tensor h = mb.x.to(cfg_.precision.compute_dtype);
+    if (std::string bad = non_finite_values(h); !bad.empty())
+      return detail::concat("non-finite input in ", dtype_name(h.dtype()), " (", bad, ")");
+    // The layers under the names their parameters have: layers.0, layers.1, ...
+    for (const auto& [name, layer] : model_->layers->named_children()) {
+      h = (*layer)(h);
+      if (std::string bad = non_finite_values(h); !bad.empty())
+        return "non-finite activation: the output of layers." + name + " " + layer->repr() +
+               " (" + bad + ")";
+    }
+  }
+  for (const auto& [name, p] : named)
+    if (p.grad().defined())
+      if (std::string bad = non_finite_values(p.grad()); !bad.empty())
+        return "non-finite gradient in " + name + " (" + bad + ")";
+  return "non-finite loss (every parameter, activation and gradient of this step is finite)";
+}
+
 Trainer::Eval Trainer::evaluate(const data::Dataset& set, const std::vector<int64_t>& indices) {
   NoGradGuard no_grad;
   model_->eval();  // a flag only: accumulated gradients are left alone
@@ -174,7 +224,7 @@ Trainer::Eval Trainer::evaluate(const data::Dataset& set, const std::vector<int6
 RunSummary Trainer::run() {
   const OptimConfig& o = cfg_.optim;
   const DType dt = cfg_.precision.compute_dtype;
-  MetricsWriter metrics(metrics_path(cfg_), resumed_);
+  MetricsWriter metrics(metrics_path(cfg_), resumed_ ? step_ : -1);
   const auto params = model_->parameters();
   const bool tty = is_terminal();
   RunSummary summary;
@@ -190,6 +240,7 @@ RunSummary Trainer::run() {
   const auto run_start = window_start;
   int64_t window_steps = 0;
   const int64_t first_step = step_;
+  int64_t last_check = step_;  // the last step whose loss and gradient norm were read and finite
   Tensor loss_sum = zeros({}, DType::f32, device_);
   // The norm of the last step that was applied: a skipped step has none of its own.
   Tensor grad_norm = zeros({}, DType::f32, device_);
@@ -219,17 +270,35 @@ RunSummary Trainer::run() {
         }
       }
     }
+    if (step_callback_) step_callback_(step_ + 1, *this);
     const double scale = scaler_.scale();
     const bool overflow = scaler_.unscale_and_check(params);  // before clipping sees the norm
-    if (scaler_.update(overflow)) {
+    const bool skip = scaler_.update(overflow);
+    if (skip) {
       if (tty) std::printf("\r");
       spdlog::warn("step {}: gradient overflow, loss scale {} -> {}, step skipped", step_ + 1, scale,
                    scaler_.scale());
     } else {
       // max_norm = inf computes the norm for the log without clipping.
       grad_norm = optim::clip_grad_norm_(params, o.clip_norm > 0 ? o.clip_norm : INFINITY);
-      optimizer_->step();
     }
+    // The only host synchronization of a step: reading back what is logged. It comes before the
+    // update, so that a NaN or inf stops the run while the tensors that show its origin are intact.
+    double loss = 0, gn = 0;
+    if (log_now || save_now) {
+      loss = loss_sum.item() / double(window_steps + 1);  // this step's loss is in the sum
+      gn = grad_norm.item();
+      if (!std::isfinite(loss) || !std::isfinite(gn))
+        throw NonFiniteError(detail::concat(
+            "step ", step_ + 1, ": ", find_non_finite(step_ + 1), "; loss ", loss,
+            ", gradient norm ", gn,
+            step_ > last_check ? detail::concat(" (the first check since step ", last_check,
+                                                "; logging.every=1 checks every step)")
+                               : "",
+            "; stopping without saving (the last checkpoint on disk is intact)"));
+      last_check = step_ + 1;
+    }
+    if (!skip) optimizer_->step();
     optimizer_->zero_grad();  // a skipped step's gradients are dropped too
     ++window_steps;
 
@@ -242,14 +311,6 @@ RunSummary Trainer::run() {
     }
     if (!(log_now || save_now)) continue;
 
-    // The only host synchronization of a step: reading back what is logged.
-    const double loss = loss_sum.item() / double(window_steps);
-    const double gn = grad_norm.item();
-    if (!std::isfinite(loss) || !std::isfinite(gn))
-      throw NonFiniteError(detail::concat("step ", step_ + 1, ": the ",
-                                          std::isfinite(loss) ? "gradient norm" : "loss", " is ",
-                                          std::isfinite(loss) ? gn : loss, "; stopping without "
-                                          "saving (the last checkpoint on disk is intact)"));
     if (log_now) {
       const double secs = seconds_since(window_start);
       const double sps = double(window_steps * o.batch_size) / secs;
@@ -283,7 +344,14 @@ RunSummary Trainer::run() {
       summary.val_loss = e.loss;
       summary.val_accuracy = e.accuracy;
     }
-    if (save_now) summary.checkpoint = save(step_ + 1);
+    if (save_now) {
+      // A NaN the loss never saw (behind a ReLU, say, or in the optimizer's state) stops here.
+      for (const nn::StateDict& state : {model_->state_dict(), optimizer_->state_dict()})
+        if (std::string bad = first_non_finite(state); !bad.empty())
+          throw NonFiniteError(detail::concat("step ", step_ + 1, ": non-finite values in ", bad,
+                                              "; not saving (the last checkpoint on disk is intact)"));
+      summary.checkpoint = save(step_ + 1);
+    }
   }
   summary.steps = step_;
 

@@ -12,7 +12,11 @@
 // The loss stays on the device and is read back only when logged, evaluated or checkpointed; a
 // non-finite loss or gradient norm found then stops the run (exit code 3) before anything is
 // saved, so the last checkpoint on disk is always a good one.
+// That check runs before the update, so the message can name where the NaN or inf came from: the
+// first non-finite parameter, activation (the step's forward pass is replayed layer by layer) or
+// gradient. Data is checked when it is loaded, and the state once more before each save.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -26,7 +30,8 @@
 
 namespace mt::train {
 
-// A NaN or inf loss or gradient norm: the run stops; `train` exits with code 3.
+// A NaN or inf in the data, the loss, a gradient or the state about to be saved: the run stops;
+// `train` exits with code 3.
 struct NonFiniteError : Error {
   using Error::Error;
 };
@@ -53,6 +58,14 @@ class Trainer {
   void resume(const std::string& path);
   RunSummary run();
 
+  // Calls `callback(step, *this)` in every step after the microbatches' backward passes, before
+  // the loss scaler, clipping and the update; `step` counts from 1, as the log does. For tests
+  // that inject faults (a NaN into a gradient or a parameter) and for measurements taken while a
+  // run goes on.
+  void set_step_callback(std::function<void(int64_t step, Trainer&)> callback) {
+    step_callback_ = std::move(callback);
+  }
+
   nn::Module& model() { return *model_; }
   optim::Optimizer& optimizer() { return *optimizer_; }
   const optim::LossScaler& loss_scaler() const { return scaler_; }
@@ -63,6 +76,7 @@ class Trainer {
     double loss, accuracy;
   };
   Eval evaluate(const data::Dataset& set, const std::vector<int64_t>& indices);
+  std::string find_non_finite(int64_t step);
   std::string save(int64_t step);
 
   Config cfg_;
@@ -76,6 +90,7 @@ class Trainer {
   optim::LossScaler scaler_;  // mode none unless compute_dtype is f16
   int64_t step_ = 0;
   bool resumed_ = false;
+  std::function<void(int64_t, Trainer&)> step_callback_;
 };
 
 }  // namespace mt::train
