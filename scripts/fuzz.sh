@@ -7,7 +7,7 @@
 #
 #   scripts/fuzz.sh [SECONDS]
 #
-# Without clang's libFuzzer runtime (scripts/setup.sh installs it when it can) it says so and
+# Without clang's libFuzzer runtime (`scripts/setup.sh --fuzz` installs it when it can) it says so and
 # skips, successfully: the fuzzers are an extra check, not a build requirement.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,7 +15,7 @@ seconds=${1:-60}
 build=${MT_FUZZ_BUILD_DIR:-build-fuzz}
 targets=(config safetensors data)
 
-bash scripts/setup.sh
+bash scripts/setup.sh --fuzz
 probe=$(mktemp -d)
 trap 'rm -rf "$probe"' EXIT
 echo 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }' \

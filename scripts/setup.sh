@@ -14,11 +14,13 @@ for tool in cmake:cmake g++:g++ make:make pkg-config:pkg-config ninja:ninja-buil
   command -v "${tool%%:*}" >/dev/null || missing+=("${tool#*:}")
 done
 
-# Optional, for scripts/fuzz.sh only: clang and its libFuzzer runtime. Whether they are there is
-# tested by linking a fuzzer, since distributions package the runtime differently (Ubuntu 22.04
-# has it in libclang-common-14-dev). If they cannot be installed, setup only warns and fuzz.sh
-# skips.
-optional=(clang libclang-rt-dev)
+# Optional, asked for by scripts/fuzz.sh only (`setup.sh --fuzz`): clang and its libFuzzer
+# runtime. Whether they are there is tested by linking a fuzzer, since distributions package the
+# runtime differently (Ubuntu 22.04 has it in libclang-common-14-dev). If they cannot be
+# installed, setup only warns and fuzz.sh skips. Plain builds never ask, so an offline machine
+# with everything else installed never touches apt.
+optional=()
+[[ ${1:-} == --fuzz ]] && optional=(clang libclang-rt-dev)
 have_libfuzzer() {
   local dir ok=1
   dir=$(mktemp -d)
@@ -28,7 +30,7 @@ have_libfuzzer() {
   rm -rf "$dir"
   ((ok))
 }
-command -v clang++ >/dev/null && have_libfuzzer && optional=()
+((${#optional[@]} > 0)) && command -v clang++ >/dev/null && have_libfuzzer && optional=()
 
 if ((${#missing[@]} + ${#optional[@]} == 0)); then
   echo "setup: all packages present"
