@@ -25,6 +25,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/expect_error.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/data.h"
@@ -196,16 +197,14 @@ TEST(NumericalFaults, NonFiniteDataIsRejectedWhenLoaded) {
 
   // A CSV file cannot even hold one: its reader names the file, line and column.
   std::ofstream(dir / "data.csv") << "0.5,1,0\n0.25,2,1\n1,nan,0\n2,3,1\n";
-  try {
-    train::Trainer t(fault_config(dir, {"data.kind=csv", "data.path=" + (dir / "data.csv"),
-                                        "model.input=2", "model.classes=2",
-                                        "optim.batch_size=2", "optim.microbatches=1"}),
-                     kCPU);
-    ADD_FAILURE() << "expected an error";
-  } catch (const Error& e) {
-    std::printf("Error: %s\n", e.what());
-    EXPECT_CONTAINS(e.what(), "data.csv:3:3: cell 2: expected a finite number, got 'nan'");
-  }
+  test::expect_error(
+      [&] {
+        train::Trainer t(fault_config(dir, {"data.kind=csv", "data.path=" + (dir / "data.csv"),
+                                            "model.input=2", "model.classes=2",
+                                            "optim.batch_size=2", "optim.microbatches=1"}),
+                         kCPU);
+      },
+      {"data.csv:3:3: cell 2: expected a finite number, got 'nan'"});
 }
 
 // Found while reviewing the data path under UndefinedBehaviorSanitizer: the class count was the
@@ -213,12 +212,8 @@ TEST(NumericalFaults, NonFiniteDataIsRejectedWhenLoaded) {
 TEST(BadData, CsvLabelAtInt64MaxIsAnErrorNotAnOverflow) {
   TempDir dir;
   std::ofstream(dir / "big.csv") << "0.5,9223372036854775807\n0.1,0\n0.2,1\n";
-  try {
-    data::load_csv(dir / "big.csv", -1, false);
-    ADD_FAILURE() << "expected an error";
-  } catch (const Error& e) {
-    EXPECT_CONTAINS(e.what(), "big.csv: label 9223372036854775807 is too large");
-  }
+  test::expect_error([&] { data::load_csv(dir / "big.csv", -1, false); },
+                     {"big.csv: label 9223372036854775807 is too large"});
 }
 
 // ---- crash safety -------------------------------------------------------------------------
