@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -90,6 +91,19 @@ optim::LossScalerOptions loss_scaler_options(const PrecisionConfig& p) {
 
 // The loss scaler's state travels in the optimizer file under this prefix.
 constexpr std::string_view kScalerPrefix = "loss_scaler.";
+
+// Rows whose largest logit is at the target (first on ties). Reads the logits back to the host:
+// called only at logged steps and in evaluation.
+int64_t count_correct(const Tensor& logits, const Tensor& targets) {
+  const std::vector<double> l = logits.detach().to_vector(), t = targets.to_vector();
+  const size_t C = size_t(logits.size(1));
+  int64_t correct = 0;
+  for (size_t r = 0; r < t.size(); ++r) {
+    const auto row = l.begin() + long(r * C);
+    correct += std::max_element(row, row + long(C)) - row == long(t[r]);
+  }
+  return correct;
+}
 
 bool is_terminal() { return ::isatty(::fileno(stdout)) == 1; }
 
@@ -207,14 +221,7 @@ Trainer::Eval Trainer::evaluate(const data::Dataset& set, const std::vector<int6
     auto [x, y] = set.gather(rows, device_);
     Tensor logits = (*model_)(x.to(cfg_.precision.compute_dtype));
     loss_sum += cross_entropy(logits, y, -100, 1.0).item();
-    std::vector<double> l = logits.to_vector(), t = y.to_vector();
-    const int64_t C = logits.size(1);
-    for (size_t r = 0; r < rows.size(); ++r) {
-      int64_t best = 0;
-      for (int64_t c = 1; c < C; ++c)
-        if (l[r * size_t(C) + size_t(c)] > l[r * size_t(C) + size_t(best)]) best = c;
-      correct += best == int64_t(t[r]);
-    }
+    correct += count_correct(logits, y);
   }
   model_->train();
   const double n = double(std::max<size_t>(indices.size(), 1));
@@ -258,17 +265,7 @@ RunSummary Trainer::run() {
       Tensor loss = cross_entropy(logits, mb.y, -100, double(o.batch_size));
       loss.backward(scaler_.seed_for(loss));  // f16: the gradients come out times the scale
       add_into(loss_sum, loss.detach().to(DType::f32));
-      if (log_now) {
-        NoGradGuard g;
-        std::vector<double> l = logits.to_vector(), t = mb.y.to_vector();
-        const int64_t C = logits.size(1);
-        for (size_t r = 0; r < t.size(); ++r) {
-          int64_t best = 0;
-          for (int64_t c = 1; c < C; ++c)
-            if (l[r * size_t(C) + size_t(c)] > l[r * size_t(C) + size_t(best)]) best = c;
-          correct += best == int64_t(t[r]);
-        }
-      }
+      if (log_now) correct += count_correct(logits, mb.y);
     }
     if (step_callback_) step_callback_(step_ + 1, *this);
     const double scale = scaler_.scale();
