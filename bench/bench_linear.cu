@@ -286,18 +286,21 @@ bool bench_adamw(cudaStream_t s) {
   randomize(v, total, 8, 0.f, 0.01f, s);
   randomize(scale, 1, 9, 0.5f, 0.5f, s);  // a grad scale of exactly 0.5
 
+  const float lr = 1e-3f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f;
+  const float bc1 = 1.f - b1, bc2 = 1.f - b2;  // step 1
+  float* hyper = device_alloc<float>(3);
+  const float hyper_host[3] = {lr, bc1, bc2};
+  mt::cuda::write_floats(hyper, hyper_host, 3, s);
   std::vector<mt::cuda::AdamWTensor> tensors;
   std::vector<const float*> grads;
   for (size_t i = 0; i < sizes.size(); ++i) {
     const int64_t o = offset[i];
-    tensors.push_back({p + o, g + o, m + o, v + o, lowp + o, sizes[i], i % 2 ? 0.f : 0.1f});
+    tensors.push_back({p + o, g + o, m + o, v + o, lowp + o, hyper, sizes[i], i % 2 ? 0.f : 0.1f});
     grads.push_back(g + o);
   }
-  const float lr = 1e-3f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f;
-  const float bc1 = 1.f - b1, bc2 = 1.f - b2;  // step 1
   auto step = [&] {
-    mt::cuda::adamw_step(tensors.data(), int(tensors.size()), lr, b1, b2, eps, bc1, bc2, scale,
-                         nullptr, mt::DType::bf16, s);
+    mt::cuda::adamw_step(tensors.data(), int(tensors.size()), b1, b2, eps, scale, nullptr,
+                         mt::DType::bf16, s);
   };
 
   // One step checked on the host, at the start, middle and end of a large and a small tensor.
@@ -349,7 +352,7 @@ bool bench_adamw(cudaStream_t s) {
   std::printf("adamw: %.3f ms per step for %.1fM params, %.0f%% of copy bandwidth\n", adamw_ms,
               n_params / 1e6, 100 * adamw_gbs / copy_gbs);
 
-  for (void* ptr : {(void*)p, (void*)g, (void*)m, (void*)v, (void*)lowp, (void*)scale, (void*)norm_sq})
+  for (void* ptr : {(void*)p, (void*)g, (void*)m, (void*)v, (void*)lowp, (void*)scale, (void*)norm_sq, (void*)hyper})
     MT_CUDA_CHECK(cudaFree(ptr));
   return ok;
 }

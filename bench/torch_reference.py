@@ -6,7 +6,8 @@ beside it on the same GPU.
 
 DIR is what `train_step --export DIR` wrote: <size>_init.safetensors (the initial weights under
 minitrain's state_dict names), <size>_batch.safetensors (x f32, y i64), <size>_losses.txt (the
-losses of minitrain's first 20 steps) and <size>_timing.json (minitrain's ms/step).
+losses of minitrain's first 20 steps) and <size>_timing.json (minitrain's ms/step, eager and as
+a CUDA graph).
 
 The model and dtype policy are minitrain's: fp32 parameters; the GEMMs in bf16 through
 torch.autocast; RMSNorm computed in fp32 (y = x * rsqrt(mean(x^2) + 1e-5) * weight) and returned
@@ -19,7 +20,8 @@ fused AdamW that decays only the >= 2-D weights.
 2. Time, with torch.cuda.Event around each step and the host waiting for it (as train_step does):
    eager; torch.compile(model) (default mode; its compile time is reported separately); and, for
    the small size, the whole eager step captured in one CUDA graph and replayed.
-3. Print the side-by-side table: ratio = torch ms / minitrain ms (> 1: minitrain is faster).
+3. Print the side-by-side table: ratio = ms / minitrain ms, against minitrain eager and against
+   minitrain's CUDA graph (> 1: minitrain is faster).
 """
 import argparse
 import json
@@ -194,12 +196,17 @@ def read_losses(path):
 
 
 def read_ours(path):
-    """minitrain's ms/step from train_step's timing file, or None if there is none."""
+    """minitrain's ms/step from train_step's timing file, eager and CUDA graph, or {} if there is
+    none."""
     if not os.path.isfile(path):
         print(f"torch_reference: {path} is missing: no minitrain time to compare with")
-        return None
+        return {}
     with open(path) as f:
-        return float(json.load(f)["ms_per_step"])
+        timing = json.load(f)
+    ours = {"minitrain eager": float(timing["ms_per_step"])}
+    if "ms_per_step_graph" in timing:
+        ours["minitrain CUDA graph"] = float(timing["ms_per_step_graph"])
+    return ours
 
 
 # ---- one size ----------------------------------------------------------------------------------
@@ -247,7 +254,7 @@ def run_size(name, directory):
     cfg = SIZES[name]
     base = os.path.join(directory, name)
     ours_losses = read_losses(base + "_losses.txt")
-    ours_ms = read_ours(base + "_timing.json")
+    ours = read_ours(base + "_timing.json")
     with torch.device("cuda"):
         model = make_model(cfg)
     init = load_init(model, base + "_init.safetensors")
@@ -298,18 +305,17 @@ def run_size(name, directory):
     if not math.isfinite(final):
         die(f"{name}: the loss after the timed steps is {final}")
 
-    print(f"\n== {name}: {samples} samples per step, median of {reps} steps, ratio = torch ms / "
+    print(f"\n== {name}: {samples} samples per step, median of {reps} steps; ratio = torch ms / "
           f"minitrain ms (> 1: minitrain is faster)")
-    print(f"   {'variant':<26} {'ms/step':>9} {'samples/s':>12} {'ratio':>7}  note")
-    if ours_ms is not None:
-        print(f"   {'minitrain':<26} {ours_ms:>9.3f} {samples / ours_ms * 1e3:>12.0f} {'1.00':>7}")
-    for variant, ms, note in rows:
-        ratio = f"{ms / ours_ms:.2f}" if ours_ms else "n/a"
-        print(f"   {variant:<26} {ms:>9.3f} {samples / ms * 1e3:>12.0f} {ratio:>7}  {note}")
+    names = list(ours)
+    print(f"   {'variant':<26} {'ms/step':>9} {'samples/s':>12}  " +
+          "  ".join(f"{'vs ' + n.split()[-1]:>9}" for n in names) + "  note")
+    for variant, ms, note in [(n, ours[n], "") for n in names] + rows:
+        ratios = "  ".join(f"{ms / ours[n]:>9.2f}" for n in names)
+        print(f"   {variant:<26} {ms:>9.3f} {samples / ms * 1e3:>12.0f}  {ratios}  {note}")
     for variant, ms, _ in rows:
-        ratio = f"{ms / ours_ms:.2f}x" if ours_ms else "n/a"
-        print(f"torch_reference {name}: {variant} {ms:.3f} ms/step, minitrain "
-              f"{f'{ours_ms:.3f}' if ours_ms else 'n/a'} ms/step, torch/minitrain {ratio}")
+        vs = ", ".join(f"{n} {ours[n]:.3f} ms/step (torch/minitrain {ms / ours[n]:.2f}x)" for n in names)
+        print(f"torch_reference {name}: {variant} {ms:.3f} ms/step; {vs or 'no minitrain time'}")
 
 
 def main():

@@ -29,6 +29,11 @@
 // framework stream, with the host waiting for the stop event before the next step begins. So each
 // time is one step started from an idle GPU, host launch overhead included; the loss is never read
 // inside it. Reported: the median ms/step, samples/s, and TFLOP/s counted as 6·params·samples.
+//
+// Each size is timed twice from the same initial weights: eager (every op launched from the host)
+// and as a CUDA graph (GraphStep below: one eager step, then the step recorded once and replayed;
+// AdamW's prepare_step() runs on the host before each replay). The graph's first 20 losses are
+// compared with the eager ones: the same kernels on the same data give the same bits.
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -39,6 +44,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -48,6 +54,7 @@
 
 #include "core/accumulate.h"
 #include "core/cuda/check.h"
+#include "core/cuda/graph.h"
 #include "core/cuda/runtime.h"
 #include "core/rng.h"
 #include "core/tensor.h"
@@ -198,14 +205,12 @@ Batch make_batch(const Size& s) {
   return {x, from_vector(labels, {n})};
 }
 
-// One optimizer step. Returns its loss (the mean over the batch) as a device scalar: nothing in
-// here reads a value back to the host.
-Tensor train_step(nn::Module& model, optim::AdamW& optimizer, const std::vector<Tensor>& params,
-                  const Batch& batch, int64_t microbatch) {
-  // Each microbatch's summed loss over the whole step's sample count: the k backward passes add
-  // up to the full batch's mean gradient.
+// Forward, loss and backward of the step's microbatches; their losses added into loss_sum. Each
+// microbatch's summed loss is divided by the whole step's sample count: the k backward passes add
+// up to the full batch's mean gradient.
+void microbatch_passes(nn::Module& model, const Batch& batch, int64_t microbatch,
+                       const Tensor& loss_sum) {
   const double normalizer = double(kMicrobatches * microbatch);
-  Tensor loss_sum = zeros({}, DType::f32, batch.x.device());
   for (int64_t k = 0; k < kMicrobatches; ++k) {
     const int64_t begin = k * microbatch, end = begin + microbatch;
     // The trainer casts its f32 batch to the compute dtype the same way, once per microbatch.
@@ -214,11 +219,52 @@ Tensor train_step(nn::Module& model, optim::AdamW& optimizer, const std::vector<
     loss.backward();
     add_into(loss_sum, loss.detach());
   }
+}
+
+// One eager optimizer step. Returns its loss (the mean over the batch) as a device scalar:
+// nothing in here reads a value back to the host. set_to_none = false keeps .grad allocated, as
+// the steps around a CUDA graph must.
+Tensor train_step(nn::Module& model, optim::AdamW& optimizer, const std::vector<Tensor>& params,
+                  const Batch& batch, int64_t microbatch, bool set_to_none = true) {
+  Tensor loss_sum = zeros({}, DType::f32, batch.x.device());
+  microbatch_passes(model, batch, microbatch, loss_sum);
   optim::clip_grad_norm_(params, kClipNorm);
   optimizer.step();
-  optimizer.zero_grad();
+  optimizer.zero_grad(set_to_none);
   return loss_sum;
 }
+
+// The same step recorded in a CUDA graph (core/cuda/graph.h), after one eager step that creates
+// the optimizer state and .grad. Each step() is AdamW's host half (the step's lr and bias
+// corrections, to the device) and one replay; loss() is the last replayed step's loss.
+class GraphStep {
+ public:
+  GraphStep(nn::Module& model, optim::AdamW& optimizer, const std::vector<Tensor>& params,
+            const Batch& batch, int64_t microbatch)
+      : optimizer_(optimizer),
+        first_loss_(train_step(model, optimizer, params, batch, microbatch, false)),
+        loss_(zeros({}, DType::f32, batch.x.device())),
+        graph_(cuda::Graph::capture(kDevice, [&] {
+          loss_.fill_(0.0);
+          microbatch_passes(model, batch, microbatch, loss_);
+          optim::clip_grad_norm_(params, kClipNorm);
+          optimizer.apply_step();
+          optimizer.zero_grad(/*set_to_none=*/false);
+        })) {}
+
+  const Tensor& first_loss() const { return first_loss_; }  // the eager first step's
+  void step() {
+    optimizer_.prepare_step();
+    graph_.replay();
+  }
+  const Tensor& loss() const { return loss_; }
+  size_t nodes() const { return graph_.num_nodes(); }
+
+ private:
+  optim::AdamW& optimizer_;
+  Tensor first_loss_, loss_;
+  cuda::Graph graph_;
+};
 
 // ---- export ------------------------------------------------------------------------------------
 
@@ -307,38 +353,58 @@ bool run_size(const Size& s, const std::string& export_dir, double gemm_tflops, 
               (long long)kMicrobatches, (long long)s.microbatch, (long long)samples, n_params);
   std::fflush(stdout);
 
+  // The first kLossSteps eager losses, from a host snapshot of the initial weights (clone()
+  // first: the state dict shares storage with the model, and to(kCPU) of a host tensor would not
+  // copy). Every timed run below starts again from the snapshot and a fresh optimizer.
+  nn::StateDict init;
+  for (const auto& [name, t] : model.state_dict()) init.emplace_back(name, t.clone().to(kCPU));
+  std::vector<double> eager_losses;
+  for (int i = 0; i < kLossSteps; ++i)
+    eager_losses.push_back(train_step(model, *optimizer, params, batch, s.microbatch).item());
+  const auto restart = [&] {
+    model.load_state_dict(init);
+    for (Tensor p : params) p.zero_grad();
+    optimizer = make_optimizer(model);
+  };
   if (!export_dir.empty()) {
     const std::string base = (std::filesystem::path(export_dir) / s.name).string();
-    // A host snapshot, to start the timed run from the same weights. clone() first: the state
-    // dict shares storage with the model, and to(kCPU) of a host tensor would not copy.
-    nn::StateDict init;
-    for (const auto& [name, t] : model.state_dict()) init.emplace_back(name, t.clone().to(kCPU));
     write_tensors(base + "_init.safetensors", init);
     write_tensors(base + "_batch.safetensors", {{"x", host_batch.x}, {"y", host_batch.y}});
-    std::vector<double> losses;
     std::string text;
-    for (int i = 0; i < kLossSteps; ++i) {
-      losses.push_back(train_step(model, *optimizer, params, batch, s.microbatch).item());
-      text += num("%.9g", losses.back()) + "\n";
-    }
+    for (double l : eager_losses) text += num("%.9g", l) + "\n";
     write_text(base + "_losses.txt", text);
     std::printf("   exported %s_{init,batch}.safetensors and the first %d losses (%.6f ... %.6f)\n",
-                base.c_str(), kLossSteps, losses.front(), losses.back());
-    model.load_state_dict(init);
-    optimizer = make_optimizer(model);
+                base.c_str(), kLossSteps, eager_losses.front(), eager_losses.back());
   }
 
+  // Eager: every step launched op by op from the host.
+  restart();
   Tensor last_loss;
   const std::vector<double> times = time_each(kWarmupSteps, s.timed_steps, [&] {
     last_loss = train_step(model, *optimizer, params, batch, s.microbatch);
   });
   const double loss = last_loss.item();  // after the timed region
-  const double ms = median(times);
-  const double min_ms = *std::min_element(times.begin(), times.end());
-  const double max_ms = *std::max_element(times.begin(), times.end());
+
+  // CUDA graph: the first kLossSteps steps (one eager, then replays) are checked against the eager
+  // losses above, bit for bit, and serve as the warm-up; then the timed replays.
+  restart();
+  GraphStep graph(model, *optimizer, params, batch, s.microbatch);
+  std::vector<double> graph_losses{graph.first_loss().item()};
+  while (graph_losses.size() < eager_losses.size()) {
+    graph.step();
+    graph_losses.push_back(graph.loss().item());
+  }
+  int same = 0;
+  double worst = 0;
+  for (size_t i = 0; i < eager_losses.size(); ++i) {
+    same += graph_losses[i] == eager_losses[i];
+    worst = std::max(worst, std::abs(graph_losses[i] - eager_losses[i]) / std::abs(eager_losses[i]));
+  }
+  const std::vector<double> graph_times = time_each(0, s.timed_steps, [&] { graph.step(); });
+  const double graph_loss = graph.loss().item();
+
+  const double ms = median(times), graph_ms = median(graph_times);
   const double flop_6ps = 6 * n_params * double(samples);
-  const double tflops = flop_6ps / (ms * 1e-3) / 1e12;
-  const double samples_per_s = double(samples) / (ms * 1e-3);
   const Work w = work_of(s, n_params, n_weights);
   const double gemm_ms = w.gemm_flop / (gemm_tflops * 1e12) * 1e3;
   const double bytes_ms = w.bytes / (copy_tb_s * 1e12) * 1e3;
@@ -346,30 +412,45 @@ bool run_size(const Size& s, const std::string& export_dir, double gemm_tflops, 
 
   std::printf("   per step: GEMMs %.4g GFLOP (6*params*samples %.4g GFLOP), memory-bound ops %.4g GB\n",
               w.gemm_flop / 1e9, flop_6ps / 1e9, w.bytes / 1e9);
-  std::printf("   %-34s %10s %12s %10s %10s\n", "", "ms/step", "samples/s", "TFLOP/s", "of cuBLAS");
-  std::printf("   %-34s %10.3f %12.0f %10.1f %9.1f%%\n",
-              num("ours, median of %.0f steps", double(s.timed_steps)).c_str(), ms, samples_per_s,
-              tflops, 100 * tflops / gemm_tflops);
-  std::printf("   %-34s %10.3f / %.3f\n", "  min / max", min_ms, max_ms);
+  std::printf("   CUDA graph: %zu nodes; its first %d losses vs eager: %d bitwise equal, max rel diff %.2g\n",
+              graph.nodes(), kLossSteps, same, worst);
+  std::printf("   %-34s %10s %12s %10s %10s %15s\n", "", "ms/step", "samples/s", "TFLOP/s",
+              "of cuBLAS", "min / max");
+  const auto row = [&](const char* name, const std::vector<double>& t) {
+    const double m = median(t), tflops = flop_6ps / (m * 1e-3) / 1e12;
+    std::printf("   %-34s %10.3f %12.0f %10.1f %9.1f%% %7.3f / %.3f\n",
+                num(name, double(s.timed_steps)).c_str(), m, double(samples) / (m * 1e-3), tflops,
+                100 * tflops / gemm_tflops, *std::min_element(t.begin(), t.end()),
+                *std::max_element(t.begin(), t.end()));
+  };
+  row("ours eager, median of %.0f steps", times);
+  row("ours CUDA graph, median of %.0f", graph_times);
   std::printf("   %-34s %10.3f   = GEMMs %.3f + memory-bound %.3f\n", "floor", floor_ms, gemm_ms,
               bytes_ms);
-  std::printf("train_step %s: %.3f ms/step, %.0f samples/s, %.1f TFLOP/s (6PS) = %.1f%% of cuBLAS "
-              "bf16 %.0f TFLOP/s; floor %.3f ms, ours %.2fx the floor; loss after %d steps %.6f\n",
-              s.name, ms, samples_per_s, tflops, 100 * tflops / gemm_tflops, gemm_tflops, floor_ms,
-              ms / floor_ms, kWarmupSteps + s.timed_steps, loss);
+  for (const auto& [mode, m, l] : {std::tuple{"eager", ms, loss}, std::tuple{"graph", graph_ms, graph_loss}}) {
+    const double tflops = flop_6ps / (m * 1e-3) / 1e12;
+    std::printf("train_step %s %s: %.3f ms/step, %.0f samples/s, %.1f TFLOP/s (6PS) = %.1f%% of "
+                "cuBLAS bf16 %.0f TFLOP/s; floor %.3f ms, ours %.2fx the floor; loss %.6f\n",
+                s.name, mode, m, double(samples) / (m * 1e-3), tflops, 100 * tflops / gemm_tflops,
+                gemm_tflops, floor_ms, m / floor_ms, l);
+  }
+  std::printf("train_step %s graph check: %d of %d losses bitwise equal to eager, max rel diff %.2g\n",
+              s.name, same, kLossSteps, worst);
   std::fflush(stdout);
 
   if (!export_dir.empty()) {
     const nlohmann::json timing = {
-        {"size", s.name},           {"ms_per_step", ms},           {"timed_steps", s.timed_steps},
-        {"samples_per_step", samples}, {"params", n_params},       {"tflops_6ps", tflops},
-        {"cublas_bf16_tflops", gemm_tflops}, {"copy_tb_per_s", copy_tb_s}, {"floor_ms", floor_ms}};
+        {"size", s.name},           {"ms_per_step", ms},           {"ms_per_step_graph", graph_ms},
+        {"timed_steps", s.timed_steps}, {"samples_per_step", samples}, {"params", n_params},
+        {"tflops_6ps", flop_6ps / (ms * 1e-3) / 1e12}, {"cublas_bf16_tflops", gemm_tflops},
+        {"copy_tb_per_s", copy_tb_s}, {"floor_ms", floor_ms}};
     write_text((std::filesystem::path(export_dir) / s.name).string() + "_timing.json",
                timing.dump(2) + "\n");
   }
 
-  if (!std::isfinite(loss)) {
-    std::fprintf(stderr, "train_step %s: the loss after the timed steps is %f\n", s.name, loss);
+  if (!std::isfinite(loss) || !std::isfinite(graph_loss)) {
+    std::fprintf(stderr, "train_step %s: the loss after the timed steps is %f (eager), %f (graph)\n",
+                 s.name, loss, graph_loss);
     return false;
   }
   return true;

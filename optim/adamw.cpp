@@ -1,13 +1,11 @@
 #include "optim/adamw.h"
 
 #include <cmath>
+#include <map>
 
 #include "core/autograd.h"
 #include "nn/module.h"
 #ifdef MT_WITH_CUDA
-#include <map>
-#include <tuple>
-
 #include "core/cuda/runtime.h"
 #include "optim/adamw_cuda.h"
 #endif
@@ -43,14 +41,18 @@ AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions options)
 }
 
 void AdamW::step() {
-  NoGradGuard no_grad;
+  prepare_step();
+  apply_step();
+}
+
+void AdamW::prepare_step() {
   const auto [b1, b2] = options_.betas;
+  pending_.clear();
+  size_t index = 0, num_params = 0;
+  for (const ParamGroup& group : groups_) num_params += group.params.size();
 #ifdef MT_WITH_CUDA
-  // CUDA parameters are gathered per (device, lr, step, compute-copy dtype), the values one launch
-  // shares; with set_lr and every parameter updated each step that is a single launch.
-  std::map<std::tuple<int, double, int64_t, DType>, std::vector<cuda::AdamWTensor>> launches;
+  std::map<int, std::vector<float>> hyper;  // per device, indexed like hyper_
 #endif
-  size_t index = 0;
   for (const ParamGroup& group : groups_) {
     for (const Tensor& p : group.params) {
       const size_t i = index++;
@@ -60,35 +62,68 @@ void AdamW::step() {
                i, " and its .grad must be contiguous and of one dtype, got ", dtype_name(p.dtype()),
                " and ", dtype_name(g.dtype()));
       const int64_t t = ++state(i).step;
-      const Tensor m = buffer(i, "exp_avg", p, p.dtype());
-      const Tensor v = buffer(i, "exp_avg_sq", p, p.dtype());
-      const double lr = *group.lr, wd = *group.weight_decay;
-      if (p.device().is_cpu()) {
-        auto update = p.dtype() == DType::f64 ? adamw_cpu<double> : adamw_cpu<float>;
-        update(p, g, m, v, lr, wd, b1, b2, options_.eps, 1 - std::pow(b1, t), 1 - std::pow(b2, t));
-        nn::refresh_compute_copies({p});
-      } else {
+      pending_.push_back({i, p, *group.lr, *group.weight_decay, 1 - std::pow(b1, double(t)),
+                          1 - std::pow(b2, double(t))});
 #ifdef MT_WITH_CUDA
+      if (p.device().is_cuda()) {
         MT_CHECK(p.dtype() == DType::f32, "AdamW: CUDA parameters must be f32, got ", dtype_name(p.dtype()));
-        const Tensor lowp = p.compute_copy();
-        const DType lowp_dt = lowp.defined() ? lowp.dtype() : DType::f32;
-        launches[{p.device().index, lr, t, lowp_dt}].push_back(
-            {p.data<float>(), g.data<float>(), m.data<float>(), v.data<float>(),
-             lowp.defined() ? lowp.data_ptr() : nullptr, p.numel(), float(wd)});
-#endif
+        std::vector<float>& h = hyper[p.device().index];
+        h.resize(3 * num_params);
+        const Pending& u = pending_.back();
+        h[3 * i] = float(u.lr), h[3 * i + 1] = float(u.bc1), h[3 * i + 2] = float(u.bc2);
       }
-      p.bump_version();
+#endif
     }
   }
 #ifdef MT_WITH_CUDA
-  for (const auto& [key, tensors] : launches) {
-    const auto& [device, lr, t, lowp_dt] = key;
-    cuda::adamw_step(tensors.data(), int(tensors.size()), float(lr), float(b1), float(b2),
-                     float(options_.eps), float(1 - std::pow(b1, t)), float(1 - std::pow(b2, t)),
-                     /*grad_scale=*/nullptr, /*skip_step=*/nullptr, lowp_dt, cuda::stream(device));
+  for (const auto& [device, values] : hyper) {
+    Tensor& buf = hyper_[device];
+    if (!buf.defined() || buf.numel() != int64_t(values.size()))
+      buf = zeros({int64_t(values.size())}, DType::f32, cuda_device(device));
+    cuda::write_floats(buf.data<float>(), values.data(), int(values.size()), cuda::stream(device));
   }
 #endif
   ++steps_;
+}
+
+void AdamW::apply_step() {
+  NoGradGuard no_grad;
+  const auto [b1, b2] = options_.betas;
+#ifdef MT_WITH_CUDA
+  // One launch per (device, compute-copy dtype).
+  std::map<std::pair<int, DType>, std::vector<cuda::AdamWTensor>> launches;
+#endif
+  for (const Pending& u : pending_) {
+    const Tensor& p = u.param;
+    const Tensor g = p.grad();
+    MT_CHECK(g.defined(), "AdamW: parameter ", u.index, " lost its .grad between prepare_step and "
+             "apply_step");
+    const Tensor m = buffer(u.index, "exp_avg", p, p.dtype());
+    const Tensor v = buffer(u.index, "exp_avg_sq", p, p.dtype());
+    if (p.device().is_cpu()) {
+      auto update = p.dtype() == DType::f64 ? adamw_cpu<double> : adamw_cpu<float>;
+      update(p, g, m, v, u.lr, u.weight_decay, b1, b2, options_.eps, u.bc1, u.bc2);
+      nn::refresh_compute_copies({p});
+    } else {
+#ifdef MT_WITH_CUDA
+      const Tensor lowp = p.compute_copy();
+      const DType lowp_dt = lowp.defined() ? lowp.dtype() : DType::f32;
+      launches[{p.device().index, lowp_dt}].push_back(
+          {p.data<float>(), g.data<float>(), m.data<float>(), v.data<float>(),
+           lowp.defined() ? lowp.data_ptr() : nullptr,
+           hyper_.at(p.device().index).data<float>() + 3 * u.index, p.numel(),
+           float(u.weight_decay)});
+#endif
+    }
+    p.bump_version();
+  }
+#ifdef MT_WITH_CUDA
+  for (const auto& [key, tensors] : launches) {
+    const auto& [device, lowp_dt] = key;
+    cuda::adamw_step(tensors.data(), int(tensors.size()), float(b1), float(b2), float(options_.eps),
+                     /*grad_scale=*/nullptr, /*skip_step=*/nullptr, lowp_dt, cuda::stream(device));
+  }
+#endif
 }
 
 }  // namespace mt::optim

@@ -55,9 +55,20 @@ struct NormBatch {
 // Parameter space is 32764 bytes; keep room for the other arguments.
 static_assert(sizeof(AdamWBatch) <= 30000 && sizeof(NormBatch) <= 30000, "kernel parameters too large");
 
+struct Betas {
+  float b1, b2, eps;
+};
+
+// The step's learning rate and bias corrections, read from the device once per block.
 struct Hyper {
   float lr, b1, b2, eps, bc1, bc2;
 };
+
+constexpr int kFloatsPerWrite = 4096;
+struct Floats {
+  float v[kFloatsPerWrite];
+};
+static_assert(sizeof(Floats) <= 30000, "kernel parameters too large");
 
 // The tensor whose chunks contain block b: the last i with first_block[i] <= b (every tensor in
 // a batch has at least one chunk, so first_block is strictly increasing).
@@ -89,11 +100,12 @@ __device__ __forceinline__ void adamw_update(float& p, float g, float& m, float&
 
 template <class Low>
 __global__ void __launch_bounds__(kThreads)
-    adamw_kernel(const __grid_constant__ AdamWBatch batch, const Hyper h, const float* grad_scale,
+    adamw_kernel(const __grid_constant__ AdamWBatch batch, const Betas betas, const float* grad_scale,
                  const int* skip_step) {
   if (skip_step != nullptr && *skip_step != 0) return;
   const int ti = find_tensor(batch.first_block, batch.num, blockIdx.x);
   const AdamWTensor& t = batch.t[ti];
+  const Hyper h{t.hyper[0], betas.b1, betas.b2, betas.eps, t.hyper[1], t.hyper[2]};
   const int64_t begin = int64_t(blockIdx.x - batch.first_block[ti]) * kChunk;
   const int64_t end = begin + kChunk < t.n ? begin + kChunk : t.n;
   const float gs = grad_scale != nullptr ? *grad_scale : 1.f;
@@ -200,36 +212,39 @@ int add_blocks(int blocks, int64_t n, const char* op) {
 }
 
 template <class Low>
-void launch_adamw(const AdamWBatch& batch, int blocks, const Hyper& h, const float* grad_scale,
+void launch_adamw(const AdamWBatch& batch, int blocks, const Betas& betas, const float* grad_scale,
                   const int* skip_step, cudaStream_t s) {
-  adamw_kernel<Low><<<unsigned(blocks), kThreads, 0, s>>>(batch, h, grad_scale, skip_step);
+  adamw_kernel<Low><<<unsigned(blocks), kThreads, 0, s>>>(batch, betas, grad_scale, skip_step);
   MT_CUDA_CHECK_LAUNCH();
+}
+
+__global__ void write_floats_kernel(float* dst, const __grid_constant__ Floats src, int n) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src.v[i];
 }
 
 }  // namespace
 
-void adamw_step(const AdamWTensor* tensors_host, int num_tensors, float lr, float b1, float b2,
-                float eps, float bc1, float bc2, const float* grad_scale, const int* skip_step,
-                DType lowp_dt, cudaStream_t s) {
+void adamw_step(const AdamWTensor* tensors_host, int num_tensors, float b1, float b2, float eps,
+                const float* grad_scale, const int* skip_step, DType lowp_dt, cudaStream_t s) {
   bool any_lowp = false;
   for (int i = 0; i < num_tensors; ++i) any_lowp |= tensors_host[i].lowp != nullptr;
   MT_CHECK(!any_lowp || lowp_dt == DType::bf16 || lowp_dt == DType::f16,
            "adamw_step: the low-precision copy must be bf16 or f16, got ", dtype_name(lowp_dt));
-  const Hyper h{lr, b1, b2, eps, bc1, bc2};
+  const Betas betas{b1, b2, eps};
   AdamWBatch batch;  // copied into the launch: reusable as soon as the <<<>>> returns
   batch.num = 0;
   int blocks = 0;
   auto flush = [&] {
     if (batch.num == 0) return;
-    if (lowp_dt == DType::f16) launch_adamw<__half>(batch, blocks, h, grad_scale, skip_step, s);
-    else launch_adamw<__nv_bfloat16>(batch, blocks, h, grad_scale, skip_step, s);
+    if (lowp_dt == DType::f16) launch_adamw<__half>(batch, blocks, betas, grad_scale, skip_step, s);
+    else launch_adamw<__nv_bfloat16>(batch, blocks, betas, grad_scale, skip_step, s);
     batch.num = 0;
     blocks = 0;
   };
   for (int i = 0; i < num_tensors; ++i) {
     const AdamWTensor& t = tensors_host[i];
     if (t.n == 0) continue;
-    MT_CHECK(t.n > 0 && t.param && t.grad && t.m && t.v, "adamw_step: tensor ", i,
+    MT_CHECK(t.n > 0 && t.param && t.grad && t.m && t.v && t.hyper, "adamw_step: tensor ", i,
              " has a null pointer or a negative size (n = ", t.n, ")");
     batch.t[batch.num] = t;
     batch.first_block[batch.num] = blocks;
@@ -237,6 +252,16 @@ void adamw_step(const AdamWTensor* tensors_host, int num_tensors, float lr, floa
     if (++batch.num == kMaxTensors) flush();
   }
   flush();
+}
+
+void write_floats(float* dst, const float* src_host, int n, cudaStream_t s) {
+  for (int begin = 0; begin < n; begin += kFloatsPerWrite) {
+    const int count = n - begin < kFloatsPerWrite ? n - begin : kFloatsPerWrite;
+    Floats chunk;
+    for (int i = 0; i < count; ++i) chunk.v[i] = src_host[begin + i];
+    write_floats_kernel<<<1, 256, 0, s>>>(dst + begin, chunk, count);
+    MT_CUDA_CHECK_LAUNCH();
+  }
 }
 
 void grad_norm_sq(const float* const* grads_host, const int64_t* sizes, int num, float* out_sq,

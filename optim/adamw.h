@@ -9,8 +9,14 @@
 //
 // State per parameter: exp_avg (m) and exp_avg_sq (v), fp32 (f64 for f64 parameters).
 // On the CPU this is a plain loop per parameter. On CUDA every parameter is updated by ONE fused
-// launch (optim/adamw_cuda.h), which also rewrites each bf16/f16 compute copy in the same pass;
-// parameters whose lr or step count differ (rare) go in separate launches.
+// launch (optim/adamw_cuda.h), which also rewrites each bf16/f16 compute copy in the same pass
+// (parameters with and without such a copy go in two launches).
+//
+// Capturable: the host keeps the step counts (they are what a checkpoint saves) and computes
+// lr, 1 − β1^t and 1 − β2^t in double; prepare_step() writes them, three floats per parameter, to
+// a device buffer allocated once, and the kernel reads them there. So apply_step() launches the
+// same kernels with the same arguments every step, which is what a CUDA graph needs to replay it.
+#include <map>
 #include <utility>
 #include <vector>
 
@@ -31,9 +37,20 @@ class AdamW : public Optimizer {
   AdamW(const std::vector<Tensor>& params, AdamWOptions options)
       : AdamW(std::vector<ParamGroup>{{params, std::nullopt, std::nullopt}}, options) {}
   void step() override;
+  bool capturable() const override { return true; }
+  void prepare_step() override;
+  void apply_step() override;
 
  private:
+  // One parameter's update as prepare_step() decided it.
+  struct Pending {
+    size_t index;   // across groups
+    Tensor param;
+    double lr, weight_decay, bc1, bc2;
+  };
   AdamWOptions options_;
+  std::vector<Pending> pending_;
+  std::map<int, Tensor> hyper_;  // per CUDA device: f32 [3 · parameters], {lr, bc1, bc2} each
 };
 
 }  // namespace mt::optim

@@ -4,9 +4,10 @@
 // One launch updates every parameter (a multi-tensor kernel, as in apex's multi_tensor_apply):
 // per-parameter launches would cost more in launch latency than the update itself for the many
 // small tensors of a model. All state is fp32: param (the master weight), m, v; the grad is the
-// fp32 .grad. Values produced on the device (the gradient scale that carries clipping and
-// 1/loss_scale, the skip flag) are read through device pointers, so a step never waits for the
-// host and can be captured in a CUDA graph.
+// fp32 .grad. Everything that changes from step to step is read through device pointers: the
+// learning rate and bias corrections (written by the host before the step with write_floats, one
+// launch), the gradient scale that carries clipping and 1/loss_scale, the skip flag. So a step
+// never waits for the host, and a CUDA graph that recorded it once replays any later step.
 #include <cstdint>
 
 #include <cuda_runtime.h>
@@ -21,6 +22,7 @@ struct AdamWTensor {
   float* m;            // fp32 first moment
   float* v;            // fp32 second moment
   void* lowp;          // nullable: the compute-dtype copy of param, rewritten in the same pass
+  const float* hyper;  // device {lr, bc1, bc2} of this tensor's step
   int64_t n;           // elements
   float weight_decay;  // decoupled decay for this tensor (0 for biases and norms, if so chosen)
 };
@@ -31,12 +33,17 @@ struct AdamWTensor {
 //   p = p * (1 - lr * weight_decay)                (decoupled decay, as torch.optim.AdamW)
 //   p = p - lr * (m / bc1) / (sqrt(v / bc2) + eps)
 //   lowp = p rounded to lowp_dt (bf16 or f16), where lowp is given
-// bc1 = 1 - b1^step and bc2 = 1 - b2^step come from the host. If skip_step (device int, nullable)
-// is nonzero the step does nothing (an f16 loss-scale overflow). tensors_host is a host array;
-// tensors with grad == nullptr must not be in it. Pass lowp_dt = f32 when no tensor has lowp.
-void adamw_step(const AdamWTensor* tensors_host, int num_tensors, float lr, float b1, float b2,
-                float eps, float bc1, float bc2, const float* grad_scale, const int* skip_step,
-                DType lowp_dt, cudaStream_t s);
+// lr, bc1 = 1 - b1^step and bc2 = 1 - b2^step are read from each tensor's `hyper` (computed on the
+// host in double, rounded once). If skip_step (device int, nullable) is nonzero the step does
+// nothing (an f16 loss-scale overflow). tensors_host is a host array; tensors with
+// grad == nullptr must not be in it. Pass lowp_dt = f32 when no tensor has lowp.
+void adamw_step(const AdamWTensor* tensors_host, int num_tensors, float b1, float b2, float eps,
+                const float* grad_scale, const int* skip_step, DType lowp_dt, cudaStream_t s);
+
+// dst[0, n) ('=') = src_host[0, n): the values travel as kernel parameters (up to 4096 floats a
+// launch), so the host buffer is free when this returns, nothing waits, and, recorded outside a
+// CUDA graph, it refreshes what a replay reads.
+void write_floats(float* dst, const float* src_host, int n, cudaStream_t s);
 
 // *out_sq ('=') = sum over all tensors of sum g^2, in fp32, in a fixed order (per-block partials,
 // then one block adds them in index order): two launches, the same bits on every run.

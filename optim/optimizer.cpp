@@ -33,6 +33,13 @@ void Optimizer::zero_grad(bool set_to_none) {
     for (Tensor& p : g.params) p.zero_grad(set_to_none);
 }
 
+[[noreturn]] static void not_capturable(const char* call) {
+  MT_THROW("optimizer: ", call, ": this optimizer keeps its per-step values on the host and has no "
+           "prepare_step/apply_step split (a CUDA graph needs a capturable one: AdamW)");
+}
+void Optimizer::prepare_step() { not_capturable("prepare_step"); }
+void Optimizer::apply_step() { not_capturable("apply_step"); }
+
 void Optimizer::set_lr(double lr) {
   MT_CHECK(lr >= 0, "optimizer: set_lr(", lr, "): the learning rate must be >= 0");
   for (ParamGroup& g : groups_) g.lr = lr;

@@ -36,6 +36,15 @@ class Optimizer {
   virtual ~Optimizer() = default;
 
   virtual void step() = 0;
+
+  // The two halves of step(), for a step recorded in a CUDA graph (core/cuda/graph.h):
+  // prepare_step() is the host's part (step counts, this step's learning rate and bias
+  // corrections, handed to the device); apply_step() only launches the update, which reads them
+  // there. A graph records apply_step() once; before every replay, prepare_step() runs alone.
+  // step() == prepare_step() + apply_step(). Only an optimizer that is capturable() has them.
+  virtual bool capturable() const { return false; }
+  virtual void prepare_step();
+  virtual void apply_step();
   // Every parameter's .grad set to none (the default) or filled with zeros.
   void zero_grad(bool set_to_none = true);
   // Sets the learning rate of every group (what an LR schedule calls before each step).

@@ -60,6 +60,7 @@ mkdir -p "$build/runs"
 train f32 precision.compute_dtype=f32
 train bf16 precision.compute_dtype=bf16
 train bf16-again precision.compute_dtype=bf16
+train bf16-graph precision.compute_dtype=bf16 cuda_graph=true
 train f16 precision.compute_dtype=f16
 train f16-overflow precision.compute_dtype=f16 precision.initial_scale=1099511627776
 cp "$build/runs/train-f16-overflow.log" "$logs/"
@@ -77,6 +78,9 @@ r = [json.loads(l) for l in open(sys.argv[1]) if "pool_bytes" in l]
 print(", ".join("%d: %d" % (x["step"], x["pool_bytes"]) for x in r))' "$build/runs/long-f32/metrics.jsonl" 2>&1)"
 note "  two deterministic bf16 runs, final weights: $(python3 scripts/same_weights.py \
   "$build/runs/bf16/step-000300.safetensors" "$build/runs/bf16-again/step-000300.safetensors" 2>&1)"
+note "  bf16 eager vs bf16 cuda_graph, final weights: $(python3 scripts/same_weights.py \
+  "$build/runs/bf16/step-000300.safetensors" "$build/runs/bf16-graph/step-000300.safetensors" 2>&1)"
+note "  $(grep -m1 -o 'cuda_graph: .*' "$build/runs/train-bf16-graph.log")"
 
 # Last, as it takes longest: the whole train step beside PyTorch.
 if [[ -x $build/train_step ]]; then

@@ -25,6 +25,7 @@
 #include "optim/adamw.h"
 #include "optim/loss_scaler.h"
 #include "tests/expect_error.h"
+#include "tests/log_capture.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/trainer.h"
@@ -88,19 +89,6 @@ Config f16_config(const TempDir& dir, int64_t steps = 24) {
                           "precision.compute_dtype=f16", "precision.initial_scale=1073741824",
                           "precision.growth_interval=5", "device=cpu"});
 }
-
-// Captures what the trainer logs while it is alive.
-struct LogCapture {
-  std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> sink =
-      std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(1024);
-  LogCapture() { spdlog::default_logger()->sinks().push_back(sink); }
-  ~LogCapture() { spdlog::default_logger()->sinks().pop_back(); }
-  bool contains(const std::string& text) const {
-    for (const std::string& line : sink->last_formatted())
-      if (line.find(text) != std::string::npos) return true;
-    return false;
-  }
-};
 
 }  // namespace
 

@@ -163,6 +163,34 @@ TEST(AdamW, HandComputedFirstStep) {
   EXPECT_EQ(opt.steps_taken(), 1);
 }
 
+// The halves a CUDA graph needs (core/cuda/graph.h): prepare_step() on the host, apply_step()
+// the update; together they are step(), bit for bit.
+TEST(AdamW, PrepareThenApplyIsStep) {
+  std::vector<Tensor> a = two_params(DType::f32), b = two_params(DType::f32);
+  optim::AdamW opt_a(a, {.lr = 0.01, .weight_decay = 0.1}), opt_b(b, {.lr = 0.01, .weight_decay = 0.1});
+  for (int step = 0; step < 3; ++step) {
+    for (size_t i = 0; i < a.size(); ++i) {
+      const Tensor g = randn(a[i].shape());
+      a[i].set_grad(g.clone());
+      b[i].set_grad(g.clone());
+    }
+    opt_a.step();
+    opt_b.prepare_step();
+    opt_b.apply_step();
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i].to_vector(), b[i].to_vector()) << step;
+  }
+  EXPECT_EQ(opt_b.steps_taken(), 3);
+  EXPECT_EQ(opt_a.state_dict().size(), opt_b.state_dict().size());
+  EXPECT_TRUE(opt_b.capturable());
+}
+
+TEST(Optimizer, SgdHasNoCapturableHalves) {
+  std::vector<Tensor> params = two_params(DType::f32);
+  optim::SGD sgd(params, {.lr = 0.1});
+  EXPECT_FALSE(sgd.capturable());
+  expect_error([&] { sgd.prepare_step(); }, {"prepare_step", "AdamW"});
+}
+
 // ---- groups, decay, skipping ----------------------------------------------------------------
 
 TEST(Optimizer, DecayGroupsSpareBiasesNormWeightsAndScalarGates) {

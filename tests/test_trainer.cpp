@@ -1,4 +1,4 @@
-// The trainer on the CPU: the loader, microbatches = one batch through whole training runs,
+// The trainer on the CPU (and, where a GPU is present, its CUDA-graph mode): the loader, microbatches = one batch through whole training runs,
 // bitwise resume, checkpoint corruption, the CLI's exit codes, and the default config's accuracy.
 #include <gtest/gtest.h>
 
@@ -14,6 +14,7 @@
 #include "train/data.h"
 #include "train/metrics.h"
 #include "train/trainer.h"
+#include "tests/log_capture.h"
 
 using namespace mt;
 namespace fs = std::filesystem;
@@ -233,4 +234,65 @@ TEST(TrainerCurve, SvgDrawsEverySeriesAndSkipsWhatItCannotShow) {
   for (size_t at = svg.find("<circle"); at != std::string::npos; at = svg.find("<circle", at + 1))
     ++dots;
   EXPECT_EQ(dots, 3u + 4u);  // and 3 + 1 accuracy dots
+}
+
+// ---- cuda_graph -----------------------------------------------------------------------------
+
+TEST(TrainerCudaGraph, OnTheCpuItWarnsAndRunsEagerly) {
+  TempDir dir;
+  Config cfg = small_config(dir);
+  train::Trainer eager(cfg, kCPU);
+  const train::RunSummary a = eager.run();
+  TempDir dir2;
+  cfg = small_config(dir2);
+  cfg.cuda_graph = true;
+  LogCapture log;
+  train::Trainer graph(cfg, kCPU);
+  const train::RunSummary b = graph.run();
+  EXPECT_TRUE(log.contains("cuda_graph: the device is cpu"));
+  EXPECT_EQ(params_of(eager), params_of(graph));
+  EXPECT_EQ(a.train_loss, b.train_loss);
+}
+
+// The graph replays steps that are not logged or saved; logged and saved steps run eagerly in
+// between. Same kernels, same data, so the run must end bit for bit where the eager run ends.
+TEST(CudaTrainerGraph, GraphRunEqualsTheEagerRunBitForBit) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device: CUDA tests skipped";
+  for (DType dt : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    TempDir d1, d2;
+    Config cfg = small_config(d1, dt, /*k=*/3);
+    cfg.device = "cuda";
+    train::Trainer eager(cfg, cuda_device(0));
+    const train::RunSummary a = eager.run();
+    cfg = small_config(d2, dt, 3);
+    cfg.device = "cuda";
+    cfg.cuda_graph = true;
+    LogCapture log;
+    train::Trainer graph(cfg, cuda_device(0));
+    const train::RunSummary b = graph.run();
+    EXPECT_TRUE(log.contains("cuda_graph: step 2 captured")) << "the step was not captured";
+    EXPECT_EQ(params_of(eager), params_of(graph));
+    EXPECT_EQ(a.train_loss, b.train_loss);
+    EXPECT_EQ(a.val_loss, b.val_loss);
+    EXPECT_EQ(eager.optimizer().steps_taken(), graph.optimizer().steps_taken());
+    const auto sa = eager.optimizer().state_dict(), sb = graph.optimizer().state_dict();
+    ASSERT_EQ(sa.size(), sb.size());
+    for (size_t i = 0; i < sa.size(); ++i) EXPECT_EQ(sa[i].second.to_vector(), sb[i].second.to_vector()) << sa[i].first;
+  }
+}
+
+TEST(CudaTrainerGraph, AnOptimizerThatIsNotCapturableRunsEagerlyWithAWarning) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device: CUDA tests skipped";
+  TempDir dir;
+  Config cfg = small_config(dir);
+  cfg.device = "cuda";
+  cfg.optim.name = "sgd";
+  cfg.cuda_graph = true;
+  LogCapture log;
+  train::Trainer t(cfg, cuda_device(0));
+  const train::RunSummary s = t.run();
+  EXPECT_TRUE(log.contains("optimizer sgd keeps its per-step values on the host"));
+  EXPECT_FALSE(log.contains("captured"));
+  EXPECT_TRUE(std::isfinite(s.train_loss));
 }

@@ -22,10 +22,20 @@
 #include "train/checkpoint.h"
 #include "train/metrics.h"
 #ifdef MT_WITH_CUDA
+#include "core/cuda/graph.h"
 #include "core/cuda/runtime.h"
 #endif
 
 namespace mt::train {
+
+#ifdef MT_WITH_CUDA
+struct Trainer::StepGraph {
+  std::vector<data::Loader::Microbatch> inputs;  // each step's batch is copied into these
+  cuda::Graph graph;
+};
+#else
+struct Trainer::StepGraph {};
+#endif
 
 Device resolve_device(const std::string& spec) {
   if (spec == "auto") return cuda_available() ? cuda_device(0) : kCPU;
@@ -228,6 +238,67 @@ Trainer::Eval Trainer::evaluate(const data::Dataset& set, const std::vector<int6
   return {loss_sum / n, double(correct) / n};
 }
 
+void Trainer::microbatch_passes(const std::vector<data::Loader::Microbatch>& batches,
+                                const Tensor& loss_sum, int64_t* correct) {
+  for (const auto& mb : batches) {
+    Tensor logits = (*model_)(mb.x.to(cfg_.precision.compute_dtype));
+    // Normalized by the whole step's sample count: k backward passes add up to the full batch.
+    Tensor loss = cross_entropy(logits, mb.y, -100, double(cfg_.optim.batch_size));
+    loss.backward(scaler_.seed_for(loss));  // f16: the gradients come out times the scale
+    add_into(loss_sum, loss.detach().to(DType::f32));
+    if (correct != nullptr) *correct += count_correct(logits, mb.y);
+  }
+}
+
+std::string Trainer::graph_blocker() const {
+  if (!device_.is_cuda()) return "the device is " + device_.str() + ", and CUDA graphs need a GPU";
+  if (!optimizer_->capturable())
+    return "optimizer " + cfg_.optim.name + " keeps its per-step values on the host (adamw does not)";
+  if (scaler_.enabled()) return "f16 loss scaling decides on the host whether each step is applied";
+  if (step_callback_) return "a step callback is set, and it runs between the backward and the update";
+  return "";
+}
+
+bool Trainer::capture_step(const Tensor& loss_sum, const Tensor& grad_norm) {
+#ifdef MT_WITH_CUDA
+  const std::vector<Tensor> params = model_->parameters();
+  const double max_norm = cfg_.optim.clip_norm > 0 ? cfg_.optim.clip_norm : INFINITY;
+  std::vector<data::Loader::Microbatch> inputs = loader_->step_batches(step_, device_);
+  try {
+    // apply_step() records the update prepare_step() laid out in the previous (eager) step: the
+    // same parameters, state and device scalars, which is all a replay needs.
+    cuda::Graph graph = cuda::Graph::capture(device_.index, [&] {
+      microbatch_passes(inputs, loss_sum, nullptr);
+      grad_norm.copy_(optim::clip_grad_norm_(params, max_norm));
+      optimizer_->apply_step();
+      optimizer_->zero_grad(/*set_to_none=*/false);
+    });
+    spdlog::info("cuda_graph: step {} captured ({} nodes); replayed on every step not logged or saved",
+                 step_ + 1, graph.num_nodes());
+    graph_ = std::make_unique<StepGraph>(StepGraph{std::move(inputs), std::move(graph)});
+    return true;
+  } catch (const Error& e) {
+    spdlog::warn("cuda_graph: {}; every step runs eagerly", e.what());
+    return false;
+  }
+#else
+  (void)loss_sum, (void)grad_norm;
+  return false;
+#endif
+}
+
+void Trainer::replay_step() {
+#ifdef MT_WITH_CUDA
+  const auto batches = loader_->step_batches(step_, device_);
+  for (size_t i = 0; i < batches.size(); ++i) {
+    graph_->inputs[i].x.copy_(batches[i].x);
+    graph_->inputs[i].y.copy_(batches[i].y);
+  }
+  optimizer_->prepare_step();  // this step's lr and bias corrections, to the device
+  graph_->graph.replay();
+#endif
+}
+
 RunSummary Trainer::run() {
   const OptimConfig& o = cfg_.optim;
   const DType dt = cfg_.precision.compute_dtype;
@@ -250,7 +321,15 @@ RunSummary Trainer::run() {
   int64_t last_check = step_;  // the last step whose loss and gradient norm were read and finite
   Tensor loss_sum = zeros({}, DType::f32, device_);
   // The norm of the last step that was applied: a skipped step has none of its own.
-  Tensor grad_norm = zeros({}, DType::f32, device_);
+  Tensor grad_norm = zeros({}, dt == DType::f64 ? DType::f64 : DType::f32, device_);
+  bool use_graph = cfg_.cuda_graph;
+  if (use_graph) {
+    if (std::string why = graph_blocker(); !why.empty()) {
+      spdlog::warn("cuda_graph: {}; every step runs eagerly", why);
+      use_graph = false;
+    }
+  }
+  bool warmed_up = false;  // an eager step of this run has created the state a capture records
   for (; step_ < o.steps; ++step_) {
     const bool log_now = (step_ + 1) % cfg_.logging.every == 0 || step_ + 1 == o.steps;
     const bool eval_now = (step_ + 1) % cfg_.eval.every == 0 || step_ + 1 == o.steps;
@@ -259,44 +338,48 @@ RunSummary Trainer::run() {
     optimizer_->set_lr(lr);
 
     int64_t correct = 0;
-    for (const auto& mb : loader_->step_batches(step_, device_)) {
-      Tensor logits = (*model_)(mb.x.to(dt));
-      // Normalized by the whole step's sample count: k backward passes add up to the full batch.
-      Tensor loss = cross_entropy(logits, mb.y, -100, double(o.batch_size));
-      loss.backward(scaler_.seed_for(loss));  // f16: the gradients come out times the scale
-      add_into(loss_sum, loss.detach().to(DType::f32));
-      if (log_now) correct += count_correct(logits, mb.y);
-    }
-    if (step_callback_) step_callback_(step_ + 1, *this);
-    const double scale = scaler_.scale();
-    const bool overflow = scaler_.unscale_and_check(params);  // before clipping sees the norm
-    const bool skip = scaler_.update(overflow);
-    if (skip) {
-      if (tty) std::printf("\r");
-      spdlog::warn("step {}: gradient overflow, loss scale {} -> {}, step skipped", step_ + 1, scale,
-                   scaler_.scale());
-    } else {
-      // max_norm = inf computes the norm for the log without clipping.
-      grad_norm = optim::clip_grad_norm_(params, o.clip_norm > 0 ? o.clip_norm : INFINITY);
-    }
-    // The only host synchronization of a step: reading back what is logged. It comes before the
-    // update, so that a NaN or inf stops the run while the tensors that show its origin are intact.
     double loss = 0, gn = 0;
-    if (log_now || save_now) {
-      loss = loss_sum.item() / double(window_steps + 1);  // this step's loss is in the sum
-      gn = grad_norm.item();
-      if (!std::isfinite(loss) || !std::isfinite(gn))
-        throw NonFiniteError(detail::concat(
-            "step ", step_ + 1, ": ", find_non_finite(step_ + 1), "; loss ", loss,
-            ", gradient norm ", gn,
-            step_ > last_check ? detail::concat(" (the first check since step ", last_check,
-                                                "; logging.every=1 checks every step)")
-                               : "",
-            "; stopping without saving (the last checkpoint on disk is intact)"));
-      last_check = step_ + 1;
+    // A step that is neither logged nor saved reads nothing back before its update: under
+    // cuda_graph it is a replay (the first such step after an eager one is captured).
+    const bool quiet = !(log_now || save_now);
+    if (use_graph && warmed_up && quiet && !graph_ && !capture_step(loss_sum, grad_norm))
+      use_graph = false;
+    if (use_graph && quiet && graph_) {
+      replay_step();
+    } else {
+      microbatch_passes(loader_->step_batches(step_, device_), loss_sum, log_now ? &correct : nullptr);
+      if (step_callback_) step_callback_(step_ + 1, *this);
+      const double scale = scaler_.scale();
+      const bool overflow = scaler_.unscale_and_check(params);  // before clipping sees the norm
+      const bool skip = scaler_.update(overflow);
+      if (skip) {
+        if (tty) std::printf("\r");
+        spdlog::warn("step {}: gradient overflow, loss scale {} -> {}, step skipped", step_ + 1, scale,
+                     scaler_.scale());
+      } else {
+        // max_norm = inf computes the norm for the log without clipping.
+        grad_norm.copy_(optim::clip_grad_norm_(params, o.clip_norm > 0 ? o.clip_norm : INFINITY));
+      }
+      // The only host synchronization of a step: reading back what is logged. It comes before the
+      // update, so that a NaN or inf stops the run while the tensors that show its origin are intact.
+      if (log_now || save_now) {
+        loss = loss_sum.item() / double(window_steps + 1);  // this step's loss is in the sum
+        gn = grad_norm.item();
+        if (!std::isfinite(loss) || !std::isfinite(gn))
+          throw NonFiniteError(detail::concat(
+              "step ", step_ + 1, ": ", find_non_finite(step_ + 1), "; loss ", loss,
+              ", gradient norm ", gn,
+              step_ > last_check ? detail::concat(" (the first check since step ", last_check,
+                                                  "; logging.every=1 checks every step)")
+                                 : "",
+              "; stopping without saving (the last checkpoint on disk is intact)"));
+        last_check = step_ + 1;
+      }
+      if (!skip) optimizer_->step();
+      // A skipped step's gradients are dropped too. Under a CUDA graph .grad keeps its buffer.
+      optimizer_->zero_grad(/*set_to_none=*/!use_graph);
     }
-    if (!skip) optimizer_->step();
-    optimizer_->zero_grad();  // a skipped step's gradients are dropped too
+    warmed_up = true;
     ++window_steps;
 
     if (tty) {

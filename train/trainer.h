@@ -15,6 +15,16 @@
 // That check runs before the update, so the message can name where the NaN or inf came from: the
 // first non-finite parameter, activation (the step's forward pass is replayed layer by layer) or
 // gradient. Data is checked when it is loaded, and the state once more before each save.
+//
+// cuda_graph: true records steps 2-4 (microbatches, clipping, the update, zero_grad) in one CUDA
+// graph (core/cuda/graph.h) after the run's first step, and replays it on every step that is not
+// logged or saved: the batch is copied into the graph's input buffers, AdamW's prepare_step()
+// hands this step's lr and bias corrections to the device, one launch does the rest. Logged and
+// saved steps run eagerly (the same kernels, so the same numbers): they read logits for the
+// accuracy and check for NaN before the update. .grad stays allocated (zero_grad without
+// set_to_none) so the graph's pointers stay valid. Where the step cannot be captured (no GPU, an
+// optimizer that keeps per-step values on the host, f16 loss scaling, a step callback, or a
+// capture that fails) a warning says why and every step runs eagerly.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -61,7 +71,8 @@ class Trainer {
   // Calls `callback(step, *this)` in every step after the microbatches' backward passes, before
   // the loss scaler, clipping and the update; `step` counts from 1, as the log does. For tests
   // that inject faults (a NaN into a gradient or a parameter) and for measurements taken while a
-  // run goes on.
+  // run goes on. A callback keeps every step eager (a CUDA graph has no host code between its
+  // backward and its update).
   void set_step_callback(std::function<void(int64_t step, Trainer&)> callback) {
     step_callback_ = std::move(callback);
   }
@@ -78,6 +89,17 @@ class Trainer {
   Eval evaluate(const data::Dataset& set, const std::vector<int64_t>& indices);
   std::string find_non_finite(int64_t step);
   std::string save(int64_t step);
+  // Forward, loss and backward of each microbatch; the losses are added into loss_sum, and when
+  // `correct` is given, the count of correctly classified samples into it (a host read).
+  void microbatch_passes(const std::vector<data::Loader::Microbatch>& batches, const Tensor& loss_sum,
+                         int64_t* correct);
+  // Why this run's step cannot be captured in a CUDA graph; empty if it can.
+  std::string graph_blocker() const;
+  // Records the step in a CUDA graph, with this step's batch in its input buffers; false (after a
+  // warning) if the capture failed.
+  bool capture_step(const Tensor& loss_sum, const Tensor& grad_norm);
+  // One replay of the captured step, on this step's batch.
+  void replay_step();
 
   Config cfg_;
   Device device_;
@@ -91,6 +113,8 @@ class Trainer {
   int64_t step_ = 0;
   bool resumed_ = false;
   std::function<void(int64_t, Trainer&)> step_callback_;
+  struct StepGraph;  // the captured step and its input buffers (CUDA builds)
+  std::unique_ptr<StepGraph> graph_;
 };
 
 }  // namespace mt::train

@@ -1,0 +1,55 @@
+#pragma once
+// A CUDA graph of the work on the framework stream: recorded once, replayed many times, so a
+// whole training step costs one launch on the host instead of a few hundred.
+//
+//   optimizer.step();                               // one eager step first: state, grads, plans
+//   optimizer.zero_grad(/*set_to_none=*/false);     // .grad stays allocated: the graph adds into it
+//   cuda::Graph g = cuda::Graph::capture(0, [&] { forward/backward...; optimizer.apply_step();
+//                                                  optimizer.zero_grad(false); });
+//   for (each step) { copy the batch into the inputs; optimizer.prepare_step(); g.replay(); }
+//
+// capture() runs body() with the framework stream of `device` in capture mode: nothing executes;
+// each kernel, copy, cuBLAS call and stream-ordered allocation it enqueues is recorded in order,
+// with its arguments and pointers. replay() launches all of it again on that stream.
+//
+// What body() must respect, or capture() throws and nothing has run:
+//  - no host synchronization and no synchronous copy (CUDA refuses them during a capture);
+//  - whatever outlives a replay (parameters, .grad, optimizer state, input buffers, the loss
+//    accumulator) exists before the capture: memory allocated inside body() and freed inside it
+//    is the graph's own, set aside at instantiation and reused by every replay;
+//  - what changes from step to step is read from device memory written before each replay (the
+//    batch, copied into the same input tensors; AdamW's lr and bias corrections, prepare_step).
+// body()'s host-side effects (autograd bookkeeping, counters) happen once, at capture.
+#include <cstddef>
+#include <functional>
+
+#include <cuda_runtime.h>
+
+namespace mt::cuda {
+
+class Graph {
+ public:
+  // Records body() on device `device`'s framework stream and instantiates it. A failure (body()
+  // threw, or did something a capture refuses) is an mt::Error that names it; the stream is
+  // usable again afterwards.
+  static Graph capture(int device, const std::function<void()>& body);
+
+  Graph(Graph&& other) noexcept;
+  Graph& operator=(Graph&& other) noexcept;
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+  ~Graph();
+
+  // Launches the recorded work on the framework stream; returns without waiting for it.
+  void replay() const;
+  size_t num_nodes() const { return nodes_; }
+
+ private:
+  Graph() = default;
+  int device_ = 0;
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+  size_t nodes_ = 0;
+};
+
+}  // namespace mt::cuda

@@ -1,0 +1,49 @@
+// CUDA graphs (core/cuda/graph.h): a capture records without running, a replay repeats the work
+// with what the device memory holds at that moment, and a host synchronization inside a capture
+// is a clear error after which the stream still works. The whole captured training step is
+// checked against eager steps in tests/test_trainer.cpp (CudaTrainerGraph). Skipped without a GPU;
+// the CPU side of the split it relies on (AdamW's prepare_step/apply_step) is in test_optim.cpp.
+#include <gtest/gtest.h>
+
+#include "core/accumulate.h"
+#include "core/tensor.h"
+#include "ops/elementwise/elementwise.h"
+#include "tests/expect_error.h"
+#ifdef MT_WITH_CUDA
+#include "core/cuda/graph.h"
+#include "core/cuda/runtime.h"
+#endif
+
+using namespace mt;
+using mt::test::expect_error;
+
+#ifdef MT_WITH_CUDA
+
+TEST(CudaGraph, CaptureRecordsWithoutRunningAndReplayRepeats) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device: CUDA tests skipped";
+  const Device dev = cuda_device(0);
+  const Tensor acc = zeros({1000}, DType::f32, dev);
+  const Tensor x = full({1000}, 0.5, DType::f32, dev);
+  // Allocated and freed inside the capture: the graph's own scratch, reused by every replay.
+  cuda::Graph g = cuda::Graph::capture(0, [&] { add_into(acc, mul(x, full({1000}, 2.0, DType::f32, dev))); });
+  EXPECT_GE(g.num_nodes(), 2u);
+  EXPECT_EQ(acc.to_vector(), std::vector<double>(1000, 0.0));  // nothing ran
+  g.replay();
+  g.replay();
+  EXPECT_EQ(acc.to_vector(), std::vector<double>(1000, 2.0));
+  x.fill_(-1.0);  // a replay reads the device memory as it is when it runs
+  g.replay();
+  EXPECT_EQ(acc.to_vector(), std::vector<double>(1000, 0.0));
+}
+
+TEST(CudaGraph, HostSynchronizationInsideACaptureIsAClearErrorAndTheStreamStillWorks) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device: CUDA tests skipped";
+  const Tensor t = full({4}, 3.0, DType::f32, cuda_device(0));
+  expect_error([&] { cuda::Graph::capture(0, [&] { (void)t.item(); }); },
+               {"CUDA graph capture on cuda:0 failed"});
+  expect_error([&] { cuda::Graph::capture(0, [&] { MT_THROW("the body's own error"); }); },
+               {"capture", "the body's own error"});
+  EXPECT_EQ(add(t, t).to_vector(), std::vector<double>(4, 6.0));
+}
+
+#endif
