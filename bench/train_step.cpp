@@ -266,6 +266,69 @@ class GraphStep {
   cuda::Graph graph_;
 };
 
+// ---- where the time goes ------------------------------------------------------------------------
+
+// One eager step with a CUDA event after each piece of it: the batch cast, each layer's forward,
+// the loss, each microbatch's whole backward (the engine runs it as one pass), clipping, AdamW and
+// zero_grad. Each piece's time is the GPU time between its events, summed over the microbatches
+// and averaged over `steps` steps; host time that the GPU does not wait for is not in it. The
+// backward is one row: its ops are launched by the engine, between no events of ours.
+void print_breakdown(nn::Sequential& model, optim::AdamW& optimizer, const std::vector<Tensor>& params,
+                     const Batch& batch, int64_t microbatch, int steps) {
+  std::vector<std::string> names{"x to bf16"};
+  for (size_t i = 0; i < model.size(); ++i) names.push_back("forward " + std::to_string(i) + " " + model[i]->repr());
+  for (const char* n : {"cross_entropy forward", "backward (all ops)", "clip_grad_norm_", "AdamW step", "zero_grad"})
+    names.emplace_back(n);
+  std::vector<double> ms(names.size(), 0.0);
+  cudaStream_t s = cuda::stream(kDevice);
+  std::vector<cudaEvent_t> events;
+  auto mark = [&] {
+    cudaEvent_t e;
+    MT_CUDA_CHECK(cudaEventCreate(&e));
+    MT_CUDA_CHECK(cudaEventRecord(e, s));
+    events.push_back(e);
+  };
+  const double normalizer = double(kMicrobatches * microbatch);
+  for (int step = 0; step < steps; ++step) {
+    cuda::synchronize(kDevice);
+    std::vector<size_t> slot;  // which row each interval (event i-1 to i) belongs to
+    mark();
+    for (int64_t k = 0; k < kMicrobatches; ++k) {
+      const int64_t begin = k * microbatch, end = begin + microbatch;
+      Tensor h = batch.x.slice_rows(begin, end).to(DType::bf16);
+      mark(), slot.push_back(0);
+      for (size_t i = 0; i < model.size(); ++i) {
+        h = (*model[i])(h);
+        mark(), slot.push_back(1 + i);
+      }
+      Tensor loss = cross_entropy(h, batch.y.slice_rows(begin, end), -100, normalizer);
+      mark(), slot.push_back(model.size() + 1);
+      loss.backward();
+      mark(), slot.push_back(model.size() + 2);
+    }
+    optim::clip_grad_norm_(params, kClipNorm);
+    mark(), slot.push_back(model.size() + 3);
+    optimizer.step();
+    mark(), slot.push_back(model.size() + 4);
+    optimizer.zero_grad();
+    mark(), slot.push_back(model.size() + 5);
+    MT_CUDA_CHECK(cudaEventSynchronize(events.back()));
+    for (size_t i = 1; i < events.size(); ++i) {
+      float t = 0;
+      MT_CUDA_CHECK(cudaEventElapsedTime(&t, events[i - 1], events[i]));
+      ms[slot[i - 1]] += t / steps;
+    }
+    for (cudaEvent_t e : events) MT_CUDA_CHECK(cudaEventDestroy(e));
+    events.clear();
+  }
+  double total = 0;
+  for (double m : ms) total += m;
+  std::printf("   where the time goes (CUDA events, GPU time per step, mean of %d eager steps):\n", steps);
+  for (size_t i = 0; i < names.size(); ++i)
+    std::printf("     %-44s %9.3f ms %6.1f%%\n", names[i].c_str(), ms[i], 100 * ms[i] / total);
+  std::printf("     %-44s %9.3f ms\n", "total", total);
+}
+
 // ---- export ------------------------------------------------------------------------------------
 
 void write_tensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& named) {
@@ -378,6 +441,8 @@ bool run_size(const Size& s, const std::string& export_dir, double gemm_tflops, 
   }
 
   // Eager: every step launched op by op from the host.
+  restart();
+  print_breakdown(model, *optimizer, params, batch, s.microbatch, 3);
   restart();
   Tensor last_loss;
   const std::vector<double> times = time_each(kWarmupSteps, s.timed_steps, [&] {

@@ -25,5 +25,7 @@ inline Device cuda_device(int index = 0) { return {DeviceType::CUDA, index}; }
 
 // True when this build has CUDA and at least one GPU is visible (never throws).
 bool cuda_available();
+// Number of visible GPUs (0 in a build without CUDA).
+int cuda_device_count();
 
 }  // namespace mt

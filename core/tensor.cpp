@@ -30,11 +30,13 @@ Device Device::parse(const std::string& s) {
   MT_THROW("Device::parse: expected 'cpu', 'cuda' or 'cuda:N', got '", s, "'");
 }
 
-bool cuda_available() {
+bool cuda_available() { return cuda_device_count() > 0; }
+
+int cuda_device_count() {
 #ifdef MT_WITH_CUDA
-  return cuda::available();
+  return cuda::device_count();
 #else
-  return false;
+  return 0;
 #endif
 }
 

@@ -1,20 +1,33 @@
 // `train`: the command-line entry point.
 //
 //   train --config FILE [--set key.path=value]... [--device auto|cpu|cuda[:N]] [--resume CKPT]
+//         [--nproc N]
 //   train --list-ops | --help | --version
+//
+// Data parallelism (docs/distributed.md): --nproc N on GPUs starts N worker processes of this
+// program, one per GPU, joined through NCCL; on the CPU it runs N ranks as threads of this
+// process, joined by the in-process communicator. A process started by another launcher with
+// RANK / WORLD_SIZE / LOCAL_RANK / MT_DIST_FILE set (dist/launch.h) joins that job instead.
 //
 // Exit codes: 0 success; 1 a runtime error (bad data file, corrupt checkpoint, CUDA error);
 // 2 a usage or configuration error (nothing is written); 3 a non-finite loss or gradient.
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <spdlog/spdlog.h>
 
 #include "core/registry.h"
+#include "dist/communicator.h"
+#include "dist/launch.h"
 #include "train/config.h"
 #include "train/trainer.h"
+#ifdef MT_WITH_NCCL
+#include "dist/nccl.h"
+#endif
 
 namespace {
 
@@ -28,17 +41,78 @@ const char* kUsage =
     "  --device DEVICE    where to train; overrides the config's `device` (default auto:\n"
     "                     the GPU when there is one)\n"
     "  --resume PATH      continue a run from a checkpoint file or its directory\n"
+    "  --nproc N          data parallel over N ranks: N GPUs (one process each, NCCL), or on\n"
+    "                     the CPU N threads; optim.batch_size stays the global batch\n"
     "  --list-ops         print the registered ops and their kernels\n";
 
 struct UsageError : mt::Error {
   using mt::Error::Error;
 };
 
+// N ranks of one job as threads of this process, on the CPU. The trainers are built one after
+// another (model initialization draws from the one default generator), then run together; a rank
+// that fails aborts the group, so the others stop instead of waiting for it.
+void run_cpu_ranks(const mt::Config& cfg, int nproc, const std::string& resume) {
+  auto group = mt::dist::make_local_group(nproc);
+  std::vector<std::unique_ptr<mt::train::Trainer>> trainers;
+  for (int r = 0; r < nproc; ++r) {
+    trainers.push_back(std::make_unique<mt::train::Trainer>(cfg, mt::kCPU, group[size_t(r)]));
+    if (!resume.empty()) trainers.back()->resume(resume);
+  }
+  std::vector<std::exception_ptr> errors(size_t(nproc));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < nproc; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        trainers[size_t(r)]->run();
+      } catch (const std::exception& e) {
+        errors[size_t(r)] = std::current_exception();
+        group[size_t(r)]->abort(e.what());
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  // The rank that failed first threw its own error; the others, DistErrors about it.
+  std::exception_ptr first;
+  for (const std::exception_ptr& e : errors) {
+    if (!e) continue;
+    try {
+      std::rethrow_exception(e);
+    } catch (const mt::dist::DistError&) {
+      if (!first) first = e;
+    } catch (...) {
+      std::rethrow_exception(e);
+    }
+  }
+  if (first) std::rethrow_exception(first);
+}
+
+// This process as one rank of a job another launcher (or --nproc) started.
+void run_worker(const mt::Config& cfg, const mt::dist::World& world, const std::string& resume) {
+  spdlog::set_pattern("[%H:%M:%S] [rank " + std::to_string(world.rank) + "] %v");
+  if (world.rank != 0) spdlog::set_level(spdlog::level::warn);
+  const mt::Device device = mt::train::resolve_device(cfg.device);
+  if (!device.is_cuda())
+    throw mt::ConfigError("device: a worker of a multi-process job (RANK is set) needs a GPU; for "
+                          "CPU ranks run `train --nproc N` without RANK");
+#ifdef MT_WITH_NCCL
+  const mt::Device mine = mt::cuda_device(world.local_rank);
+  auto comm = mt::dist::make_nccl_communicator(world.rank, world.size, mine.index, world.id_file,
+                                               world.timeout);
+  mt::train::Trainer trainer(cfg, mine, comm);
+  if (!resume.empty()) trainer.resume(resume);
+  trainer.run();
+#else
+  (void)resume;
+  MT_THROW("WORLD_SIZE=", world.size, ": this build has no NCCL (install libnccl-dev and rebuild)");
+#endif
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string config_path, device, resume;
-  std::vector<std::string> overrides;
+  std::vector<std::string> overrides, worker_args;  // worker_args: argv without --nproc
+  int nproc = 1;
   bool have_config = false;
   try {
     for (int i = 1; i < argc; ++i) {
@@ -65,14 +139,39 @@ int main(int argc, char** argv) {
         device = value();
       } else if (a == "--resume") {
         resume = value();
+      } else if (a == "--nproc") {
+        const std::string n = value();
+        nproc = std::atoi(n.c_str());
+        if (nproc < 1 || std::to_string(nproc) != n) throw UsageError("--nproc needs a positive integer, got '" + n + "'");
+        continue;
       } else {
         throw UsageError("unknown argument '" + a + "'");
       }
+      // Every argument but --nproc N is passed on to the workers, values included.
+      for (int j = i - (a == "--set" || a == "--config" || a == "--device" || a == "--resume"); j <= i; ++j)
+        worker_args.push_back(argv[j]);
     }
     if (!have_config) throw UsageError("--config FILE is required");
     if (!device.empty()) overrides.push_back("device=" + device);
     mt::Config cfg = mt::load_config(config_path, overrides);
     spdlog::set_pattern("[%H:%M:%S] %v");
+    const mt::dist::World world = mt::dist::world_from_env();
+    if (world.size > 1) {
+      if (nproc != 1) throw UsageError("--nproc starts a job; this process is already rank " +
+                                       std::to_string(world.rank) + " of one (RANK is set)");
+      run_worker(cfg, world, resume);
+      return 0;
+    }
+    if (nproc > 1) {
+      if (mt::train::resolve_device(cfg.device).is_cpu()) {
+        run_cpu_ranks(cfg, nproc, resume);
+        return 0;
+      }
+      if (mt::cuda_device_count() < nproc)
+        throw mt::ConfigError("--nproc " + std::to_string(nproc) + ": only " +
+                              std::to_string(mt::cuda_device_count()) + " GPUs are visible");
+      return mt::dist::run_workers(nproc, "/proc/self/exe", worker_args);
+    }
     mt::train::Trainer trainer(cfg, mt::train::resolve_device(cfg.device));
     if (!resume.empty()) trainer.resume(resume);
     trainer.run();

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <string_view>
 
 #include <spdlog/spdlog.h>
@@ -123,8 +124,10 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-Trainer::Trainer(Config config, Device device)
-    : cfg_(std::move(config)), device_(device), scaler_(loss_scaler_options(cfg_.precision)) {
+Trainer::Trainer(Config config, Device device, std::shared_ptr<dist::Communicator> comm)
+    : cfg_(std::move(config)), device_(device), comm_(std::move(comm)),
+      scaler_(loss_scaler_options(cfg_.precision)) {
+  const int world = comm_ ? comm_->size() : 1;
   const ModelConfig& m = cfg_.model;
   set_deterministic(cfg_.precision.deterministic);
   if (!cfg_.precision.deterministic) spdlog::warn("deterministic: false: reductions may use atomics");
@@ -141,8 +144,12 @@ Trainer::Trainer(Config config, Device device)
   if (int64_t(split_.train.size()) < cfg_.optim.batch_size)
     throw ConfigError(detail::concat("optim.batch_size: ", cfg_.optim.batch_size, " is larger than the ",
                                      split_.train.size(), " training samples"));
+  if (cfg_.optim.batch_size < world * cfg_.optim.microbatches)
+    throw ConfigError(detail::concat("optim.batch_size: ", cfg_.optim.batch_size, " samples cannot give ",
+                                     world, " ranks ", cfg_.optim.microbatches, " microbatches each"));
   loader_ = std::make_unique<data::Loader>(train_set_, split_.train, cfg_.optim.batch_size,
-                                           cfg_.optim.microbatches, cfg_.data.shuffle, cfg_.data.seed);
+                                           cfg_.optim.microbatches, cfg_.data.shuffle, cfg_.data.seed,
+                                           comm_ ? comm_->rank() : 0, world);
 
   manual_seed(cfg_.seed);  // the model's initialization
   std::vector<int64_t> widths{m.input};
@@ -152,6 +159,9 @@ Trainer::Trainer(Config config, Device device)
   if (cfg_.precision.compute_dtype == DType::f64) model_->to(DType::f64);
   model_->to(device_);
   if (cfg_.precision.compute_dtype != DType::f64) model_->set_compute_dtype(cfg_.precision.compute_dtype);
+
+  // After the move to the device: the reducer makes each .grad a view of a bucket there.
+  if (world > 1) reducer_ = std::make_unique<dist::GradReducer>(model_->parameters(), comm_);
 
   const OptimConfig& o = cfg_.optim;
   auto groups = optim::Optimizer::decay_groups(*model_, o.weight_decay);
@@ -181,7 +191,7 @@ void Trainer::resume(const std::string& path) {
   scaler_.load_state_dict(scaler);
   step_ = c.step;
   resumed_ = true;
-  spdlog::info("resumed from {} at step {}", path, step_);
+  if (lead()) spdlog::info("resumed from {} at step {}", path, step_);
 }
 
 std::string Trainer::save(int64_t step) {
@@ -240,14 +250,31 @@ Trainer::Eval Trainer::evaluate(const data::Dataset& set, const std::vector<int6
 
 void Trainer::microbatch_passes(const std::vector<data::Loader::Microbatch>& batches,
                                 const Tensor& loss_sum, int64_t* correct) {
-  for (const auto& mb : batches) {
+  const int64_t before = comm_ ? comm_->all_reduce_calls() : 0;
+  for (size_t i = 0; i < batches.size(); ++i) {
+    const auto& mb = batches[i];
     Tensor logits = (*model_)(mb.x.to(cfg_.precision.compute_dtype));
-    // Normalized by the whole step's sample count: k backward passes add up to the full batch.
+    // Normalized by the whole step's sample count (over all ranks): k backward passes on each of
+    // N ranks add up to the full batch.
     Tensor loss = cross_entropy(logits, mb.y, -100, double(cfg_.optim.batch_size));
+    // Data parallel: the last backward all-reduces each gradient bucket as soon as it is final.
+    if (reducer_ && i + 1 == batches.size()) reducer_->prepare_for_last_backward();
     loss.backward(scaler_.seed_for(loss));  // f16: the gradients come out times the scale
     add_into(loss_sum, loss.detach().to(DType::f32));
     if (correct != nullptr) *correct += count_correct(logits, mb.y);
   }
+  if (reducer_) {
+    reducer_->finish();
+    gradient_all_reduces_ += comm_->all_reduce_calls() - before;
+  }
+}
+
+double Trainer::sum_over_ranks(double value) {
+  if (!comm_ || comm_->size() == 1) return value;
+  const Tensor t = full({1}, value, DType::f64, device_);
+  comm_->all_reduce_sum(t);
+  comm_->synchronize();  // bounded: a dead peer is an error here, not a hang in item()
+  return t.item();
 }
 
 std::string Trainer::graph_blocker() const {
@@ -256,6 +283,7 @@ std::string Trainer::graph_blocker() const {
     return "optimizer " + cfg_.optim.name + " keeps its per-step values on the host (adamw does not)";
   if (scaler_.enabled()) return "f16 loss scaling decides on the host whether each step is applied";
   if (step_callback_) return "a step callback is set, and it runs between the backward and the update";
+  if (reducer_) return "data parallelism all-reduces on a stream of its own, outside the graph";
   return "";
 }
 
@@ -273,7 +301,7 @@ bool Trainer::capture_step(const Tensor& loss_sum, const Tensor& grad_norm) {
       optimizer_->apply_step();
       optimizer_->zero_grad(/*set_to_none=*/false);
     });
-    spdlog::info("cuda_graph: step {} captured ({} nodes); replayed on every step not logged or saved",
+    if (lead()) spdlog::info("cuda_graph: step {} captured ({} nodes); replayed on every step not logged or saved",
                  step_ + 1, graph.num_nodes());
     graph_ = std::make_unique<StepGraph>(StepGraph{std::move(inputs), std::move(graph)});
     return true;
@@ -302,17 +330,29 @@ void Trainer::replay_step() {
 RunSummary Trainer::run() {
   const OptimConfig& o = cfg_.optim;
   const DType dt = cfg_.precision.compute_dtype;
-  MetricsWriter metrics(metrics_path(cfg_), resumed_ ? step_ : -1);
+  // Rank 0 alone writes the metrics, the curve and the checkpoints, and logs.
+  std::optional<MetricsWriter> metrics;
+  if (lead()) metrics.emplace(metrics_path(cfg_), resumed_ ? step_ : -1);
   const auto params = model_->parameters();
-  const bool tty = is_terminal();
+  const bool tty = is_terminal() && lead();
   RunSummary summary;
-  spdlog::info("training {} on {}: {} parameters, {} steps of {} samples in {} microbatches ({} {})",
-               train_set_.name, device_.str(), [&] {
-                 int64_t n = 0;
-                 for (auto& p : params) n += p.numel();
-                 return n;
-               }(), o.steps, o.batch_size, o.microbatches, dtype_name(dt),
-               cfg_.precision.deterministic ? "deterministic" : "non-deterministic");
+  if (lead())
+    spdlog::info("training {} on {}: {} parameters, {} steps of {} samples in {} microbatches ({} {})",
+                 train_set_.name, device_.str(), [&] {
+                   int64_t n = 0;
+                   for (auto& p : params) n += p.numel();
+                   return n;
+                 }(), o.steps, o.batch_size, o.microbatches, dtype_name(dt),
+                 cfg_.precision.deterministic ? "deterministic" : "non-deterministic");
+  if (reducer_) {
+    if (lead())
+      spdlog::info("data parallel: {} ranks, {} samples per rank per step; gradients in {} buckets:\n{}",
+                   comm_->size(), loader_->shard_size(), reducer_->num_buckets(), reducer_->layout_str());
+    // The replicas start equal by construction (one seed); rank 0's weights make sure of it.
+    NoGradGuard no_grad;
+    for (const Tensor& p : params) comm_->broadcast(p, 0);
+    nn::refresh_compute_copies(params);
+  }
 
   auto window_start = std::chrono::steady_clock::now();
   const auto run_start = window_start;
@@ -363,7 +403,9 @@ RunSummary Trainer::run() {
       // The only host synchronization of a step: reading back what is logged. It comes before the
       // update, so that a NaN or inf stops the run while the tensors that show its origin are intact.
       if (log_now || save_now) {
-        loss = loss_sum.item() / double(window_steps + 1);  // this step's loss is in the sum
+        if (comm_) comm_->synchronize();  // a dead peer is an error here, not a hang in item()
+        // This step's loss is in the sum; with data parallelism, each rank's share of it.
+        loss = sum_over_ranks(loss_sum.item()) / double(window_steps + 1);
         gn = grad_norm.item();
         if (!std::isfinite(loss) || !std::isfinite(gn))
           throw NonFiniteError(detail::concat(
@@ -376,8 +418,9 @@ RunSummary Trainer::run() {
         last_check = step_ + 1;
       }
       if (!skip) optimizer_->step();
-      // A skipped step's gradients are dropped too. Under a CUDA graph .grad keeps its buffer.
-      optimizer_->zero_grad(/*set_to_none=*/!use_graph);
+      // A skipped step's gradients are dropped too. Under a CUDA graph, or when .grad is a view of
+      // a data-parallel bucket, .grad keeps its buffer.
+      optimizer_->zero_grad(/*set_to_none=*/!use_graph && !reducer_);
     }
     warmed_up = true;
     ++window_steps;
@@ -394,11 +437,12 @@ RunSummary Trainer::run() {
     if (log_now) {
       const double secs = seconds_since(window_start);
       const double sps = double(window_steps * o.batch_size) / secs;
-      const double acc = double(correct) / double(o.batch_size);
+      const double acc = sum_over_ranks(double(correct)) / double(o.batch_size);
       if (tty) std::printf("\r");
-      spdlog::info("step {:>5}/{} | loss {:.4f} | acc {:.3f} | grad_norm {:.3f} | lr {:.2e} | "
-                   "{:.0f} samples/s | {:.2f} ms/step",
-                   step_ + 1, o.steps, loss, acc, gn, lr, sps, 1e3 * secs / double(window_steps));
+      if (lead())
+        spdlog::info("step {:>5}/{} | loss {:.4f} | acc {:.3f} | grad_norm {:.3f} | lr {:.2e} | "
+                     "{:.0f} samples/s | {:.2f} ms/step",
+                     step_ + 1, o.steps, loss, acc, gn, lr, sps, 1e3 * secs / double(window_steps));
       nlohmann::json record = {{"step", step_ + 1}, {"loss", loss}, {"accuracy", acc},
                                {"grad_norm", gn}, {"lr", lr}, {"samples_per_s", sps},
                                {"ms_per_step", 1e3 * secs / double(window_steps)}};
@@ -410,7 +454,8 @@ RunSummary Trainer::run() {
       // Device memory held by live tensors: flat over a run unless something leaks.
       if (device_.is_cuda()) record["pool_bytes"] = cuda::pool_used_bytes(device_.index);
 #endif
-      metrics.write(record);
+      if (reducer_) record["gradient_all_reduces"] = gradient_all_reduces_;
+      if (metrics) metrics->write(record);
       summary.train_loss = loss;
       loss_sum.fill_(0.0);
       window_steps = 0;
@@ -418,9 +463,11 @@ RunSummary Trainer::run() {
     }
     if (eval_now && !split_.val.empty()) {
       Eval e = evaluate(train_set_, split_.val);
-      spdlog::info("step {:>5}/{} | val_loss {:.4f} | val_accuracy {:.4f}", step_ + 1, o.steps,
-                   e.loss, e.accuracy);
-      metrics.write({{"step", step_ + 1}, {"val_loss", e.loss}, {"val_accuracy", e.accuracy}});
+      if (metrics) {
+        spdlog::info("step {:>5}/{} | val_loss {:.4f} | val_accuracy {:.4f}", step_ + 1, o.steps,
+                     e.loss, e.accuracy);
+        metrics->write({{"step", step_ + 1}, {"val_loss", e.loss}, {"val_accuracy", e.accuracy}});
+      }
       summary.val_loss = e.loss;
       summary.val_accuracy = e.accuracy;
     }
@@ -430,23 +477,30 @@ RunSummary Trainer::run() {
         if (std::string bad = first_non_finite(state); !bad.empty())
           throw NonFiniteError(detail::concat("step ", step_ + 1, ": non-finite values in ", bad,
                                               "; not saving (the last checkpoint on disk is intact)"));
-      summary.checkpoint = save(step_ + 1);
+      if (lead()) summary.checkpoint = save(step_ + 1);
+      if (comm_) comm_->barrier();  // no rank runs ahead of a checkpoint it could be resumed from
     }
   }
   summary.steps = step_;
+  if (reducer_ && lead())
+    spdlog::info("data parallel: {} gradient all-reduces in {} steps ({} buckets)", gradient_all_reduces_,
+                 step_ - first_step, reducer_->num_buckets());
 
   if (test_set_.size > 0) {
     std::vector<int64_t> all(static_cast<size_t>(test_set_.size));
     for (int64_t i = 0; i < test_set_.size; ++i) all[size_t(i)] = i;
     Eval e = evaluate(test_set_, all);
-    spdlog::info("test: loss {:.4f} | accuracy {:.4f} ({} samples)", e.loss, e.accuracy, test_set_.size);
-    metrics.write({{"step", step_}, {"test_loss", e.loss}, {"test_accuracy", e.accuracy}});
+    if (metrics) {
+      spdlog::info("test: loss {:.4f} | accuracy {:.4f} ({} samples)", e.loss, e.accuracy, test_set_.size);
+      metrics->write({{"step", step_}, {"test_loss", e.loss}, {"test_accuracy", e.accuracy}});
+    }
     summary.test_loss = e.loss;
     summary.test_accuracy = e.accuracy;
   }
-  write_curve_svg(curve_path(cfg_), read_curves(metrics.path()),
+  if (!metrics) return summary;
+  write_curve_svg(curve_path(cfg_), read_curves(metrics->path()),
                   "minitrain: " + train_set_.name + " MLP, " + dtype_name(dt));
-  spdlog::info("done: {} steps; metrics {}; curve {}; checkpoint {}", summary.steps, metrics.path(),
+  spdlog::info("done: {} steps; metrics {}; curve {}; checkpoint {}", summary.steps, metrics->path(),
                curve_path(cfg_), summary.checkpoint.empty() ? "(none)" : summary.checkpoint);
   return summary;
 }

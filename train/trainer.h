@@ -31,6 +31,8 @@
 #include <string>
 
 #include "core/error.h"
+#include "dist/communicator.h"
+#include "dist/reducer.h"
 #include "nn/modules.h"
 #include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
@@ -61,7 +63,14 @@ class Trainer {
  public:
   // Builds data, model and optimizer from a validated config; mismatches between the config and
   // the data (feature count, labels outside model.classes) are ConfigErrors.
-  Trainer(Config config, Device device);
+  //
+  // With a communicator of N > 1 ranks this is rank comm->rank() of a data-parallel job
+  // (docs/distributed.md): it reads its shard of every global batch (optim.batch_size is the
+  // global batch, optim.microbatches is per rank), its gradients are all-reduced once per step
+  // after the last microbatch (dist::GradReducer), losses and accuracy are summed over the ranks
+  // for the log, and only rank 0 logs, writes metrics and saves checkpoints. Every rank must be
+  // built from the same config and run() together.
+  Trainer(Config config, Device device, std::shared_ptr<dist::Communicator> comm = nullptr);
   ~Trainer();
 
   // Continues the run saved at `path` (a checkpoint file or its directory).
@@ -88,6 +97,9 @@ class Trainer {
   };
   Eval evaluate(const data::Dataset& set, const std::vector<int64_t>& indices);
   std::string find_non_finite(int64_t step);
+  // The sum over the ranks of a host value (the value itself on one rank). A collective.
+  double sum_over_ranks(double value);
+  bool lead() const { return comm_ == nullptr || comm_->rank() == 0; }
   std::string save(int64_t step);
   // Forward, loss and backward of each microbatch; the losses are added into loss_sum, and when
   // `correct` is given, the count of correctly classified samples into it (a host read).
@@ -105,10 +117,13 @@ class Trainer {
   Device device_;
   data::Dataset train_set_, test_set_;
   data::Split split_;
+  std::shared_ptr<dist::Communicator> comm_;  // null: one process, no data parallelism
   std::unique_ptr<data::Loader> loader_;
   std::shared_ptr<nn::MLP> model_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<optim::LRSchedule> schedule_;
+  std::unique_ptr<dist::GradReducer> reducer_;  // data parallelism with more than one rank
+  int64_t gradient_all_reduces_ = 0;            // the reducer's collectives in this run
   optim::LossScaler scaler_;  // mode none unless compute_dtype is f16
   int64_t step_ = 0;
   bool resumed_ = false;

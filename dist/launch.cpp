@@ -1,0 +1,137 @@
+#include "dist/launch.h"
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <charconv>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <thread>
+
+#include "core/error.h"
+
+extern char** environ;
+
+namespace mt::dist {
+namespace {
+
+// The integer in environment variable `name`, or `fallback` when it is unset.
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return fallback;
+  int out = 0;
+  const char* end = v + std::strlen(v);
+  auto [p, ec] = std::from_chars(v, end, out);
+  MT_CHECK(ec == std::errc() && p == end && p != v, "environment: ", name, "='", v,
+           "' is not an integer");
+  return out;
+}
+
+}  // namespace
+
+World world_from_env() {
+  World w;
+  if (std::getenv("RANK") == nullptr) return w;
+  w.rank = env_int("RANK", 0);
+  w.size = env_int("WORLD_SIZE", 1);
+  w.local_rank = env_int("LOCAL_RANK", w.rank);
+  const int timeout_s = env_int("MT_DIST_TIMEOUT", 120);
+  MT_CHECK(w.size >= 1 && w.rank >= 0 && w.rank < w.size && w.local_rank >= 0 && timeout_s > 0,
+           "environment: RANK=", w.rank, ", WORLD_SIZE=", w.size, ", LOCAL_RANK=", w.local_rank,
+           ", MT_DIST_TIMEOUT=", timeout_s, ": need 0 <= RANK < WORLD_SIZE, LOCAL_RANK >= 0 and a "
+           "positive timeout");
+  w.timeout = std::chrono::seconds(timeout_s);
+  if (const char* f = std::getenv("MT_DIST_FILE")) w.id_file = f;
+  MT_CHECK(w.size == 1 || !w.id_file.empty(), "environment: WORLD_SIZE=", w.size, " but no "
+           "MT_DIST_FILE: set it to a fresh path every rank can read (rank 0 writes NCCL's id there)");
+  return w;
+}
+
+int run_workers(int nproc, const std::string& program, const std::vector<std::string>& args) {
+  MT_CHECK(nproc >= 1, "--nproc must be at least 1, got ", nproc);
+  char dir_template[] = "/tmp/minitrain-job-XXXXXX";
+  MT_CHECK(::mkdtemp(dir_template) != nullptr, "cannot create a job directory: ", std::strerror(errno));
+  const std::string id_file = std::string(dir_template) + "/nccl-id";
+
+  std::vector<pid_t> pids;
+  for (int r = 0; r < nproc; ++r) {
+    std::vector<std::string> env_strings;
+    for (char** e = environ; *e != nullptr; ++e) {
+      const std::string kv = *e;
+      bool ours = false;  // set below, for this worker
+      for (const char* name : {"RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "MT_DIST_FILE=", "NCCL_NVLS_ENABLE="})
+        ours = ours || kv.starts_with(name);
+      if (!ours) env_strings.push_back(kv);
+    }
+    for (const std::string& kv :
+         {"RANK=" + std::to_string(r), "WORLD_SIZE=" + std::to_string(nproc),
+          "LOCAL_RANK=" + std::to_string(r), "MT_DIST_FILE=" + id_file, std::string("NCCL_NVLS_ENABLE=0")})
+      env_strings.push_back(kv);
+    std::vector<char*> envp, argv{const_cast<char*>(program.c_str())};
+    for (std::string& kv : env_strings) envp.push_back(kv.data());
+    envp.push_back(nullptr);
+    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    pid_t pid = 0;
+    const int err = ::posix_spawn(&pid, program.c_str(), nullptr, nullptr, argv.data(), envp.data());
+    if (err != 0) {
+      for (pid_t p : pids) ::kill(p, SIGKILL);
+      MT_THROW("cannot start worker ", r, " (", program, "): ", std::strerror(err));
+    }
+    pids.push_back(pid);
+  }
+
+  // Wait for all; the first failure stops the rest.
+  int result = 0, failed_rank = -1;
+  std::string failure;
+  std::vector<bool> running(size_t(nproc), true);
+  int left = nproc;
+  auto stop_rest = [&] {
+    for (int r = 0; r < nproc; ++r)
+      if (running[size_t(r)]) ::kill(pids[size_t(r)], SIGTERM);
+  };
+  std::chrono::steady_clock::time_point kill_at{};
+  while (left > 0) {
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, failed_rank >= 0 ? WNOHANG : 0);
+    if (pid == 0) {  // stopping the others: escalate once the grace period is over
+      if (std::chrono::steady_clock::now() > kill_at)
+        for (int r = 0; r < nproc; ++r)
+          if (running[size_t(r)]) ::kill(pids[size_t(r)], SIGKILL);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      continue;
+    }
+    if (pid < 0) break;
+    int r = 0;
+    while (r < nproc && pids[size_t(r)] != pid) ++r;
+    if (r == nproc) continue;
+    running[size_t(r)] = false;
+    --left;
+    const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    if (!ok && failed_rank < 0) {
+      failed_rank = r;
+      result = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+      failure = WIFEXITED(status) ? detail::concat("exited with code ", WEXITSTATUS(status))
+                                  : detail::concat("was killed by signal ", WTERMSIG(status), " (",
+                                                   strsignal(WTERMSIG(status)), ")");
+      if (left > 0) {
+        std::fprintf(stderr, "train: worker %d (pid %d) %s; stopping the other %d\n", r, int(pid),
+                     failure.c_str(), left);
+        stop_rest();
+        kill_at = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      }
+    }
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(dir_template, ec);
+  if (failed_rank >= 0)
+    std::fprintf(stderr, "train: the job failed: worker %d %s\n", failed_rank, failure.c_str());
+  return result;
+}
+
+}  // namespace mt::dist

@@ -1,0 +1,37 @@
+#pragma once
+// The communicator of GPU data parallelism: NCCL, one process per GPU (dist/communicator.h has
+// the contract; dist/launch.h starts the processes).
+//
+// Rendezvous. NCCL's ranks find each other through a 128-byte unique id that rank 0 creates and
+// every other rank must read before they all call ncclCommInitRank. Here rank 0 writes it to a
+// file on a path every rank sees (`id_file`: a fresh temporary file made by `train --nproc`, or
+// MT_DIST_FILE on a shared filesystem for jobs started by another launcher), written to a
+// temporary name and renamed, so a reader never sees half an id; rank 0 removes it once the
+// communicator exists.
+//
+// Streams. Collectives run on a stream of their own, after an event recorded on the framework
+// stream, so the gradient all-reduce of one bucket overlaps the rest of the backward. wait()
+// makes the framework stream wait for the last collective enqueued.
+//
+// No hanging forever. The communicator is non-blocking (ncclConfig_t::blocking = 0): the host
+// never waits inside NCCL. Where the host must wait (the rendezvous, synchronize(), and wait(),
+// which lets the host run at most one optimizer step ahead of the collectives) it polls, and past
+// `timeout` it aborts the communicator (ncclCommAbort ends the kernels that wait for a peer) and
+// throws DistError naming the rank and what it waited for. A dead peer thus ends every other rank
+// within the timeout; `train --nproc` also stops the others as soon as one worker exits.
+//
+// NVLink SHARP multicast (NVLS) is turned off: NCCL_NVLS_ENABLE=0 is set before the communicator
+// is created (docs/distributed.md says why).
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "dist/communicator.h"
+
+namespace mt::dist {
+
+std::shared_ptr<Communicator> make_nccl_communicator(int rank, int size, int device,
+                                                     const std::string& id_file,
+                                                     std::chrono::milliseconds timeout);
+
+}  // namespace mt::dist
