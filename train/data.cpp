@@ -133,12 +133,23 @@ std::vector<int64_t> microbatch_sizes(int64_t batch, int64_t k) {
 }
 
 Loader::Loader(const Dataset& data, std::vector<int64_t> indices, int64_t batch_size,
-               int64_t microbatches, bool shuffle, uint64_t seed)
+               int64_t microbatches, bool shuffle, uint64_t seed, int rank, int world)
     : data_(data), indices_(std::move(indices)), batch_size_(batch_size),
       microbatches_(microbatches), shuffle_(shuffle), seed_(seed) {
   MT_CHECK(batch_size_ >= 1 && int64_t(indices_.size()) >= batch_size_, "Loader: batch_size ",
            batch_size_, " is larger than the ", indices_.size(), " training samples");
-  microbatch_sizes(batch_size_, microbatches_);  // validates k
+  MT_CHECK(world >= 1 && rank >= 0 && rank < world, "Loader: rank ", rank, " is not a rank of a ",
+           "world of ", world, " (need world >= 1 and 0 <= rank < world)");
+  MT_CHECK(microbatches_ >= 1, "Loader: microbatches must be at least 1, got ", microbatches_);
+  MT_CHECK(batch_size_ / world >= microbatches_, "Loader: batch_size ", batch_size_,
+           " over world ", world, " gives shards of ", batch_size_ / world,
+           batch_size_ % world ? " or " + std::to_string(batch_size_ / world + 1) : std::string(),
+           " samples, too few for ", microbatches_, " microbatches per rank; need batch_size >= "
+           "world * microbatches");
+  const std::vector<int64_t> shards = microbatch_sizes(batch_size_, world);
+  shard_begin_ = 0;
+  for (int r = 0; r < rank; ++r) shard_begin_ += shards[size_t(r)];
+  shard_size_ = shards[size_t(rank)];
   steps_per_epoch_ = int64_t(indices_.size()) / batch_size_;
 }
 
@@ -205,9 +216,9 @@ Loader::Microbatch Loader::gather_to_device(const std::vector<int64_t>& rows, De
 
 std::vector<Loader::Microbatch> Loader::step_batches(int64_t step, Device device) const {
   const std::vector<int64_t>& order = epoch_order(step / steps_per_epoch_);
-  int64_t pos = (step % steps_per_epoch_) * batch_size_;
+  int64_t pos = (step % steps_per_epoch_) * batch_size_ + shard_begin_;
   std::vector<Microbatch> out;
-  for (int64_t n : microbatch_sizes(batch_size_, microbatches_)) {
+  for (int64_t n : microbatch_sizes(shard_size_, microbatches_)) {
     std::vector<int64_t> rows(order.begin() + pos, order.begin() + pos + n);
     out.push_back(gather_to_device(rows, device));
     pos += n;

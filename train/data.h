@@ -56,8 +56,14 @@ class Loader {
   Loader& operator=(const Loader&) = delete;
   // Batches of `batch_size` drawn from `indices` (whole batches only: an epoch is
   // floor(|indices| / batch_size) steps), each split into `microbatches` parts.
+  //
+  // Data parallelism: with `world` ranks, `batch_size` is the GLOBAL batch. Step s's batch is
+  // exactly the one a single-rank loader forms (the shuffle does not depend on world), cut into
+  // `world` contiguous shards by the microbatch_sizes rule (sizes differ by at most one, the first
+  // batch_size % world are larger); rank `rank` takes shard `rank` and splits it into
+  // `microbatches` microbatches of its own. Every shard must hold at least `microbatches` samples.
   Loader(const Dataset& data, std::vector<int64_t> indices, int64_t batch_size,
-         int64_t microbatches, bool shuffle, uint64_t seed);
+         int64_t microbatches, bool shuffle, uint64_t seed, int rank = 0, int world = 1);
 
   struct Microbatch {
     Tensor x, y;
@@ -65,12 +71,14 @@ class Loader {
   // The microbatches of optimizer step `step` (0-based), on `device`.
   std::vector<Microbatch> step_batches(int64_t step, Device device) const;
   int64_t steps_per_epoch() const { return steps_per_epoch_; }
+  int64_t shard_size() const { return shard_size_; }  // this rank's samples per step
 
  private:
   const std::vector<int64_t>& epoch_order(int64_t epoch) const;
   const Dataset& data_;
   std::vector<int64_t> indices_;
   int64_t batch_size_, microbatches_, steps_per_epoch_;
+  int64_t shard_begin_, shard_size_;  // this rank's rows within the global batch
   bool shuffle_;
   uint64_t seed_;
   mutable int64_t cached_epoch_ = -1;  // the order is recomputed once per epoch, not per step
