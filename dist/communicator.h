@@ -16,6 +16,11 @@
 //                       once it is enqueued; wait() makes later work on the compute side wait
 //                       for every collective enqueued so far. The thread backend is synchronous:
 //                       a no-op there.
+//   synchronize()       the host waits until everything this rank has enqueued (its device work
+//                       and its collectives) is done. An asynchronous backend bounds the wait by
+//                       its timeout and then aborts and throws DistError, so a dead peer ends the
+//                       run with a message instead of a hang in the next read of a device value.
+//                       A no-op for the thread backend.
 //   abort(why)          gives up on the group: every other rank's pending and future collectives
 //                       throw DistError naming this rank and `why`, instead of waiting forever
 //                       for a rank that will never come.
@@ -51,6 +56,7 @@ class Communicator {
   void broadcast(const Tensor& t, int root);
   void barrier() { do_barrier(); }
   void wait() { do_wait(); }
+  void synchronize() { do_synchronize(); }
   void abort(const std::string& why) { do_abort(why); }
 
   // all_reduce_sum calls made through this rank so far: data parallelism promises one per
@@ -63,6 +69,7 @@ class Communicator {
   virtual void do_broadcast(const Tensor& t, int root) = 0;
   virtual void do_barrier() = 0;
   virtual void do_wait() = 0;
+  virtual void do_synchronize() = 0;
   virtual void do_abort(const std::string& why) = 0;
 
  private:

@@ -207,6 +207,7 @@ class RecordingComm final : public dist::Communicator {
   void do_broadcast(const Tensor& t, int root) override { inner_->broadcast(t, root); }
   void do_barrier() override { inner_->barrier(); }
   void do_wait() override { inner_->wait(); }
+  void do_synchronize() override { inner_->synchronize(); }
   void do_abort(const std::string& why) override { inner_->abort(why); }
 
  private:

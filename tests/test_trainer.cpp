@@ -2,11 +2,15 @@
 // bitwise resume, checkpoint corruption, the CLI's exit codes, and the default config's accuracy.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <stdexcept>
 #include <sys/wait.h>
+
+#include <nlohmann/json.hpp>
 
 #include "core/autograd.h"
 #include "train/checkpoint.h"
@@ -295,4 +299,74 @@ TEST(CudaTrainerGraph, AnOptimizerThatIsNotCapturableRunsEagerlyWithAWarning) {
   EXPECT_TRUE(log.contains("optimizer sgd keeps its per-step values on the host"));
   EXPECT_FALSE(log.contains("captured"));
   EXPECT_TRUE(std::isfinite(s.train_loss));
+}
+
+// ---- data parallel on CPU threads ------------------------------------------------------------
+
+// N ranks × k microbatches over the same global batch train like one rank: the same gradients up
+// to the order of the sums, so after 24 AdamW steps the weights agree to rounding (f64), and the
+// gradients are all-reduced once per step, not once per microbatch.
+TEST(DistTrainer, CpuRanksTrainLikeOneRankWithTheSameGlobalBatch) {
+  TempDir d0;
+  Config one = small_config(d0, DType::f64, /*k=*/2);
+  one.optim.batch_size = 47;  // shards of 16, 16, 15 over three ranks: an uneven last shard
+  train::Trainer single(one, kCPU);
+  const train::RunSummary ref = single.run();
+  for (int n : {2, 3}) {
+    SCOPED_TRACE(testing::Message() << n << " ranks");
+    TempDir d;
+    Config cfg = one;
+    cfg.checkpoint.dir = d / "ckpt";
+    const train::LocalRun run = train::run_local_ranks(cfg, n);
+    const train::RunSummary& s = run.summary;
+    for (const auto& t : run.ranks) EXPECT_LT(max_rel_diff(params_of(*t), params_of(single)), 1e-10);
+    for (const auto& t : run.ranks) EXPECT_EQ(params_of(*t), params_of(*run.ranks[0]));  // replicas equal
+    // The logged loss is summed in f32 (per rank, then over ranks): f32 rounding, not f64's.
+    EXPECT_NEAR(s.train_loss, ref.train_loss, 1e-6 * std::abs(ref.train_loss));
+    EXPECT_NEAR(s.val_accuracy, ref.val_accuracy, 1e-12);
+    // Rank 0 alone wrote the checkpoints and the metrics; one gradient all-reduce per step and
+    // bucket (this model fits in one bucket), with k = 2 microbatches per rank.
+    EXPECT_TRUE(fs::exists(d / "ckpt/step-000024.safetensors"));
+    int64_t reduces = -1;
+    std::ifstream metrics(d / "ckpt/metrics.jsonl");
+    for (std::string line; std::getline(metrics, line);)
+      if (auto j = nlohmann::json::parse(line); j.contains("gradient_all_reduces"))
+        reduces = j["gradient_all_reduces"].get<int64_t>();
+    EXPECT_EQ(reduces, 24);
+  }
+}
+
+TEST(DistTrainer, AFailingRankStopsTheOthersWithItsOwnError) {
+  TempDir d;
+  Config cfg = small_config(d);
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    train::run_local_ranks(cfg, 3, "", [](int rank, train::Trainer& t) {
+      if (rank == 1)
+        t.set_step_callback([](int64_t step, train::Trainer&) {
+          if (step == 5) throw std::runtime_error("rank 1 fell over at step 5");
+        });
+    });
+    ADD_FAILURE() << "expected the job to fail";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1 fell over at step 5"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+}
+
+TEST(DistTrainer, BatchTooSmallForTheRanksIsAConfigError) {
+  TempDir d;
+  Config cfg = small_config(d, DType::f32, 4);
+  cfg.optim.batch_size = 10;
+  EXPECT_THROW(train::run_local_ranks(cfg, 3), ConfigError);
+}
+
+TEST(TrainCli, NprocRunsCpuRanks) {
+  TempDir d;
+  EXPECT_EQ(run_train("--config " + std::string(MT_SOURCE_DIR) + "/configs/mlp.yaml --device cpu "
+                      "--nproc 2 --set optim.steps=10 --set optim.warmup_steps=2 --set checkpoint.dir=" +
+                      (d / "ckpt")),
+            0);
+  EXPECT_TRUE(fs::exists(d / "ckpt/step-000010.safetensors"));
+  EXPECT_EQ(run_train("--config x.yaml --nproc 0"), 2);
 }

@@ -13,9 +13,7 @@
 // 2 a usage or configuration error (nothing is written); 3 a non-finite loss or gradient.
 #include <cstdio>
 #include <cstring>
-#include <exception>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <spdlog/spdlog.h>
@@ -48,43 +46,6 @@ const char* kUsage =
 struct UsageError : mt::Error {
   using mt::Error::Error;
 };
-
-// N ranks of one job as threads of this process, on the CPU. The trainers are built one after
-// another (model initialization draws from the one default generator), then run together; a rank
-// that fails aborts the group, so the others stop instead of waiting for it.
-void run_cpu_ranks(const mt::Config& cfg, int nproc, const std::string& resume) {
-  auto group = mt::dist::make_local_group(nproc);
-  std::vector<std::unique_ptr<mt::train::Trainer>> trainers;
-  for (int r = 0; r < nproc; ++r) {
-    trainers.push_back(std::make_unique<mt::train::Trainer>(cfg, mt::kCPU, group[size_t(r)]));
-    if (!resume.empty()) trainers.back()->resume(resume);
-  }
-  std::vector<std::exception_ptr> errors(size_t(nproc));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < nproc; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        trainers[size_t(r)]->run();
-      } catch (const std::exception& e) {
-        errors[size_t(r)] = std::current_exception();
-        group[size_t(r)]->abort(e.what());
-      }
-    });
-  for (std::thread& t : threads) t.join();
-  // The rank that failed first threw its own error; the others, DistErrors about it.
-  std::exception_ptr first;
-  for (const std::exception_ptr& e : errors) {
-    if (!e) continue;
-    try {
-      std::rethrow_exception(e);
-    } catch (const mt::dist::DistError&) {
-      if (!first) first = e;
-    } catch (...) {
-      std::rethrow_exception(e);
-    }
-  }
-  if (first) std::rethrow_exception(first);
-}
 
 // This process as one rank of a job another launcher (or --nproc) started.
 void run_worker(const mt::Config& cfg, const mt::dist::World& world, const std::string& resume) {
@@ -164,7 +125,7 @@ int main(int argc, char** argv) {
     }
     if (nproc > 1) {
       if (mt::train::resolve_device(cfg.device).is_cpu()) {
-        run_cpu_ranks(cfg, nproc, resume);
+        mt::train::run_local_ranks(cfg, nproc, resume);
         return 0;
       }
       if (mt::cuda_device_count() < nproc)

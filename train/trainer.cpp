@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <optional>
 #include <string_view>
+#include <thread>
 
 #include <spdlog/spdlog.h>
 
@@ -503,6 +504,45 @@ RunSummary Trainer::run() {
   spdlog::info("done: {} steps; metrics {}; curve {}; checkpoint {}", summary.steps, metrics->path(),
                curve_path(cfg_), summary.checkpoint.empty() ? "(none)" : summary.checkpoint);
   return summary;
+}
+
+LocalRun run_local_ranks(const Config& cfg, int nproc, const std::string& resume,
+                         const std::function<void(int rank, Trainer&)>& setup) {
+  auto group = dist::make_local_group(nproc);
+  std::vector<std::unique_ptr<Trainer>> trainers;
+  for (int r = 0; r < nproc; ++r) {
+    trainers.push_back(std::make_unique<Trainer>(cfg, kCPU, group[size_t(r)]));
+    if (!resume.empty()) trainers.back()->resume(resume);
+    if (setup) setup(r, *trainers.back());
+  }
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(nproc));
+  RunSummary summary;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < nproc; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        RunSummary s = trainers[size_t(r)]->run();
+        if (r == 0) summary = s;
+      } catch (const std::exception& e) {
+        errors[size_t(r)] = std::current_exception();
+        group[size_t(r)]->abort(e.what());
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  // The rank that failed first threw its own error; the others, DistErrors about it.
+  std::exception_ptr first;
+  for (const std::exception_ptr& e : errors) {
+    if (!e) continue;
+    try {
+      std::rethrow_exception(e);
+    } catch (const dist::DistError&) {
+      if (!first) first = e;
+    } catch (...) {
+      std::rethrow_exception(e);
+    }
+  }
+  if (first) std::rethrow_exception(first);
+  return {std::move(trainers), summary};
 }
 
 }  // namespace mt::train

@@ -29,6 +29,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "dist/communicator.h"
@@ -131,5 +132,17 @@ class Trainer {
   struct StepGraph;  // the captured step and its input buffers (CUDA builds)
   std::unique_ptr<StepGraph> graph_;
 };
+
+// A data-parallel job of `nproc` ranks as threads of this process, on the CPU, joined by the
+// in-process communicator (dist::make_local_group). The trainers are built one after another
+// (model initialization draws from the one default generator), `setup` is called with each, then
+// all run together. A rank that fails aborts the group, so the others stop instead of waiting for
+// it; its error is rethrown here. Returns the finished trainers and rank 0's summary.
+struct LocalRun {
+  std::vector<std::unique_ptr<Trainer>> ranks;
+  RunSummary summary;  // rank 0's
+};
+LocalRun run_local_ranks(const Config& cfg, int nproc, const std::string& resume = "",
+                         const std::function<void(int rank, Trainer&)>& setup = {});
 
 }  // namespace mt::train
