@@ -56,6 +56,11 @@
 #include "core/cuda/check.h"
 #include "core/cuda/graph.h"
 #include "core/cuda/runtime.h"
+#include "dist/launch.h"
+#ifdef MT_WITH_NCCL
+#include "dist/nccl.h"
+#include "dist/reducer.h"
+#endif
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "nn/modules.h"
@@ -208,14 +213,18 @@ Batch make_batch(const Size& s) {
 // Forward, loss and backward of the step's microbatches; their losses added into loss_sum. Each
 // microbatch's summed loss is divided by the whole step's sample count: the k backward passes add
 // up to the full batch's mean gradient.
+// With data parallelism the normalizer is the global batch (all ranks' samples), and
+// `before_last_backward` arms the gradient all-reduce.
 void microbatch_passes(nn::Module& model, const Batch& batch, int64_t microbatch,
-                       const Tensor& loss_sum) {
-  const double normalizer = double(kMicrobatches * microbatch);
+                       const Tensor& loss_sum, double normalizer = 0,
+                       const std::function<void()>& before_last_backward = {}) {
+  if (normalizer == 0) normalizer = double(kMicrobatches * microbatch);
   for (int64_t k = 0; k < kMicrobatches; ++k) {
     const int64_t begin = k * microbatch, end = begin + microbatch;
     // The trainer casts its f32 batch to the compute dtype the same way, once per microbatch.
     Tensor x = batch.x.slice_rows(begin, end).to(DType::bf16);
     Tensor loss = cross_entropy(model(x), batch.y.slice_rows(begin, end), -100, normalizer);
+    if (before_last_backward && k + 1 == kMicrobatches) before_last_backward();
     loss.backward();
     add_into(loss_sum, loss.detach());
   }
@@ -521,6 +530,105 @@ bool run_size(const Size& s, const std::string& export_dir, double gemm_tflops, 
   return true;
 }
 
+// ---- data parallel -------------------------------------------------------------------------------
+
+#ifdef MT_WITH_NCCL
+// `train_step --size large --nproc N`: the step above on each of N GPUs, one process each, joined
+// by NCCL (dist/nccl.h). Per GPU and step the work is the one-GPU step's: 4 microbatches of the
+// size's microbatch, so N GPUs process N times the samples. Each rank draws its own batch.
+// Timed, 3 warm-up and N steps each, every step started together (a barrier) from idle GPUs:
+//   local          the step without the all-reduce, on every GPU at once: the one-GPU time
+//   data parallel  the step with dist::GradReducer (buckets all-reduced during the last backward)
+// scaling efficiency = local / data parallel (same per-GPU work). Also timed: one bare NCCL
+// all-reduce of all the gradients as one buffer, and its bus bandwidth 2(N-1)/N · bytes / time.
+bool run_data_parallel(const Size& s, const dist::World& world) {
+  const Device dev = cuda_device(world.local_rank);
+  cuda::set_device(dev.index);
+  std::shared_ptr<dist::Communicator> comm;
+  if (world.size > 1)
+    comm = dist::make_nccl_communicator(world.rank, world.size, dev.index, world.id_file, world.timeout);
+  manual_seed(kSeed);
+  nn::Sequential model = make_model(s);
+  manual_seed(kSeed + 1 + uint64_t(world.rank));  // this rank's share of the global batch
+  const Batch host_batch = make_batch(s);
+  model.to(dev);
+  model.set_compute_dtype(DType::bf16);
+  const Batch batch{host_batch.x.to(dev), host_batch.y.to(dev)};
+  const std::vector<Tensor> params = model.parameters();
+  std::unique_ptr<dist::GradReducer> reducer;
+  if (comm) reducer = std::make_unique<dist::GradReducer>(params, comm);
+  auto optimizer = make_optimizer(model);
+  double n_params = 0;
+  for (const Tensor& p : params) n_params += double(p.numel());
+  const int64_t samples = kMicrobatches * s.microbatch;  // per GPU
+  const double normalizer = double(world.size * samples);
+
+  cudaStream_t stream = cuda::stream(dev.index);
+  EventPair events;
+  Tensor loss_sum = zeros({}, DType::f32, dev);
+  auto step = [&](bool reduce) {
+    microbatch_passes(model, batch, s.microbatch, loss_sum, normalizer, [&] {
+      if (reduce) reducer->prepare_for_last_backward();
+    });
+    if (reduce) reducer->finish();
+    optim::clip_grad_norm_(params, kClipNorm);
+    optimizer->step();
+    optimizer->zero_grad(/*set_to_none=*/false);
+  };
+  auto time_steps = [&](bool reduce) {
+    std::vector<double> t;
+    for (int i = 0; i < kWarmupSteps + s.timed_steps; ++i) {
+      if (comm) comm->barrier();
+      cuda::synchronize(dev.index);
+      const double ms = events.time_ms(stream, [&] { step(reduce); });
+      if (i >= kWarmupSteps) t.push_back(ms);
+    }
+    return median(t);
+  };
+  const double local_ms = time_steps(false);
+  const int64_t calls_before = comm ? comm->all_reduce_calls() : 0;
+  const double dp_ms = comm ? time_steps(true) : local_ms;
+  const double calls_per_step =
+      comm ? double(comm->all_reduce_calls() - calls_before) / (kWarmupSteps + s.timed_steps) : 0;
+  double allreduce_ms = 0;
+  if (comm) {
+    const Tensor flat = zeros({int64_t(n_params)}, DType::f32, dev);
+    std::vector<double> t;
+    for (int i = 0; i < 13; ++i) {
+      comm->barrier();
+      const double ms = events.time_ms(stream, [&] {
+        comm->all_reduce_sum(flat);
+        comm->wait();
+      });
+      if (i >= 3) t.push_back(ms);
+    }
+    allreduce_ms = median(t);
+  }
+  // Every rank has the same weights after the data-parallel steps (the replicas stayed equal).
+  double checksum = 0;
+  for (const Tensor& p : params)
+    for (double v : p.to_vector()) checksum += v;
+  const Tensor spread = full({1}, checksum, DType::f64, dev);
+  if (comm) comm->all_reduce_sum(spread), comm->synchronize();
+  const double mean_checksum = spread.item() / world.size;
+  if (world.rank == 0) {
+    const double bytes = 4 * n_params;
+    std::printf("train_step dp %s: %d GPU(s), %lld samples per GPU per step; local step %.3f ms, "
+                "data-parallel step %.3f ms: scaling efficiency %.1f%%; %.0f samples/s in all; "
+                "gradient all-reduces per step %.0f (buckets %d)",
+                s.name, world.size, (long long)samples, local_ms, dp_ms, 100 * local_ms / dp_ms,
+                world.size * samples / (dp_ms * 1e-3), calls_per_step,
+                reducer ? reducer->num_buckets() : 0);
+    if (comm)
+      std::printf("; NCCL all-reduce of %.0f MB: %.3f ms, bus bandwidth %.0f GB/s", bytes / 1e6,
+                  allreduce_ms, 2.0 * (world.size - 1) / world.size * bytes / (allreduce_ms * 1e-3) / 1e9);
+    std::printf("; replicas equal: %s\n", mean_checksum == checksum ? "yes" : "NO");
+    std::fflush(stdout);
+  }
+  return std::isfinite(loss_sum.item()) && mean_checksum == checksum;
+}
+#endif
+
 int usage(const char* message) {
   std::fprintf(stderr, "train_step: %s\nusage: train_step [--size small|large|all] [--export DIR]\n",
                message);
@@ -531,22 +639,39 @@ int usage(const char* message) {
 
 int main(int argc, char** argv) {
   std::string size = "all", export_dir;
+  int nproc = 0;  // 0: the one-GPU benchmark; N: the data-parallel one over N GPUs
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "-h" || arg == "--help") {
-      std::printf("usage: train_step [--size small|large|all] [--export DIR]\n");
+      std::printf("usage: train_step [--size small|large|all] [--export DIR] [--nproc N]\n");
       return 0;
     }
-    if ((arg == "--size" || arg == "--export") && i + 1 >= argc)
+    if ((arg == "--size" || arg == "--export" || arg == "--nproc") && i + 1 >= argc)
       return usage((arg + " needs a value").c_str());
     if (arg == "--size") size = argv[++i];
     else if (arg == "--export") export_dir = argv[++i];
+    else if (arg == "--nproc") nproc = std::atoi(argv[++i]);
     else return usage(("unknown argument '" + arg + "'").c_str());
   }
   if (size != "small" && size != "large" && size != "all")
     return usage(("--size must be small, large or all, got '" + size + "'").c_str());
 
   try {
+    const dist::World world = dist::world_from_env();
+    if (nproc > 0 || world.size > 1) {
+#ifdef MT_WITH_NCCL
+      if (size == "all") size = "large";
+      if (world.size == 1 && nproc > 1)
+        return dist::run_workers(nproc, "/proc/self/exe", {"--size", size});
+      bool ok = true;
+      for (const Size& s : kSizes)
+        if (size == s.name) ok = run_data_parallel(s, world);
+      return ok ? 0 : 1;
+#else
+      std::fprintf(stderr, "train_step: --nproc needs a build with NCCL\n");
+      return 1;
+#endif
+    }
     if (!cuda_available()) {
       std::fprintf(stderr, "train_step: no CUDA device\n");
       return 1;

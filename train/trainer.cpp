@@ -352,6 +352,7 @@ RunSummary Trainer::run() {
     // The replicas start equal by construction (one seed); rank 0's weights make sure of it.
     NoGradGuard no_grad;
     for (const Tensor& p : params) comm_->broadcast(p, 0);
+    comm_->wait();  // the compute copies below read what the broadcasts wrote
     nn::refresh_compute_copies(params);
   }
 
