@@ -585,11 +585,31 @@ bool run_data_parallel(const Size& s, const dist::World& world) {
     }
     return median(t);
   };
-  const double local_ms = time_steps(false);
+  // The one-GPU time is the slowest GPU's: a data-parallel step waits for it.
+  const double own_local_ms = time_steps(false);
+  const Tensor locals = zeros({world.size}, DType::f64, dev);
+  locals.slice_rows(world.rank, world.rank + 1).fill_(own_local_ms);
+  if (comm) comm->all_reduce_sum(locals), comm->synchronize();
+  const std::vector<double> local_per_rank = locals.to_vector();
+  const double local_ms = *std::max_element(local_per_rank.begin(), local_per_rank.end());
+  // The local steps let the replicas drift apart (each its own batch, no all-reduce): start the
+  // data-parallel steps from rank 0's weights and a fresh optimizer.
+  if (comm) {
+    for (const Tensor& p : params) comm->broadcast(p, 0);
+    comm->synchronize();
+    nn::refresh_compute_copies(params);
+    optimizer = make_optimizer(model);
+  }
   const int64_t calls_before = comm ? comm->all_reduce_calls() : 0;
-  const double dp_ms = comm ? time_steps(true) : local_ms;
+  double dp_ms = local_ms, dp_late_ms = 0;
+  if (comm) {
+    dp_ms = time_steps(true);
+    reducer->set_overlap(false);
+    dp_late_ms = time_steps(true);
+    reducer->set_overlap(true);
+  }
   const double calls_per_step =
-      comm ? double(comm->all_reduce_calls() - calls_before) / (kWarmupSteps + s.timed_steps) : 0;
+      comm ? double(comm->all_reduce_calls() - calls_before) / (2 * (kWarmupSteps + s.timed_steps)) : 0;
   double allreduce_ms = 0;
   if (comm) {
     const Tensor flat = zeros({int64_t(n_params)}, DType::f32, dev);
@@ -613,15 +633,20 @@ bool run_data_parallel(const Size& s, const dist::World& world) {
   const double mean_checksum = spread.item() / world.size;
   if (world.rank == 0) {
     const double bytes = 4 * n_params;
-    std::printf("train_step dp %s: %d GPU(s), %lld samples per GPU per step; local step %.3f ms, "
-                "data-parallel step %.3f ms: scaling efficiency %.1f%%; %.0f samples/s in all; "
-                "gradient all-reduces per step %.0f (buckets %d)",
-                s.name, world.size, (long long)samples, local_ms, dp_ms, 100 * local_ms / dp_ms,
+    std::string per_rank;
+    for (double ms : local_per_rank) per_rank += (per_rank.empty() ? "" : ", ") + num("%.3f", ms);
+    std::printf("train_step dp %s: %d GPU(s), %lld samples per GPU per step; local step %.3f ms "
+                "(the slowest GPU; per rank %s), data-parallel step %.3f ms: scaling efficiency "
+                "%.1f%%; %.0f samples/s in all; gradient all-reduces per step %.0f (buckets %d)",
+                s.name, world.size, (long long)samples, local_ms, per_rank.c_str(), dp_ms,
+                100 * local_ms / dp_ms,
                 world.size * samples / (dp_ms * 1e-3), calls_per_step,
                 reducer ? reducer->num_buckets() : 0);
     if (comm)
-      std::printf("; NCCL all-reduce of %.0f MB: %.3f ms, bus bandwidth %.0f GB/s", bytes / 1e6,
-                  allreduce_ms, 2.0 * (world.size - 1) / world.size * bytes / (allreduce_ms * 1e-3) / 1e9);
+      std::printf("; all-reduced after the backward instead of during it: %.3f ms, %.1f%%; NCCL "
+                  "all-reduce of %.0f MB: %.3f ms, bus bandwidth %.0f GB/s",
+                  dp_late_ms, 100 * local_ms / dp_late_ms, bytes / 1e6, allreduce_ms,
+                  2.0 * (world.size - 1) / world.size * bytes / (allreduce_ms * 1e-3) / 1e9);
     std::printf("; replicas equal: %s\n", mean_checksum == checksum ? "yes" : "NO");
     std::fflush(stdout);
   }

@@ -75,7 +75,11 @@ class NcclCommunicator : public Communicator {
     check(ncclCommInitRankConfig(&comm_, size, id, rank, &config), "ncclCommInitRankConfig");
     settle("joining the other ranks (ncclCommInitRankConfig)");
     if (rank == 0) std::filesystem::remove(id_file);
-    MT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    // The highest priority: a bucket's all-reduce gets SMs as soon as the backward's kernels free
+    // any, rather than after them, so it is done by the time the backward is.
+    int least = 0, greatest = 0;
+    MT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    MT_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
     MT_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
     MT_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
     MT_CUDA_CHECK(cudaEventCreateWithFlags(&previous_, cudaEventDisableTiming));

@@ -14,6 +14,7 @@ struct GradReducer::State {
   std::shared_ptr<Communicator> comm;
   std::vector<Bucket> buckets;
   std::vector<size_t> bucket_of;  // per parameter
+  bool overlap = true;            // all-reduce buckets during the backward, or all in finish()
   std::vector<Tensor> views;      // per parameter: its .grad, a slice of its bucket's buffer
 
   // Between prepare_for_last_backward() and finish().
@@ -41,7 +42,7 @@ struct GradReducer::State {
     ready[i] = true;
     --pending[bucket_of[i]];
     // Strictly in index order, so every rank issues the same sequence of collectives.
-    while (next < buckets.size() && pending[next] == 0) comm->all_reduce_sum(buckets[next++].buffer);
+    while (overlap && next < buckets.size() && pending[next] == 0) comm->all_reduce_sum(buckets[next++].buffer);
   }
 };
 
@@ -150,6 +151,11 @@ void GradReducer::finish() {
   while (s.next < s.buckets.size()) s.comm->all_reduce_sum(s.buckets[s.next++].buffer);
   s.comm->wait();
   s.armed = false;
+}
+
+void GradReducer::set_overlap(bool overlap) {
+  MT_CHECK(!state_->armed, "GradReducer::set_overlap: not between prepare_for_last_backward() and finish()");
+  state_->overlap = overlap;
 }
 
 int GradReducer::num_buckets() const { return int(state_->buckets.size()); }

@@ -57,6 +57,12 @@ class GradReducer {
   // communicator. Every rank then holds the global-batch gradient.
   void finish();
 
+  // true (the default): each bucket is all-reduced as soon as its gradients are final, while the
+  // rest of the backward runs; false: every bucket in finish(), after the backward. Which is
+  // faster depends on how much the collectives slow the backward's kernels down
+  // (docs/distributed.md has the measurement).
+  void set_overlap(bool overlap);
+
   struct Bucket {
     std::vector<size_t> params;    // indices into the constructor's `params`, in bucket order
     std::vector<int64_t> offsets;  // each one's first element in the buffer (a multiple of 16)

@@ -70,6 +70,9 @@ timeout 240 "$build/train_step" --size large --nproc 1 >"$logs/dp-step-1.log" 2>
 note "$(grep -h '^train_step dp' "$logs/dp-step-1.log")"
 timeout 240 "$build/train_step" --size large --nproc 2 >"$logs/dp-step-2.log" 2>&1
 note "$(grep -h '^train_step dp' "$logs/dp-step-2.log")"
+# NCCL on at most 16 SMs: less contention with the backward's GEMMs, a slower all-reduce.
+NCCL_MAX_CTAS=16 timeout 240 "$build/train_step" --size large --nproc 2 >"$logs/dp-step-2-ctas16.log" 2>&1
+note "NCCL_MAX_CTAS=16: $(grep -h '^train_step dp' "$logs/dp-step-2-ctas16.log")"
 
 # A worker killed mid-run under `train --nproc 2`: the launcher stops the other and the job ends.
 config=configs/mlp.yaml
