@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <atomic>
 #include <mutex>
 
 #include "core/cuda/check.h"
@@ -31,6 +32,8 @@ struct DeviceState {
 
   std::once_flag sm_once;
   int sm_count = 0;
+
+  std::atomic<int> gemm_sm_target{0};
 };
 
 // Streams, handles and the workspace are deliberately never destroyed: static destructors run in
@@ -219,5 +222,8 @@ int sm_count(int device) {
   });
   return st.sm_count;
 }
+
+void set_gemm_sm_target(int device, int sms) { state(device).gemm_sm_target = sms; }
+int gemm_sm_target(int device) { return state(device).gemm_sm_target; }
 
 }  // namespace mt::cuda
