@@ -22,10 +22,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// NCCL's SMs, capped, so that the backward's GEMMs can be planned for the rest (docs/distributed.md
-// has the measurement behind the number).
-constexpr int kDefaultMaxCtas = 16;
-
 std::string seconds(std::chrono::milliseconds t) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.1f s", double(t.count()) / 1000);
@@ -76,10 +72,6 @@ class NcclCommunicator : public Communicator {
     }
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    if (const char* v = std::getenv("MT_NCCL_MAX_CTAS")) max_ctas_ = std::atoi(v);
-    MT_CHECK(max_ctas_ >= 0 && max_ctas_ < cuda::sm_count(device), "MT_NCCL_MAX_CTAS=", max_ctas_,
-             ": must be in [0, ", cuda::sm_count(device), ")");
-    if (max_ctas_ > 0) config.maxCTAs = max_ctas_;
     check(ncclCommInitRankConfig(&comm_, size, id, rank, &config), "ncclCommInitRankConfig");
     settle("joining the other ranks (ncclCommInitRankConfig)");
     if (rank == 0) std::filesystem::remove(id_file);
@@ -114,12 +106,6 @@ class NcclCommunicator : public Communicator {
  protected:
   void do_all_reduce_sum(const Tensor& t) override {
     enter("all_reduce_sum", t);
-    // Until wait(), the GEMMs the host enqueues may run beside this collective: plan them for
-    // the SMs NCCL leaves free.
-    if (max_ctas_ > 0 && !sharing_sms_) {
-      cuda::set_gemm_sm_target(device_, cuda::sm_count(device_) - max_ctas_);
-      sharing_sms_ = true;
-    }
     check(ncclAllReduce(t.data_ptr(), t.data_ptr(), size_t(t.numel()), nccl_type(t), ncclSum, comm_,
                         stream_),
           "ncclAllReduce");
@@ -143,8 +129,6 @@ class NcclCommunicator : public Communicator {
   // The framework stream waits for the last collective; the host, for the one before this call.
   void do_wait() override {
     MT_CUDA_CHECK(cudaStreamWaitEvent(cuda::stream(device_), done_, 0));
-    if (sharing_sms_) cuda::set_gemm_sm_target(device_, 0);
-    sharing_sms_ = false;
     poll(previous_, "the previous step's collectives");
     MT_CUDA_CHECK(cudaEventRecord(previous_, stream_));
   }
@@ -234,8 +218,6 @@ class NcclCommunicator : public Communicator {
 
   int rank_, size_, device_;
   std::chrono::milliseconds timeout_;
-  int max_ctas_ = kDefaultMaxCtas;  // SMs NCCL may use (0: NCCL's choice); MT_NCCL_MAX_CTAS
-  bool sharing_sms_ = false;        // a collective may be running beside the next GEMMs
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t ready_ = nullptr, done_ = nullptr, previous_ = nullptr;

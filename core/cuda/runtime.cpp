@@ -4,7 +4,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <atomic>
 #include <mutex>
 
 #include "core/cuda/check.h"
@@ -32,8 +31,6 @@ struct DeviceState {
 
   std::once_flag sm_once;
   int sm_count = 0;
-
-  std::atomic<int> gemm_sm_target{0};
 };
 
 // Streams, handles and the workspace are deliberately never destroyed: static destructors run in
@@ -222,8 +219,5 @@ int sm_count(int device) {
   });
   return st.sm_count;
 }
-
-void set_gemm_sm_target(int device, int sms) { state(device).gemm_sm_target = sms; }
-int gemm_sm_target(int device) { return state(device).gemm_sm_target; }
 
 }  // namespace mt::cuda

@@ -51,10 +51,5 @@ void set_device(int device);
 int current_device();
 // Number of streaming multiprocessors of `device`, read once: kernels size their grids from it.
 int sm_count(int device);
-// How many SMs the GEMMs launched from now on should plan for (0: all of them). Set while
-// collectives run beside the backward on other SMs (dist/nccl.h): a GEMM planned for the whole
-// GPU then runs an extra, mostly empty wave of tiles; one planned for the SMs left does not.
-void set_gemm_sm_target(int device, int sms);
-int gemm_sm_target(int device);
 
 }  // namespace mt::cuda

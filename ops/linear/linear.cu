@@ -90,20 +90,16 @@ uint32_t alignment(const void* p) {
 }
 
 // The key holds everything the choice depends on: device, shape, ops, types, leading dims,
-// epilogue, the pointers' alignment (the bias pointer's too, which the heuristic reads) and the
-// SMs to plan for (cuda::gemm_sm_target).
-using PlanKey = std::array<int64_t, 17>;
+// epilogue and the pointers' alignment (the bias pointer's too, which the heuristic reads).
+using PlanKey = std::array<int64_t, 16>;
 
 std::mutex g_plans_mutex;
 std::map<PlanKey, std::unique_ptr<Plan>> g_plans;
 
 std::unique_ptr<Plan> make_plan(cublasLtHandle_t h, const Gemm& g, const void* A, const void* B,
-                                const void* C, const void* bias, size_t ws_bytes, int32_t sm_target) {
+                                const void* C, const void* bias, size_t ws_bytes) {
   auto p = std::make_unique<Plan>();
   MT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  if (sm_target > 0)
-    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET,
-                                                   &sm_target, sizeof(sm_target)));
   MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &g.ta, sizeof(g.ta)));
   MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &g.tb, sizeof(g.tb)));
   MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &g.epilogue,
@@ -146,14 +142,13 @@ void lt_matmul(const Gemm& g, const void* A, const void* B, void* D, float alpha
   cublasLtHandle_t h = cublaslt(dev);
   size_t ws_bytes = 0;
   void* ws = cublaslt_workspace(dev, &ws_bytes);
-  const int32_t sm_target = gemm_sm_target(dev);
   const PlanKey key{dev,        g.ta,       g.tb,         g.m,          g.n,        g.k,
                     g.ab_type,  g.cd_type,  g.lda,        g.ldb,        g.ldc,      g.epilogue,
-                    alignment(A), alignment(B), alignment(D), alignment(bias), sm_target};
+                    alignment(A), alignment(B), alignment(D), alignment(bias)};
   // One lock for lookup and launch: the bias pointer is written into the shared descriptor.
   std::lock_guard<std::mutex> lock(g_plans_mutex);
   auto it = g_plans.find(key);
-  if (it == g_plans.end()) it = g_plans.emplace(key, make_plan(h, g, A, B, D, bias, ws_bytes, sm_target)).first;
+  if (it == g_plans.end()) it = g_plans.emplace(key, make_plan(h, g, A, B, D, bias, ws_bytes)).first;
   Plan& p = *it->second;
   if (bias != nullptr)
     MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
