@@ -585,13 +585,26 @@ bool run_data_parallel(const Size& s, const dist::World& world) {
     }
     return median(t);
   };
+  // Steady state: timed_steps steps back to back between two events, the host free to run ahead
+  // as in training (by at most one step under data parallelism); ms per step.
+  auto time_run = [&](bool reduce) {
+    if (comm) comm->barrier();
+    cuda::synchronize(dev.index);
+    return events.time_ms(stream, [&] {
+             for (int i = 0; i < s.timed_steps; ++i) step(reduce);
+           }) / s.timed_steps;
+  };
   // The one-GPU time is the slowest GPU's: a data-parallel step waits for it.
-  const double own_local_ms = time_steps(false);
-  const Tensor locals = zeros({world.size}, DType::f64, dev);
-  locals.slice_rows(world.rank, world.rank + 1).fill_(own_local_ms);
-  if (comm) comm->all_reduce_sum(locals), comm->synchronize();
-  const std::vector<double> local_per_rank = locals.to_vector();
-  const double local_ms = *std::max_element(local_per_rank.begin(), local_per_rank.end());
+  const auto slowest = [&](double mine, std::vector<double>* all) {
+    const Tensor t = zeros({world.size}, DType::f64, dev);
+    t.slice_rows(world.rank, world.rank + 1).fill_(mine);
+    if (comm) comm->all_reduce_sum(t), comm->synchronize();
+    *all = t.to_vector();
+    return *std::max_element(all->begin(), all->end());
+  };
+  std::vector<double> local_per_rank, steady_per_rank;
+  const double local_ms = slowest(time_steps(false), &local_per_rank);
+  const double steady_local_ms = slowest(time_run(false), &steady_per_rank);
   // The local steps let the replicas drift apart (each its own batch, no all-reduce): start the
   // data-parallel steps from rank 0's weights and a fresh optimizer.
   if (comm) {
@@ -601,15 +614,19 @@ bool run_data_parallel(const Size& s, const dist::World& world) {
     optimizer = make_optimizer(model);
   }
   const int64_t calls_before = comm ? comm->all_reduce_calls() : 0;
-  double dp_ms = local_ms, dp_late_ms = 0;
-  if (comm) {
+  double dp_ms = local_ms, dp_late_ms = 0, steady_dp_ms = steady_local_ms, steady_late_ms = 0;
+  const double calls_per_step = [&] {
+    if (!comm) return 0.0;
     dp_ms = time_steps(true);
+    return double(comm->all_reduce_calls() - calls_before) / (kWarmupSteps + s.timed_steps);
+  }();
+  if (comm) {
+    steady_dp_ms = time_run(true);
     reducer->set_overlap(false);
     dp_late_ms = time_steps(true);
+    steady_late_ms = time_run(true);
     reducer->set_overlap(true);
   }
-  const double calls_per_step =
-      comm ? double(comm->all_reduce_calls() - calls_before) / (2 * (kWarmupSteps + s.timed_steps)) : 0;
   double allreduce_ms = 0;
   if (comm) {
     const Tensor flat = zeros({int64_t(n_params)}, DType::f32, dev);
@@ -648,6 +665,12 @@ bool run_data_parallel(const Size& s, const dist::World& world) {
                   dp_late_ms, 100 * local_ms / dp_late_ms, bytes / 1e6, allreduce_ms,
                   2.0 * (world.size - 1) / world.size * bytes / (allreduce_ms * 1e-3) / 1e9);
     std::printf("; replicas equal: %s\n", mean_checksum == checksum ? "yes" : "NO");
+    std::printf("train_step dp %s steady state (%d steps back to back): local step %.3f ms (the "
+                "slowest GPU), data-parallel step %.3f ms: scaling efficiency %.1f%%, %.0f samples/s "
+                "in all; all-reduced after the backward: %.3f ms, %.1f%%\n",
+                s.name, s.timed_steps, steady_local_ms, steady_dp_ms,
+                100 * steady_local_ms / steady_dp_ms, world.size * samples / (steady_dp_ms * 1e-3),
+                steady_late_ms, comm ? 100 * steady_local_ms / steady_late_ms : 100.0);
     std::fflush(stdout);
   }
   return std::isfinite(loss_sum.item()) && mean_checksum == checksum;
