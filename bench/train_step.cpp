@@ -298,6 +298,7 @@ void print_breakdown(nn::Sequential& model, optim::AdamW& optimizer, const std::
     events.push_back(e);
   };
   const double normalizer = double(kMicrobatches * microbatch);
+  train_step(model, optimizer, params, batch, microbatch);  // untimed: creates the AdamW state
   for (int step = 0; step < steps; ++step) {
     cuda::synchronize(kDevice);
     std::vector<size_t> slot;  // which row each interval (event i-1 to i) belongs to
@@ -645,9 +646,12 @@ bool run_data_parallel(const Size& s, const dist::World& world) {
   double checksum = 0;
   for (const Tensor& p : params)
     for (double v : p.to_vector()) checksum += v;
-  const Tensor spread = full({1}, checksum, DType::f64, dev);
-  if (comm) comm->all_reduce_sum(spread), comm->synchronize();
-  const double mean_checksum = spread.item() / world.size;
+  // Rank 0's checksum to every rank, compared bit for bit there; the mismatches summed.
+  const Tensor theirs = full({1}, checksum, DType::f64, dev);
+  if (comm) comm->broadcast(theirs, 0), comm->synchronize();
+  const Tensor mismatches = full({1}, theirs.item() == checksum ? 0.0 : 1.0, DType::f64, dev);
+  if (comm) comm->all_reduce_sum(mismatches), comm->synchronize();
+  const bool replicas_equal = mismatches.item() == 0;
   if (world.rank == 0) {
     const double bytes = 4 * n_params;
     std::string per_rank;
@@ -664,7 +668,7 @@ bool run_data_parallel(const Size& s, const dist::World& world) {
                   "all-reduce of %.0f MB: %.3f ms, bus bandwidth %.0f GB/s",
                   dp_late_ms, 100 * local_ms / dp_late_ms, bytes / 1e6, allreduce_ms,
                   2.0 * (world.size - 1) / world.size * bytes / (allreduce_ms * 1e-3) / 1e9);
-    std::printf("; replicas equal: %s\n", mean_checksum == checksum ? "yes" : "NO");
+    std::printf("; replicas equal: %s\n", replicas_equal ? "yes" : "NO");
     std::printf("train_step dp %s steady state (%d steps back to back): local step %.3f ms (the "
                 "slowest GPU), data-parallel step %.3f ms: scaling efficiency %.1f%%, %.0f samples/s "
                 "in all; all-reduced after the backward: %.3f ms, %.1f%%\n",
@@ -673,7 +677,7 @@ bool run_data_parallel(const Size& s, const dist::World& world) {
                 steady_late_ms, comm ? 100 * steady_local_ms / steady_late_ms : 100.0);
     std::fflush(stdout);
   }
-  return std::isfinite(loss_sum.item()) && mean_checksum == checksum;
+  return std::isfinite(loss_sum.item()) && replicas_equal;
 }
 #endif
 

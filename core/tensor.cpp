@@ -76,7 +76,13 @@ Storage::~Storage() {
     std::free(data_);
   } else {
 #ifdef MT_WITH_CUDA
-    if (data_) cuda::free(data_, device_.index);
+    // A destructor must not throw. The one failure expected here is a tensor made inside a CUDA
+    // graph capture that a refused call just invalidated (core/cuda/graph.h): its memory was
+    // never more than a node of the discarded graph.
+    try {
+      if (data_) cuda::free(data_, device_.index);
+    } catch (const Error&) {
+    }
 #endif
   }
 }

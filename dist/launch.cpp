@@ -5,7 +5,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <charconv>
+#include <csignal>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -19,6 +21,9 @@ extern char** environ;
 
 namespace mt::dist {
 namespace {
+
+// The signal the launcher received while waiting for its workers (0: none).
+volatile std::sig_atomic_t g_signal = 0;
 
 // The integer in environment variable `name`, or `fallback` when it is unset.
 int env_int(const char* name, int fallback) {
@@ -81,13 +86,16 @@ int run_workers(int nproc, const std::string& program, const std::vector<std::st
     const int err = ::posix_spawn(&pid, program.c_str(), nullptr, nullptr, argv.data(), envp.data());
     if (err != 0) {
       for (pid_t p : pids) ::kill(p, SIGKILL);
+      for (pid_t p : pids) ::waitpid(p, nullptr, 0);
+      std::error_code ec;
+      std::filesystem::remove_all(dir_template, ec);
       MT_THROW("cannot start worker ", r, " (", program, "): ", std::strerror(err));
     }
     pids.push_back(pid);
   }
 
   // Wait for all; the first failure stops the rest.
-  int result = 0, failed_rank = -1;
+  int result = 0, failed_rank = -1;  // -1: none yet; -2: the launcher was signalled
   std::string failure;
   std::vector<bool> running(size_t(nproc), true);
   int left = nproc;
@@ -95,42 +103,73 @@ int run_workers(int nproc, const std::string& program, const std::vector<std::st
     for (int r = 0; r < nproc; ++r)
       if (running[size_t(r)]) ::kill(pids[size_t(r)], SIGTERM);
   };
+  // A SIGINT, SIGTERM or SIGHUP to the launcher (Ctrl-C, a scheduler) is passed on to the workers
+  // instead of leaving them running; the job then ends as after a failure.
+  g_signal = 0;
+  struct sigaction forward {}, old_int {}, old_term {}, old_hup {};
+  forward.sa_handler = [](int sig) { g_signal = sig; };
+  sigemptyset(&forward.sa_mask);
+  ::sigaction(SIGINT, &forward, &old_int);
+  ::sigaction(SIGTERM, &forward, &old_term);
+  ::sigaction(SIGHUP, &forward, &old_hup);
+  bool stopping = false;
   std::chrono::steady_clock::time_point kill_at{};
   while (left > 0) {
+    if (g_signal != 0 && !stopping) {
+      failed_rank = failed_rank < 0 ? -2 : failed_rank;
+      if (failed_rank == -2) {
+        result = 128 + g_signal;
+        failure = detail::concat("the launcher received signal ", int(g_signal), " (",
+                                 strsignal(g_signal), ")");
+        std::fprintf(stderr, "train: %s; stopping the %d workers\n", failure.c_str(), left);
+      }
+      stop_rest();
+      stopping = true;
+      kill_at = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    }
     int status = 0;
-    const pid_t pid = ::waitpid(-1, &status, failed_rank >= 0 ? WNOHANG : 0);
-    if (pid == 0) {  // stopping the others: escalate once the grace period is over
-      if (std::chrono::steady_clock::now() > kill_at)
+    const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid == 0) {  // none exited: once stopping, escalate after the grace period
+      if (stopping && std::chrono::steady_clock::now() > kill_at)
         for (int r = 0; r < nproc; ++r)
           if (running[size_t(r)]) ::kill(pids[size_t(r)], SIGKILL);
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
       continue;
     }
-    if (pid < 0) break;
+    if (pid < 0) {
+      if (errno == EINTR) continue;
+      break;  // ECHILD: nothing left to wait for
+    }
     int r = 0;
     while (r < nproc && pids[size_t(r)] != pid) ++r;
     if (r == nproc) continue;
     running[size_t(r)] = false;
     --left;
     const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    if (!ok && failed_rank < 0) {
+    if (!ok && failed_rank == -1) {
       failed_rank = r;
       result = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
       failure = WIFEXITED(status) ? detail::concat("exited with code ", WEXITSTATUS(status))
                                   : detail::concat("was killed by signal ", WTERMSIG(status), " (",
                                                    strsignal(WTERMSIG(status)), ")");
-      if (left > 0) {
+      if (left > 0 && !stopping) {
         std::fprintf(stderr, "train: worker %d (pid %d) %s; stopping the other %d\n", r, int(pid),
                      failure.c_str(), left);
         stop_rest();
+        stopping = true;
         kill_at = std::chrono::steady_clock::now() + std::chrono::seconds(5);
       }
     }
   }
+  ::sigaction(SIGINT, &old_int, nullptr);
+  ::sigaction(SIGTERM, &old_term, nullptr);
+  ::sigaction(SIGHUP, &old_hup, nullptr);
   std::error_code ec;
   std::filesystem::remove_all(dir_template, ec);
   if (failed_rank >= 0)
     std::fprintf(stderr, "train: the job failed: worker %d %s\n", failed_rank, failure.c_str());
+  else if (failed_rank == -2)
+    std::fprintf(stderr, "train: the job was stopped: %s\n", failure.c_str());
   return result;
 }
 

@@ -74,31 +74,24 @@ class NcclCommunicator : public Communicator {
     config.blocking = 0;
     check(ncclCommInitRankConfig(&comm_, size, id, rank, &config), "ncclCommInitRankConfig");
     settle("joining the other ranks (ncclCommInitRankConfig)");
-    if (rank == 0) std::filesystem::remove(id_file);
-    // The highest priority: a bucket's all-reduce gets SMs as soon as the backward's kernels free
-    // any, rather than after them, so it is done by the time the backward is.
-    int least = 0, greatest = 0;
-    MT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    MT_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
-    MT_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
-    MT_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
-    MT_CUDA_CHECK(cudaEventCreateWithFlags(&previous_, cudaEventDisableTiming));
+    try {
+      std::error_code ec;
+      if (rank == 0) std::filesystem::remove(id_file, ec);  // a leftover file is harmless
+      // The highest priority: a bucket's all-reduce gets SMs as soon as the backward's kernels
+      // free any, rather than after them, so it is done by the time the backward is.
+      int least = 0, greatest = 0;
+      MT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+      MT_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
+      MT_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+      MT_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+      MT_CUDA_CHECK(cudaEventCreateWithFlags(&previous_, cudaEventDisableTiming));
+    } catch (...) {
+      release(/*abort=*/true);
+      throw;
+    }
   }
 
-  ~NcclCommunicator() override {
-    // Destructors must not throw: a finalize that does not settle in time becomes an abort.
-    for (cudaEvent_t e : {ready_, done_, previous_})
-      if (e != nullptr) (void)cudaEventDestroy(e);
-    if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
-    if (comm_ == nullptr) return;
-    bool clean = ncclCommFinalize(comm_) == ncclSuccess || last_state() == ncclInProgress;
-    const auto deadline = Clock::now() + timeout_;
-    while (clean && last_state() == ncclInProgress && Clock::now() < deadline)
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    clean = clean && last_state() == ncclSuccess;
-    if (clean) (void)ncclCommDestroy(comm_);
-    else (void)ncclCommAbort(comm_);
-  }
+  ~NcclCommunicator() override { release(/*abort=*/false); }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -128,12 +121,14 @@ class NcclCommunicator : public Communicator {
 
   // The framework stream waits for the last collective; the host, for the one before this call.
   void do_wait() override {
+    alive("wait");
     MT_CUDA_CHECK(cudaStreamWaitEvent(cuda::stream(device_), done_, 0));
     poll(previous_, "the previous step's collectives");
     MT_CUDA_CHECK(cudaEventRecord(previous_, stream_));
   }
 
   void do_synchronize() override {
+    alive("synchronize");
     do_wait();
     cudaEvent_t all;
     MT_CUDA_CHECK(cudaEventCreateWithFlags(&all, cudaEventDisableTiming));
@@ -158,8 +153,31 @@ class NcclCommunicator : public Communicator {
     return t.dtype() == DType::f64 ? ncclFloat64 : ncclFloat32;
   }
 
+  void alive(const char* what) const {
+    if (comm_ == nullptr)
+      throw DistError(detail::concat("rank ", rank_, ": ", what, " on an aborted NCCL communicator"));
+  }
+
+  // Ends the communicator, then its stream and events (finalize may still flush work queued on
+  // the stream). Never throws: a finalize that does not settle in time becomes an abort.
+  void release(bool abort) noexcept {
+    if (comm_ != nullptr) {
+      bool clean = !abort && (ncclCommFinalize(comm_) == ncclSuccess || last_state() == ncclInProgress);
+      const auto deadline = Clock::now() + timeout_;
+      while (clean && last_state() == ncclInProgress && Clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      clean = clean && last_state() == ncclSuccess;
+      if (clean) (void)ncclCommDestroy(comm_);
+      else (void)ncclCommAbort(comm_);
+      comm_ = nullptr;
+    }
+    for (cudaEvent_t e : {ready_, done_, previous_})
+      if (e != nullptr) (void)cudaEventDestroy(e);
+    if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+  }
+
   void enter(const char* what, const Tensor& t) {
-    MT_CHECK(comm_ != nullptr, "rank ", rank_, ": ", what, " on an aborted communicator");
+    alive(what);
     MT_CHECK(t.device() == cuda_device(device_), "rank ", rank_, ": ", what, " of a tensor on ",
              t.device().str(), "; this rank's NCCL communicator is on cuda:", device_);
     // The collective starts after the work already queued on the framework stream.

@@ -17,8 +17,9 @@
 // never waits inside NCCL. Where the host must wait (the rendezvous, synchronize(), and wait(),
 // which lets the host run at most one optimizer step ahead of the collectives) it polls, and past
 // `timeout` it aborts the communicator (ncclCommAbort ends the kernels that wait for a peer) and
-// throws DistError naming the rank and what it waited for. A dead peer thus ends every other rank
-// within the timeout; `train --nproc` also stops the others as soon as one worker exits.
+// throws DistError naming the rank and what it waited for. The trainer calls synchronize() before
+// it reads any value back, so a dead peer ends every other rank within the timeout; `train
+// --nproc` stops the others sooner, as soon as a worker fails or is killed.
 //
 // NVLink SHARP multicast (NVLS) is turned off: NCCL_NVLS_ENABLE=0 is set before the communicator
 // is created (docs/distributed.md says why).

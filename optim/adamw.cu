@@ -8,7 +8,7 @@
 // indices. Kernel parameters are captured by value in a CUDA graph, so there is no staging buffer
 // to keep alive or to refresh, and no host synchronization. More than kMaxTensors tensors take
 // one more launch per kMaxTensors (no per-parameter launches). __grid_constant__ lets the kernel
-// index the descriptor array in parameter memory without copying the 15 KB struct to local memory.
+// index the descriptor array in parameter memory without copying the 17 KB struct to local memory.
 //
 // AdamW: grid = sum of chunks, 256 threads, each thread moves float4s of p, g, m, v (and 4
 // bf16/f16 of lowp) when the tensor's pointers are 16-byte (lowp 8-byte) aligned, else floats.

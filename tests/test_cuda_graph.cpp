@@ -41,6 +41,9 @@ TEST(CudaGraph, HostSynchronizationInsideACaptureIsAClearErrorAndTheStreamStillW
   const Tensor t = full({4}, 3.0, DType::f32, cuda_device(0));
   expect_error([&] { cuda::Graph::capture(0, [&] { (void)t.item(); }); },
                {"CUDA graph capture on cuda:0 failed"});
+  // A tensor made inside the capture is freed while the failure unwinds: no crash, same error.
+  expect_error([&] { cuda::Graph::capture(0, [&] { (void)add(t, t).item(); }); },
+               {"CUDA graph capture on cuda:0 failed"});
   expect_error([&] { cuda::Graph::capture(0, [&] { MT_THROW("the body's own error"); }); },
                {"capture", "the body's own error"});
   EXPECT_EQ(add(t, t).to_vector(), std::vector<double>(4, 6.0));

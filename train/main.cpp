@@ -59,9 +59,15 @@ void run_worker(const mt::Config& cfg, const mt::dist::World& world, const std::
   const mt::Device mine = mt::cuda_device(world.local_rank);
   auto comm = mt::dist::make_nccl_communicator(world.rank, world.size, mine.index, world.id_file,
                                                world.timeout);
-  mt::train::Trainer trainer(cfg, mine, comm);
-  if (!resume.empty()) trainer.resume(resume);
-  trainer.run();
+  try {
+    mt::train::Trainer trainer(cfg, mine, comm);
+    if (!resume.empty()) trainer.resume(resume);
+    trainer.run();
+  } catch (const std::exception& e) {
+    // No orderly finalize (which waits for peers): exit now; `--nproc` then stops the others.
+    comm->abort(e.what());
+    throw;
+  }
 #else
   (void)resume;
   MT_THROW("WORLD_SIZE=", world.size, ": this build has no NCCL (install libnccl-dev and rebuild)");

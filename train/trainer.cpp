@@ -190,6 +190,7 @@ void Trainer::resume(const std::string& path) {
   }
   optimizer_->load_state_dict(optimizer);
   scaler_.load_state_dict(scaler);
+  graph_.reset();  // it recorded the optimizer state just replaced
   step_ = c.step;
   resumed_ = true;
   if (lead()) spdlog::info("resumed from {} at step {}", path, step_);
@@ -262,7 +263,10 @@ void Trainer::microbatch_passes(const std::vector<data::Loader::Microbatch>& bat
     if (reducer_ && i + 1 == batches.size()) reducer_->prepare_for_last_backward();
     loss.backward(scaler_.seed_for(loss));  // f16: the gradients come out times the scale
     add_into(loss_sum, loss.detach().to(DType::f32));
-    if (correct != nullptr) *correct += count_correct(logits, mb.y);
+    if (correct != nullptr) {
+      if (comm_) comm_->synchronize();  // bounded: a dead peer is an error, not a hang in the read
+      *correct += count_correct(logits, mb.y);
+    }
   }
   if (reducer_) {
     reducer_->finish();
@@ -331,6 +335,7 @@ void Trainer::replay_step() {
 RunSummary Trainer::run() {
   const OptimConfig& o = cfg_.optim;
   const DType dt = cfg_.precision.compute_dtype;
+  graph_.reset();  // a graph records this run's loss and norm tensors; a second run() makes its own
   // Rank 0 alone writes the metrics, the curve and the checkpoints, and logs.
   std::optional<MetricsWriter> metrics;
   if (lead()) metrics.emplace(metrics_path(cfg_), resumed_ ? step_ : -1);
@@ -371,6 +376,8 @@ RunSummary Trainer::run() {
       use_graph = false;
     }
   }
+  if (use_graph && (cfg_.logging.every == 1 || cfg_.checkpoint.every == 1))
+    spdlog::warn("cuda_graph: every step is logged or saved, and those run eagerly: none is replayed");
   bool warmed_up = false;  // an eager step of this run has created the state a capture records
   for (; step_ < o.steps; ++step_) {
     const bool log_now = (step_ + 1) % cfg_.logging.every == 0 || step_ + 1 == o.steps;
@@ -392,6 +399,7 @@ RunSummary Trainer::run() {
       microbatch_passes(loader_->step_batches(step_, device_), loss_sum, log_now ? &correct : nullptr);
       if (step_callback_) step_callback_(step_ + 1, *this);
       const double scale = scaler_.scale();
+      if (comm_ && scaler_.enabled()) comm_->synchronize();  // the scaler reads a flag back
       const bool overflow = scaler_.unscale_and_check(params);  // before clipping sees the norm
       const bool skip = scaler_.update(overflow);
       if (skip) {
@@ -434,7 +442,7 @@ RunSummary Trainer::run() {
                   static_cast<long long>(o.steps), lr, eta);
       std::fflush(stdout);
     }
-    if (!(log_now || save_now)) continue;
+    if (!(log_now || save_now || eval_now)) continue;
 
     if (log_now) {
       const double secs = seconds_since(window_start);
@@ -464,6 +472,7 @@ RunSummary Trainer::run() {
       window_start = std::chrono::steady_clock::now();
     }
     if (eval_now && !split_.val.empty()) {
+      if (comm_) comm_->synchronize();  // evaluation reads values back
       Eval e = evaluate(train_set_, split_.val);
       if (metrics) {
         spdlog::info("step {:>5}/{} | val_loss {:.4f} | val_accuracy {:.4f}", step_ + 1, o.steps,

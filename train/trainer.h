@@ -23,8 +23,8 @@
 // saved steps run eagerly (the same kernels, so the same numbers): they read logits for the
 // accuracy and check for NaN before the update. .grad stays allocated (zero_grad without
 // set_to_none) so the graph's pointers stay valid. Where the step cannot be captured (no GPU, an
-// optimizer that keeps per-step values on the host, f16 loss scaling, a step callback, or a
-// capture that fails) a warning says why and every step runs eagerly.
+// optimizer that keeps per-step values on the host, f16 loss scaling, a step callback, data
+// parallelism, or a capture that fails) a warning says why and every step runs eagerly.
 #include <cstdint>
 #include <functional>
 #include <memory>

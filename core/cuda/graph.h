@@ -12,7 +12,8 @@
 // each kernel, copy, cuBLAS call and stream-ordered allocation it enqueues is recorded in order,
 // with its arguments and pointers. replay() launches all of it again on that stream.
 //
-// What body() must respect, or capture() throws and nothing has run:
+// What body() must respect. The first rule is enforced (capture() throws, and no device work has
+// run); breaking the others gives wrong replays or a failing second replay:
 //  - no host synchronization and no synchronous copy (CUDA refuses them during a capture);
 //  - whatever outlives a replay (parameters, .grad, optimizer state, input buffers, the loss
 //    accumulator) exists before the capture: memory allocated inside body() and freed inside it
