@@ -88,7 +88,22 @@ wait $launcher
 rc=$?
 note "kill -9 of worker pid $victim under train --nproc 2: job ended $(python3 -c "print(f'{$(date +%s.%N) - $t0:.2f}')") s later, rc $rc: $(grep -h 'train:' "$logs/kill-launcher.log" | tr '\n' ' ')"
 
-# The same under an outside launcher: two processes started by hand; the survivor must give up by
+# SIGTERM to the launcher itself (a scheduler's way to stop a job): passed on to the workers.
+"$build/train" --config $config --nproc 2 --set optim.steps=1000000 --set logging.every=1000 \
+  --set eval.every=1000000 --set checkpoint.every=1000000 --set checkpoint.dir="$runs/term" \
+  >"$logs/term-launcher.log" 2>&1 &
+launcher=$!
+sleep 12
+workers=$(pgrep -P $launcher | tr '\n' ' ')
+kill -TERM $launcher
+t0=$(date +%s.%N)
+wait $launcher
+rc=$?
+left=0
+for w in $workers; do kill -0 "$w" 2>/dev/null && left=$((left + 1)); done
+note "SIGTERM to the launcher: job ended $(python3 -c "print(f'{$(date +%s.%N) - $t0:.2f}')") s later, rc $rc, workers still running: $left: $(grep -h 'train:' "$logs/term-launcher.log" | tr '\n' ' ')"
+
+# A rank killed under an outside launcher: two processes started by hand; the survivor must give up by
 # itself, through its NCCL timeout (MT_DIST_TIMEOUT=20 here).
 id=$(mktemp -u /tmp/mt-nccl-id-XXXXXX)
 for r in 0 1; do
