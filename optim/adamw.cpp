@@ -68,7 +68,7 @@ void AdamW::prepare_step() {
       if (p.device().is_cuda()) {
         MT_CHECK(p.dtype() == DType::f32, "AdamW: CUDA parameters must be f32, got ", dtype_name(p.dtype()));
         std::vector<float>& h = hyper[p.device().index];
-        h.resize(3 * num_params);
+        if (h.empty()) h.resize(3 * num_params);
         const Pending& u = pending_.back();
         h[3 * i] = float(u.lr), h[3 * i + 1] = float(u.bc1), h[3 * i + 2] = float(u.bc2);
       }

@@ -7,31 +7,13 @@
 #include <fstream>
 
 #include "train/config.h"
+#include "tests/temp_dir.h"
 
 namespace fs = std::filesystem;
 using namespace mt;
+using mt::test::TempDir;
 
 namespace {
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() /
-           ("mt_test_config_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string write(const std::string& name, const std::string& text) const {
-    const std::string p = (path / name).string();
-    std::ofstream(p, std::ios::binary) << text;
-    return p;
-  }
-};
 
 // The message of the ConfigError that loading throws, with `dir`'s path cut out of it so that the
 // expected messages can say "mlp.yaml:2:7".

@@ -34,6 +34,7 @@
 #include "ops/scaled_silu/scaled_silu.h"
 #include "tests/expect_error.h"
 #include "tests/gradcheck.h"
+#include "tests/small_mlp.h"
 #include "train/data.h"
 
 using namespace mt;
@@ -41,32 +42,12 @@ using namespace std::chrono_literals;
 
 namespace {
 
-constexpr int64_t D = 6, H = 9, C = 5;
+constexpr int64_t D = test::SmallMlp::D, H = test::SmallMlp::H, C = test::SmallMlp::C;
 constexpr int64_t B = 13;  // over 2 ranks: shards of 7 and 6; over 3: 5, 4 and 4
 
 using Comms = std::vector<std::shared_ptr<dist::Communicator>>;
 
-Tensor param(const Shape& shape, double lo, double hi, DType dtype) {
-  Tensor p = test::random_leaf(shape, lo, hi, /*grad=*/false).to(dtype);
-  p.set_requires_grad();
-  return p;
-}
-
-struct Model {
-  Tensor W1, b1, g, w, W2, b2;
-
-  explicit Model(DType dtype)
-      : W1(param({H, D}, -0.8, 0.8, dtype)), b1(param({H}, -0.5, 0.5, dtype)),
-        g(param({H}, 0.5, 1.5, dtype)), w(param({1}, 0.5, 1.5, dtype)),
-        W2(param({C, H}, -0.8, 0.8, dtype)), b2(param({C}, -0.5, 0.5, dtype)) {}
-
-  std::vector<Tensor> params() const { return {W1, b1, g, w, W2, b2}; }
-
-  Tensor loss(const Tensor& x, const Tensor& targets, double normalizer) const {
-    Tensor h = scaled_silu(rms_norm(linear(x.to(W1.dtype()), W1, b1), g), w);
-    return cross_entropy(linear(h, W2, b2), targets, -100, normalizer);
-  }
-};
+using Model = test::SmallMlp;
 
 // Replicas start from the same seed, so they are identical, as after a broadcast.
 std::vector<std::unique_ptr<Model>> replicas(int n, DType dtype) {
@@ -151,21 +132,32 @@ void rank_step(const Model& m, const data::Loader& loader, int64_t step, dist::G
   reducer.finish();
 }
 
+// N ranks of one job on CPU threads: replicas of the model, the in-process group, each rank's
+// shard of the data (k microbatches) and its reducer (256 bytes: several buckets, 3 in f32 and 5
+// in f64).
+struct Job {
+  std::vector<std::unique_ptr<Model>> models;
+  Comms comms;
+  std::vector<std::unique_ptr<data::Loader>> loaders;
+  std::vector<std::unique_ptr<dist::GradReducer>> reducers;
+
+  Job(const data::Dataset& d, int n, int64_t k, DType dtype)
+      : models(replicas(n, dtype)), comms(dist::make_local_group(n, 20s)) {
+    for (int r = 0; r < n; ++r) {
+      loaders.push_back(std::make_unique<data::Loader>(d, all_rows(d.size), B, k, true, 5, r, n));
+      reducers.push_back(
+          std::make_unique<dist::GradReducer>(models[size_t(r)]->params(), comms[size_t(r)], 256));
+    }
+  }
+};
+
 void expect_ranks_match_full_batch(DType dtype, double tolerance) {
   const data::Dataset d = dataset();
   const Grads full[2] = {full_batch_grads(d, 0, dtype), full_batch_grads(d, 1, dtype)};
   for (int n = 1; n <= 3; ++n)
     for (int64_t k = 1; k <= 3; ++k) {
-      auto models = replicas(n, dtype);
-      Comms comms = dist::make_local_group(n, 20s);
-      std::vector<std::unique_ptr<data::Loader>> loaders;
-      std::vector<std::unique_ptr<dist::GradReducer>> reducers;
-      for (int r = 0; r < n; ++r) {
-        loaders.push_back(std::make_unique<data::Loader>(d, all_rows(d.size), B, k, true, 5, r, n));
-        // 256 bytes: several buckets (3 in f32, 5 in f64).
-        reducers.push_back(std::make_unique<dist::GradReducer>(models[size_t(r)]->params(),
-                                                               comms[size_t(r)], 256));
-      }
+      Job job(d, n, k, dtype);
+      auto& [models, comms, loaders, reducers] = job;
       std::vector<std::vector<Grads>> got(size_t(n), std::vector<Grads>(2));
       std::vector<std::vector<int64_t>> calls(size_t(n), std::vector<int64_t>(2));
       run_ranks(comms, [&](int r) {
@@ -409,14 +401,8 @@ TEST(DistReducer, OneAllReducePerBucketPerStep) {
   const data::Dataset d = dataset();
   constexpr int n = 2;
   constexpr int64_t k = 3;
-  auto models = replicas(n, DType::f32);
-  Comms comms = dist::make_local_group(n, 20s);
-  std::vector<std::unique_ptr<data::Loader>> loaders;
-  std::vector<std::unique_ptr<dist::GradReducer>> reducers;
-  for (int r = 0; r < n; ++r) {
-    loaders.push_back(std::make_unique<data::Loader>(d, all_rows(d.size), B, k, true, 5, r, n));
-    reducers.push_back(std::make_unique<dist::GradReducer>(models[size_t(r)]->params(), comms[size_t(r)], 256));
-  }
+  Job job(d, n, k, DType::f32);
+  auto& [models, comms, loaders, reducers] = job;
   // Per rank and step: calls after the first k − 1 backwards, after the last, after finish().
   std::vector<std::vector<std::vector<int64_t>>> calls(n);
   run_ranks(comms, [&](int r) {
@@ -450,14 +436,8 @@ TEST(DistReducer, SetToNoneIsReattached) {
   const Grads full = full_batch_grads(d, 1, DType::f64);
   constexpr int n = 2;
   for (int64_t k : {1, 2}) {
-    auto models = replicas(n, DType::f64);
-    Comms comms = dist::make_local_group(n, 20s);
-    std::vector<std::unique_ptr<data::Loader>> loaders;
-    std::vector<std::unique_ptr<dist::GradReducer>> reducers;
-    for (int r = 0; r < n; ++r) {
-      loaders.push_back(std::make_unique<data::Loader>(d, all_rows(d.size), B, k, true, 5, r, n));
-      reducers.push_back(std::make_unique<dist::GradReducer>(models[size_t(r)]->params(), comms[size_t(r)], 256));
-    }
+    Job job(d, n, k, DType::f64);
+    auto& [models, comms, loaders, reducers] = job;
     std::vector<Grads> got(n);
     std::vector<int64_t> calls(n);
     run_ranks(comms, [&](int r) {

@@ -15,30 +15,13 @@
 #include "train/csv.h"
 #include "train/idx.h"
 #include "train/safetensors.h"
+#include "tests/temp_dir.h"
 
 namespace fs = std::filesystem;
 using namespace mt;
+using mt::test::TempDir;
 
 namespace {
-
-// A fresh directory per test, removed with everything in it afterwards.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    const auto* test = ::testing::UnitTest::GetInstance()->current_test_info();
-    path = fs::temp_directory_path() / ("mt_test_io_" + std::to_string(::getpid()) + "_" +
-                                        test->name() + "_" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::permissions(path, fs::perms::owner_all, fs::perm_options::add, ec);
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
 
 std::vector<uint8_t> read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -93,7 +76,7 @@ StEntry entry(const std::string& name, DType dtype, std::vector<int64_t> shape, 
 
 // Two tensors and some metadata: the file the damage tests start from.
 std::vector<uint8_t> small_checkpoint(const TempDir& dir) {
-  const std::string path = dir.file("good.safetensors");
+  const std::string path = (dir / "good.safetensors");
   write_safetensors(path, {entry("a", DType::f32, {2, 3}, 1), entry("b", DType::i64, {2}, 2)},
                     {{"step", "7"}});
   return read_bytes(path);
@@ -103,7 +86,7 @@ std::vector<uint8_t> small_checkpoint(const TempDir& dir) {
 
 TEST(Safetensors, RoundTripsEveryDtypeEmptyTensorsAndMetadata) {
   TempDir dir;
-  const std::string path = dir.file("ckpt.safetensors");
+  const std::string path = (dir / "ckpt.safetensors");
   const std::vector<StEntry> entries = {
       entry("layer.weight", DType::f32, {3, 5}, 1), entry("z_first_in_data", DType::f64, {4}, 2),
       entry("bf", DType::bf16, {2, 2, 3}, 3),       entry("half", DType::f16, {7}, 4),
@@ -132,7 +115,7 @@ TEST(Safetensors, RoundTripsEveryDtypeEmptyTensorsAndMetadata) {
 
 TEST(Safetensors, RoundTripsNoEntriesAndNoMetadata) {
   TempDir dir;
-  const std::string path = dir.file("empty.safetensors");
+  const std::string path = (dir / "empty.safetensors");
   write_safetensors(path, {}, {});
   const StFile f = read_safetensors(path);
   EXPECT_TRUE(f.entries.empty());
@@ -142,7 +125,7 @@ TEST(Safetensors, RoundTripsNoEntriesAndNoMetadata) {
 // Decodes the file byte by byte, as another implementation would, instead of trusting our reader.
 TEST(Safetensors, BytesOnDiskFollowTheFormat) {
   TempDir dir;
-  const std::string path = dir.file("w.safetensors");
+  const std::string path = (dir / "w.safetensors");
   const float w[2] = {1.0f, -2.5f};
   const int64_t n[1] = {42};
   StEntry we{"w", DType::f32, {2}, std::vector<uint8_t>(8)};
@@ -194,7 +177,7 @@ TEST(Safetensors, ReadsAFileWrittenByPythonSafetensors) {
   bytes.insert(bytes.end(), header.begin(), header.end());
   bytes.insert(bytes.end(), data.begin(), data.end());
   TempDir dir;
-  const std::string path = dir.file("torch.safetensors");
+  const std::string path = (dir / "torch.safetensors");
   write_bytes(path, bytes);
 
   const StFile f = read_safetensors(path);
@@ -225,7 +208,7 @@ TEST(Safetensors, ReadsAFileWrittenByPythonSafetensors) {
 
 TEST(Safetensors, InvalidEntriesAreRejectedAndTheOldFileKept) {
   TempDir dir;
-  const std::string path = dir.file("ckpt.safetensors");
+  const std::string path = (dir / "ckpt.safetensors");
   write_safetensors(path, {entry("a", DType::f32, {2}, 1)}, {});
   const std::vector<uint8_t> before = read_bytes(path);
 
@@ -250,7 +233,7 @@ TEST(Safetensors, InvalidEntriesAreRejectedAndTheOldFileKept) {
 
 TEST(Safetensors, FailedWriteKeepsTheOldFileAndRemovesTheTemp) {
   TempDir dir;
-  const std::string path = dir.file("ckpt.safetensors");
+  const std::string path = (dir / "ckpt.safetensors");
   write_safetensors(path, {entry("a", DType::f32, {4}, 1)}, {{"step", "1"}});
   const std::vector<uint8_t> before = read_bytes(path);
   const std::vector<StEntry> big = {entry("big", DType::f32, {1 << 16}, 2)};
@@ -273,7 +256,7 @@ TEST(Safetensors, FailedWriteKeepsTheOldFileAndRemovesTheTemp) {
   EXPECT_ERROR(write_safetensors(path, big, {}), "cannot create temp file");
   fs::remove(path + ".tmp." + std::to_string(::getpid()));
 
-  EXPECT_ERROR(write_safetensors(dir.file("no/such/dir/x.safetensors"), big, {}),
+  EXPECT_ERROR(write_safetensors((dir / "no/such/dir/x.safetensors"), big, {}),
                "No such file or directory");
 
   // A read-only directory (root ignores permissions, so only checked for other users).
@@ -292,7 +275,7 @@ TEST(Safetensors, FailedWriteKeepsTheOldFileAndRemovesTheTemp) {
 TEST(Safetensors, EveryTruncationIsAnError) {
   TempDir dir;
   const std::vector<uint8_t> good = small_checkpoint(dir);
-  const std::string path = dir.file("cut.safetensors");
+  const std::string path = (dir / "cut.safetensors");
   for (size_t len = 0; len < good.size(); ++len) {
     SCOPED_TRACE("length " + std::to_string(len));
     write_bytes(path, std::vector<uint8_t>(good.begin(), good.begin() + long(len)));
@@ -308,7 +291,7 @@ TEST(Safetensors, EveryTruncationIsAnError) {
 TEST(Safetensors, RandomBitFlipsNeverCrash) {
   TempDir dir;
   const std::vector<uint8_t> good = small_checkpoint(dir);
-  const std::string path = dir.file("flipped.safetensors");
+  const std::string path = (dir / "flipped.safetensors");
   uint64_t header_end = 8;
   for (int i = 0; i < 8; ++i) header_end += uint64_t(good[i]) << (8 * i);
   write_bytes(path, good);
@@ -337,7 +320,7 @@ TEST(Safetensors, RandomBitFlipsNeverCrash) {
 // Hand-made headers, each wrong in one way, with the message that must name the problem.
 TEST(Safetensors, CorruptHeadersNameTheProblem) {
   TempDir dir;
-  const std::string path = dir.file("bad.safetensors");
+  const std::string path = (dir / "bad.safetensors");
   auto file = [&](const std::string& json, size_t data_bytes) {
     std::vector<uint8_t> b(8);
     for (int i = 0; i < 8; ++i) b[i] = uint8_t(uint64_t(json.size()) >> (8 * i));
@@ -400,14 +383,14 @@ TEST(Safetensors, CorruptHeadersNameTheProblem) {
                "truncated: header length says 4294967295 bytes but only 8 follow");
   write_bytes(path, {1, 2, 3});
   EXPECT_ERROR(read_safetensors(path), "truncated: 3 bytes is too short");
-  EXPECT_ERROR(read_safetensors(dir.file("missing.safetensors")),
+  EXPECT_ERROR(read_safetensors((dir / "missing.safetensors")),
                "missing.safetensors: cannot open: No such file or directory");
   EXPECT_ERROR(read_safetensors(dir.path.string()), "not a regular file");
 }
 
 TEST(Safetensors, HeaderOverTheSizeLimitIsRejected) {
   TempDir dir;
-  const std::string path = dir.file("huge.safetensors");
+  const std::string path = (dir / "huge.safetensors");
   const uint64_t len = 100'000'008;
   std::vector<uint8_t> head(8);
   for (int i = 0; i < 8; ++i) head[i] = uint8_t(len >> (8 * i));
@@ -439,49 +422,49 @@ void write_gz(const std::string& path, const std::vector<uint8_t>& bytes) {
 TEST(Idx, ReadsImagesAndLabels) {
   TempDir dir;
   const std::vector<uint8_t> images = idx_bytes(0x803, {2, 3, 4}, 24);
-  write_bytes(dir.file("images"), images);
-  const IdxArray a = read_idx(dir.file("images"));
+  write_bytes((dir / "images"), images);
+  const IdxArray a = read_idx((dir / "images"));
   EXPECT_EQ(a.shape, (std::vector<int64_t>{2, 3, 4}));
   EXPECT_EQ(a.data, std::vector<uint8_t>(images.begin() + 16, images.end()));
 
-  write_bytes(dir.file("labels"), idx_bytes(0x801, {5}, 5));
-  const IdxArray l = read_idx(dir.file("labels"));
+  write_bytes((dir / "labels"), idx_bytes(0x801, {5}, 5));
+  const IdxArray l = read_idx((dir / "labels"));
   EXPECT_EQ(l.shape, (std::vector<int64_t>{5}));
   EXPECT_EQ(l.data, (std::vector<uint8_t>{3, 10, 17, 24, 31}));
 
-  write_bytes(dir.file("none"), idx_bytes(0x803, {0, 28, 28}, 0));
-  EXPECT_EQ(read_idx(dir.file("none")).shape, (std::vector<int64_t>{0, 28, 28}));
+  write_bytes((dir / "none"), idx_bytes(0x803, {0, 28, 28}, 0));
+  EXPECT_EQ(read_idx((dir / "none")).shape, (std::vector<int64_t>{0, 28, 28}));
 }
 
 TEST(Idx, ReadsGzipFiles) {
   TempDir dir;
   const std::vector<uint8_t> images = idx_bytes(0x803, {3, 28, 28}, 3 * 28 * 28);
-  write_gz(dir.file("images.gz"), images);
-  const std::vector<uint8_t> gz = read_bytes(dir.file("images.gz"));
+  write_gz((dir / "images.gz"), images);
+  const std::vector<uint8_t> gz = read_bytes((dir / "images.gz"));
   ASSERT_EQ(gz[0], 0x1f);
   ASSERT_EQ(gz[1], 0x8b);
-  const IdxArray a = read_idx(dir.file("images.gz"));
+  const IdxArray a = read_idx((dir / "images.gz"));
   EXPECT_EQ(a.shape, (std::vector<int64_t>{3, 28, 28}));
   EXPECT_EQ(a.data, std::vector<uint8_t>(images.begin() + 16, images.end()));
 
-  write_bytes(dir.file("cut.gz"),
+  write_bytes((dir / "cut.gz"),
               std::vector<uint8_t>(gz.begin(), gz.begin() + long(gz.size() / 2)));
-  EXPECT_ERROR(read_idx(dir.file("cut.gz")), "cut.gz: corrupt or truncated gzip data");
+  EXPECT_ERROR(read_idx((dir / "cut.gz")), "cut.gz: corrupt or truncated gzip data");
   std::vector<uint8_t> flipped = gz;
   flipped[gz.size() - 6] ^= 0xff;  // inside the CRC-32 trailer
-  write_bytes(dir.file("crc.gz"), flipped);
-  EXPECT_ERROR(read_idx(dir.file("crc.gz")), "crc.gz: corrupt or truncated gzip data");
+  write_bytes((dir / "crc.gz"), flipped);
+  EXPECT_ERROR(read_idx((dir / "crc.gz")), "crc.gz: corrupt or truncated gzip data");
 
   // Truncation inside the decompressed data reports offsets into that data.
-  write_gz(dir.file("short.gz"), idx_bytes(0x801, {10}, 4));
-  EXPECT_ERROR(read_idx(dir.file("short.gz")),
+  write_gz((dir / "short.gz"), idx_bytes(0x801, {10}, 4));
+  EXPECT_ERROR(read_idx((dir / "short.gz")),
                "short.gz: truncated at byte offset 12 (of the decompressed data): shape 10 needs "
                "10 bytes of data but the file has 4");
 }
 
 TEST(Idx, MalformedFilesNameTheOffset) {
   TempDir dir;
-  const std::string path = dir.file("bad-idx");
+  const std::string path = (dir / "bad-idx");
   struct Case {
     std::vector<uint8_t> bytes;
     std::string expected;
@@ -510,14 +493,14 @@ TEST(Idx, MalformedFilesNameTheOffset) {
     write_bytes(path, c.bytes);
     EXPECT_ERROR(read_idx(path), "bad-idx: " + c.expected);
   }
-  EXPECT_ERROR(read_idx(dir.file("missing")), "missing: cannot open: No such file or directory");
+  EXPECT_ERROR(read_idx((dir / "missing")), "missing: cannot open: No such file or directory");
 }
 
 // ---- CSV ----
 
 TEST(Csv, ReadsNumbersAndLabels) {
   TempDir dir;
-  const std::string path = dir.file("data.csv");
+  const std::string path = (dir / "data.csv");
   write_text(path, "1.5, 2, 0\n3,4.25,1\r\n\n  -1e-3 ,5,2\n");
   const CsvData d = read_csv(path, -1, false);
   EXPECT_EQ(d.rows, 3);
@@ -535,7 +518,7 @@ TEST(Csv, ReadsNumbersAndLabels) {
 
 TEST(Csv, MalformedFilesNameLineAndColumn) {
   TempDir dir;
-  const std::string path = dir.file("f.csv");
+  const std::string path = (dir / "f.csv");
   struct Case {
     std::string text;
     int label_column;
@@ -564,7 +547,7 @@ TEST(Csv, MalformedFilesNameLineAndColumn) {
     write_text(path, c.text);
     EXPECT_ERROR(read_csv(path, c.label_column, c.header), c.expected);
   }
-  EXPECT_ERROR(read_csv(dir.file("missing.csv")), "missing.csv: cannot open");
+  EXPECT_ERROR(read_csv((dir / "missing.csv")), "missing.csv: cannot open");
 }
 
 }  // namespace

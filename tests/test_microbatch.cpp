@@ -18,36 +18,17 @@
 #include "ops/rms_norm/rms_norm.h"
 #include "ops/scaled_silu/scaled_silu.h"
 #include "tests/gradcheck.h"
+#include "tests/small_mlp.h"
 
 using namespace mt;
 
 namespace {
 
-constexpr int64_t B = 23, D = 6, H = 9, C = 5;
-constexpr int64_t kIgnore = -100;
+constexpr int64_t B = 23, D = test::SmallMlp::D, C = test::SmallMlp::C;
+constexpr int64_t kIgnore = test::SmallMlp::kIgnore;
 const std::vector<std::vector<int64_t>> kSplits{{23}, {15, 8}, {4, 12, 7}, {9, 1, 6, 7}};
 
-Tensor param(const Shape& shape, double lo, double hi, DType dtype) {
-  Tensor p = test::random_leaf(shape, lo, hi, /*grad=*/false).to(dtype);
-  p.set_requires_grad();
-  return p;
-}
-
-struct Model {
-  Tensor W1, b1, g, w, W2, b2;
-
-  explicit Model(DType dtype)
-      : W1(param({H, D}, -0.8, 0.8, dtype)), b1(param({H}, -0.5, 0.5, dtype)),
-        g(param({H}, 0.5, 1.5, dtype)), w(param({1}, 0.5, 1.5, dtype)),
-        W2(param({C, H}, -0.8, 0.8, dtype)), b2(param({C}, -0.5, 0.5, dtype)) {}
-
-  std::vector<Tensor> params() const { return {W1, b1, g, w, W2, b2}; }
-
-  Tensor loss(const Tensor& x, const Tensor& targets, double normalizer) const {
-    Tensor h = scaled_silu(rms_norm(linear(x, W1, b1), g), w);
-    return cross_entropy(linear(h, W2, b2), targets, kIgnore, normalizer);
-  }
-};
+using Model = test::SmallMlp;
 
 struct Batch {
   Tensor x, targets;

@@ -26,28 +26,19 @@
 #include "optim/loss_scaler.h"
 #include "tests/expect_error.h"
 #include "tests/log_capture.h"
+#include "tests/temp_dir.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/trainer.h"
 
 using namespace mt;
+using mt::test::TempDir;
 using mt::test::expect_error;
 using optim::LossScaleMode;
 using optim::LossScaler;
 namespace fs = std::filesystem;
 
 namespace {
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("mt_mixed_" + std::to_string(::getpid()) + "_" +
-                                        std::to_string(reinterpret_cast<uintptr_t>(this)));
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
 
 std::vector<std::vector<double>> values_of(const std::vector<Tensor>& ts) {
   std::vector<std::vector<double>> out;

@@ -26,6 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/expect_error.h"
+#include "tests/temp_dir.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/data.h"
@@ -35,23 +36,10 @@
 extern char** environ;
 
 using namespace mt;
+using mt::test::TempDir;
 namespace fs = std::filesystem;
 
 namespace {
-
-// A fresh directory under the system temp dir, removed at the end of the test.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    const auto* test = ::testing::UnitTest::GetInstance()->current_test_info();
-    path = fs::temp_directory_path() /
-           ("mt_robustness_" + std::to_string(::getpid()) + "_" + test->name());
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
 
 // ---- numerical faults ---------------------------------------------------------------------
 

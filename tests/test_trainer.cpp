@@ -19,23 +19,13 @@
 #include "train/metrics.h"
 #include "train/trainer.h"
 #include "tests/log_capture.h"
+#include "tests/temp_dir.h"
 
 using namespace mt;
+using mt::test::TempDir;
 namespace fs = std::filesystem;
 
 namespace {
-
-// A fresh directory under the system temp dir, removed at the end of the test.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("mt_trainer_" + std::to_string(::getpid()) + "_" +
-                                        std::to_string(reinterpret_cast<uintptr_t>(this)));
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
 
 // A small, quick run: 24 steps of 48 samples.
 Config small_config(const TempDir& dir, DType dt = DType::f32, int64_t k = 1) {

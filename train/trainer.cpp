@@ -253,6 +253,9 @@ Trainer::Eval Trainer::evaluate(const data::Dataset& set, const std::vector<int6
 void Trainer::microbatch_passes(const std::vector<data::Loader::Microbatch>& batches,
                                 const Tensor& loss_sum, int64_t* correct) {
   const int64_t before = comm_ ? comm_->all_reduce_calls() : 0;
+  // count_correct reads logits back, behind the last step's collectives on the stream: wait for
+  // those with a bound first, so that a dead peer is an error rather than a hang in the read.
+  if (correct != nullptr && comm_) comm_->synchronize();
   for (size_t i = 0; i < batches.size(); ++i) {
     const auto& mb = batches[i];
     Tensor logits = (*model_)(mb.x.to(cfg_.precision.compute_dtype));
@@ -263,10 +266,7 @@ void Trainer::microbatch_passes(const std::vector<data::Loader::Microbatch>& bat
     if (reducer_ && i + 1 == batches.size()) reducer_->prepare_for_last_backward();
     loss.backward(scaler_.seed_for(loss));  // f16: the gradients come out times the scale
     add_into(loss_sum, loss.detach().to(DType::f32));
-    if (correct != nullptr) {
-      if (comm_) comm_->synchronize();  // bounded: a dead peer is an error, not a hang in the read
-      *correct += count_correct(logits, mb.y);
-    }
+    if (correct != nullptr) *correct += count_correct(logits, mb.y);
   }
   if (reducer_) {
     reducer_->finish();
