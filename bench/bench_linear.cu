@@ -1,5 +1,5 @@
 // bench_linear: the linear launchers against bare cuBLAS, and the fused AdamW against the
-// device's copy bandwidth, measured in the same run (DESIGN.md, "Performance, measured").
+// device's copy bandwidth, measured in the same run (docs/kernels.md, the method).
 //
 //   linear, bf16, x[32768, 8192] · W[8192, 8192]^T: forward, dx, dW (fp32, beta 1) through
 //   mt::cuda::linear_* vs cublasGemmEx of the same three shapes. TFLOP/s = 2·M·N·K / time.

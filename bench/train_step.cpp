@@ -1,6 +1,6 @@
 // train_step: whole optimizer steps of a bf16 MLP on cuda:0, timed, beside the bare cuBLAS bf16
-// GEMM rate and the device copy bandwidth measured in the same run (DESIGN.md, "Performance,
-// measured"; docs/perf.md reads the output).
+// GEMM rate and the device copy bandwidth measured in the same run (docs/perf.md
+// reads the output).
 //
 // One step is what train/trainer.cpp does, minus the data loader and the logging:
 //   4 microbatches of  forward → cross_entropy (sum / (4·microbatch)) → backward,
