@@ -3,7 +3,10 @@
 // the lesson are built here on purpose, as Functions with the bug.
 #include <gtest/gtest.h>
 
+#include <pthread.h>
+
 #include <cmath>
+#include <functional>
 
 #include "core/autograd.h"
 #include "core/registry.h"
@@ -315,6 +318,23 @@ struct ReadsValueAs : Function<ReadsValueAs<T>> {
 
 constexpr int kDeepChain = 100000;
 
+// Runs f on a thread with a 512 KiB stack. A teardown that recursed once per node needs far more
+// for kDeepChain nodes, while an 8 MiB main stack may just hold them in an optimized build; the
+// iterative one needs the same few frames for any depth.
+void run_on_small_stack(std::function<void()> f) {
+  pthread_attr_t attr;
+  ASSERT_EQ(pthread_attr_init(&attr), 0);
+  ASSERT_EQ(pthread_attr_setstacksize(&attr, 512 * 1024), 0);
+  pthread_t thread;
+  auto body = [](void* arg) -> void* {
+    (*static_cast<std::function<void()>*>(arg))();
+    return nullptr;
+  };
+  ASSERT_EQ(pthread_create(&thread, &attr, body, &f), 0);
+  pthread_join(thread, nullptr);
+  pthread_attr_destroy(&attr);
+}
+
 }  // namespace
 
 TEST(AutogradTeardown, DroppingA100000OpChainWithoutBackwardDoesNotOverflowTheStack) {
@@ -322,12 +342,10 @@ TEST(AutogradTeardown, DroppingA100000OpChainWithoutBackwardDoesNotOverflowTheSt
   // teardown would follow one stack frame group per node.
   Tensor x = random_leaf({4});
   Tensor w = random_leaf({4});
-  std::weak_ptr<Node> first;
-  {
-    Tensor y = mul(x, w);
-    first = y.grad_fn();
-    for (int i = 1; i < kDeepChain; ++i) y = mul(y, w);
-  }  // y, and with it the whole graph, dropped here
+  Tensor y = mul(x, w);
+  std::weak_ptr<Node> first = y.grad_fn();
+  for (int i = 1; i < kDeepChain; ++i) y = mul(y, w);
+  run_on_small_stack([&] { y = Tensor(); });  // y, and with it the whole graph, dropped there
   EXPECT_TRUE(first.expired());
 }
 
@@ -337,11 +355,10 @@ TEST(AutogradTeardown, BackwardThroughA100000OpChainThenDropping) {
   Tensor sign = w.clone();  // ±1: the product of 100,000 of them stays finite and exact
   for (int64_t i = 0; i < 3; ++i) sign.data<double>()[i] = i == 1 ? -1.0 : 1.0;
   sign.set_requires_grad();
-  {
-    Tensor y = x;
-    for (int i = 0; i < kDeepChain; ++i) y = mul(y, sign);
-    y.backward(ones({3}, DType::f64));
-  }
+  Tensor y = x;
+  for (int i = 0; i < kDeepChain; ++i) y = mul(y, sign);
+  y.backward(ones({3}, DType::f64));
+  run_on_small_stack([&] { y = Tensor(); });
   // y = x · sign^N with N even: dy/dx = sign^N = 1, dy/dsign = N · x · sign^(N−1) = N · x · sign.
   const auto gx = x.grad().to_vector(), gs = sign.grad().to_vector(), xv = x.to_vector();
   for (int64_t i = 0; i < 3; ++i) {
