@@ -1,6 +1,9 @@
 #include "core/autograd.h"
 
+#include <cxxabi.h>
+
 #include <atomic>
+#include <cstdlib>
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
@@ -18,6 +21,28 @@ void GradMode::set_enabled(bool enabled) { grad_mode_enabled = enabled; }
 uint64_t detail::next_sequence_nr() {
   static std::atomic<uint64_t> counter{0};
   return ++counter;
+}
+
+// ---- graph teardown -------------------------------------------------------------------------
+
+// PyTorch's deleteNode: a recursive teardown would nest one destructor per node and overflow the
+// stack on a deep graph. Saved tensors go first, because a saved input holds its producer's node
+// too; after that, a child whose last owner is this edge moves onto a local worklist, and is
+// destroyed there with its own edges already emptied, so no destructor runs inside another.
+Node::~Node() {
+  std::vector<std::shared_ptr<Node>> worklist;
+  auto take_children = [&](Node& n) {
+    for (Edge& e : n.next_edges)
+      if (e.node && e.node.use_count() == 1) worklist.push_back(std::move(e.node));
+    n.next_edges.clear();
+  };
+  take_children(*this);  // this node's saved tensors died with the derived class's members
+  while (!worklist.empty()) {
+    std::shared_ptr<Node> n = std::move(worklist.back());
+    worklist.pop_back();
+    n->release();
+    take_children(*n);
+  }  // n, now childless, is destroyed here
 }
 
 // ---- leaves -------------------------------------------------------------------------------
@@ -73,12 +98,26 @@ Edge gradient_edge(const Tensor& t) {
 
 // ---- Context ------------------------------------------------------------------------------
 
+std::string detail::type_name(const std::type_info& t) {
+  int status = 0;
+  char* readable = abi::__cxa_demangle(t.name(), nullptr, nullptr, &status);
+  std::string out = status == 0 && readable ? readable : t.name();
+  std::free(readable);
+  return out;
+}
+
 void Context::save_for_backward(std::vector<Tensor> tensors) {
   saved_.clear();
   for (auto& t : tensors) {
     uint64_t v = t.defined() ? t.version() : 0;
     saved_.push_back({std::move(t), v});
   }
+}
+
+void Context::unlink_saved_output(const Tensor& out) {
+  // detach() shares the storage, and so its version counter: the in-place check still holds.
+  for (Saved& s : saved_)
+    if (s.tensor.is_same(out)) s.tensor = out.detach();
 }
 
 std::vector<Tensor> Context::saved_tensors() const {

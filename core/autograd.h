@@ -25,6 +25,7 @@
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <typeinfo>
 #include <unordered_map>
 #include <vector>
 
@@ -63,13 +64,17 @@ struct Edge {
 
 // A node of the backward graph. Every node has one output (the tensor its op produced) and one
 // edge per forward argument, pointing at the node that must receive that argument's gradient.
+//
+// Nodes own their children (next_edges), so dropping the output of an 8,000-layer model frees
+// the whole chain. The destructor does that iteratively, not by recursing once per node: it
+// frees saved tensors first and then takes over every child it holds the last reference to.
 struct Node {
-  virtual ~Node() = default;
+  virtual ~Node();
   virtual std::string name() const = 0;
   // Given the summed gradient of this node's output (undefined when every contribution was
   // empty), returns one gradient per edge (empty = none).
   virtual GradList apply(const Tensor& grad_output) = 0;
-  // Frees saved tensors after a backward without retain_graph.
+  // Frees saved tensors (after a backward without retain_graph, and before destruction).
   virtual void release() {}
 
   std::vector<Edge> next_edges;
@@ -96,13 +101,18 @@ Edge gradient_edge(const Tensor& t);
 
 class Context {
  public:
-  // Tensors backward needs and cannot cheaply regenerate (inputs like x and W). Reading one that
-  // was modified in place after it was saved is an error, as in PyTorch.
+  // Tensors backward needs and cannot cheaply regenerate (inputs like x and W, or the output,
+  // as sigmoid keeps it). Reading one that was modified in place after it was saved is an error,
+  // as in PyTorch. A saved output comes back without its history (grad_fn): keeping that would
+  // make the output own its own node through the saved copy, a cycle that leaks the graph
+  // whenever backward does not run. Backward runs without recording, so it never needs it.
   void save_for_backward(std::vector<Tensor> tensors);
   std::vector<Tensor> saved_tensors() const;
 
   // Non-tensor values backward needs (eps, flags, a normalizer).
   template <class T> void set(const std::string& key, T value) { values_[key] = std::move(value); }
+  // A key forward never set, or one read as another type than it was set with, is an mt::Error
+  // naming the op and the key.
   template <class T> T get(const std::string& key) const;
 
   // Whether forward argument i is a tensor that needs a gradient.
@@ -119,6 +129,9 @@ class Context {
   std::vector<std::shared_ptr<TensorImpl>> sink_leaves_;  // per argument: the leaf, or null
   std::vector<bool> sunk_;
   bool released_ = false;
+  // Replaces saved copies of `out` (the forward's result) by history-free aliases of the same
+  // storage, before Function::apply sets out's grad_fn (see save_for_backward).
+  void unlink_saved_output(const Tensor& out);
 
  private:
   struct Saved {
@@ -129,10 +142,17 @@ class Context {
   std::unordered_map<std::string, std::any> values_;
 };
 
+namespace detail {
+std::string type_name(const std::type_info& t);  // readable ("double"), for error messages
+}
+
 template <class T> T Context::get(const std::string& key) const {
   auto it = values_.find(key);
   MT_CHECK(it != values_.end(), op_name, ": backward asked for '", key, "', which forward never set");
-  return std::any_cast<T>(it->second);
+  const T* value = std::any_cast<T>(&it->second);
+  MT_CHECK(value, op_name, ": backward asked for '", key, "' as ", detail::type_name(typeid(T)),
+           ", but forward set it as ", detail::type_name(it->second.type()));
+  return *value;
 }
 
 namespace detail {
@@ -218,6 +238,7 @@ struct Function {
       MT_CHECK(!aliases_input, Derived::name, ": forward returned one of its inputs while a "
                "gradient is needed; return a new tensor");
       node->sequence_nr = detail::next_sequence_nr();
+      ctx.unlink_saved_output(out);
       out.impl().grad_fn = node;
       out.impl().requires_grad = true;
     }

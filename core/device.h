@@ -28,4 +28,11 @@ bool cuda_available();
 // Number of visible GPUs (0 in a build without CUDA).
 int cuda_device_count();
 
+// Waits for `device`'s work, then raises what its kernels recorded as bad input (a CUDA
+// cross_entropy target out of range; core/cuda/runtime.h, "device-side error reports") as an
+// mt::Error whose message starts with `context` (the trainer passes the step). item(), to(kCPU)
+// and every other read back check the same way; this is for a place that waits anyway. A no-op
+// on the CPU, whose kernels throw at once.
+void check_device_errors(Device device, const std::string& context = "");
+
 }  // namespace mt

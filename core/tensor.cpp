@@ -32,6 +32,20 @@ Device Device::parse(const std::string& s) {
 
 bool cuda_available() { return cuda_device_count() > 0; }
 
+void check_device_errors(Device device, const std::string& context) {
+#ifdef MT_WITH_CUDA
+  if (!device.is_cuda()) return;
+  try {
+    cuda::synchronize(device.index);
+  } catch (const Error& e) {
+    if (context.empty()) throw;
+    throw Error(context + ": " + e.what());
+  }
+#else
+  (void)device, (void)context;  // CPU kernels throw at once: nothing is ever waiting
+#endif
+}
+
 int cuda_device_count() {
 #ifdef MT_WITH_CUDA
   return cuda::device_count();
@@ -51,6 +65,9 @@ void set_poison_allocations(bool on) { g_poison = on; }
 bool poison_allocations() { return g_poison; }
 
 std::shared_ptr<Storage> Storage::allocate(size_t nbytes, Device device) {
+  // Byte counts come from nbytes_of; this bound also keeps the rounding below from wrapping.
+  MT_CHECK(nbytes <= size_t(INT64_MAX), "Storage::allocate: ", nbytes, " bytes on ", device.str(),
+           " is more than an int64 can count");
   void* p = nullptr;
   if (device.is_cpu()) {
     // aligned_alloc needs a size that is a multiple of the alignment.
@@ -95,10 +112,28 @@ std::string shape_str(const Shape& s) {
   return out + "]";
 }
 
-int64_t numel_of(const Shape& s) {
+// The count of `s`; errors name `shown` (what the caller was given, e.g. view's shape with -1).
+static int64_t checked_numel(const Shape& s, const char* call, const Shape& shown) {
+  // The product of the non-zero dimensions must fit too: contiguous strides are formed from it.
   int64_t n = 1;
-  for (int64_t d : s) n *= d;
-  return n;
+  bool empty = false;
+  for (int64_t d : s) {
+    MT_CHECK(d >= 0, call, ": negative dimension in shape ", shape_str(shown));
+    empty = empty || d == 0;
+    MT_CHECK(!__builtin_mul_overflow(n, std::max<int64_t>(d, 1), &n), call, ": shape ",
+             shape_str(shown), " has more elements than an int64 can count");
+  }
+  return empty ? 0 : n;
+}
+
+int64_t numel_of(const Shape& s, const char* call) { return checked_numel(s, call, s); }
+
+int64_t nbytes_of(const Shape& s, DType dtype, const char* call) {
+  int64_t bytes = 0;
+  MT_CHECK(!__builtin_mul_overflow(numel_of(s, call), int64_t(dtype_size(dtype)), &bytes), call,
+           ": shape ", shape_str(s), " of ", dtype_name(dtype), " has more bytes than an int64 "
+           "can count");
+  return bytes;
 }
 
 static Shape contiguous_strides(const Shape& shape) {
@@ -109,11 +144,6 @@ static Shape contiguous_strides(const Shape& shape) {
     acc *= std::max<int64_t>(shape[i], 1);
   }
   return st;
-}
-
-static void check_shape(const Shape& shape, const char* call) {
-  for (int64_t d : shape)
-    MT_CHECK(d >= 0, call, ": negative dimension in shape ", shape_str(shape));
 }
 
 // ---- element access -------------------------------------------------------------------------
@@ -259,22 +289,20 @@ Tensor Tensor::view(const Shape& new_shape) const {
   if (recording(*this)) return ViewFn::apply(*this, new_shape);
   Shape shape = new_shape;
   int infer = -1;
-  int64_t known = 1;
   for (size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] == -1) {
       MT_CHECK(infer < 0, "view: only one dimension can be -1, got ", shape_str(new_shape));
       infer = int(i);
-    } else {
-      MT_CHECK(shape[i] >= 0, "view: invalid shape ", shape_str(new_shape));
-      known *= shape[i];
+      shape[i] = 1;
     }
   }
+  const int64_t known = checked_numel(shape, "view", new_shape);
   if (infer >= 0) {
     MT_CHECK(known > 0 && numel() % known == 0, "view: shape ", shape_str(new_shape),
              " is invalid for ", numel(), " elements of shape ", shape_str(this->shape()));
     shape[infer] = numel() / known;
   }
-  MT_CHECK(numel_of(shape) == numel(), "view: shape ", shape_str(new_shape), " is invalid for ",
+  MT_CHECK(infer >= 0 || known == numel(), "view: shape ", shape_str(new_shape), " is invalid for ",
            numel(), " elements of shape ", shape_str(this->shape()));
   MT_CHECK(is_contiguous(), "view: tensor of shape ", shape_str(this->shape()), " and strides ",
            shape_str(strides()), " is not contiguous; use reshape() (copies) instead");
@@ -534,9 +562,9 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os << t.str
 // ---- factories ----------------------------------------------------------------------------
 
 Tensor empty(const Shape& shape, DType dtype, Device device) {
-  check_shape(shape, "empty");
+  const int64_t nbytes = nbytes_of(shape, dtype, "empty");
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = Storage::allocate(size_t(numel_of(shape)) * dtype_size(dtype), device);
+  impl->storage = Storage::allocate(size_t(nbytes), device);
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;
@@ -554,7 +582,6 @@ Tensor ones(const Shape& shape, DType dtype, Device device) { return full(shape,
 // Fills a CPU f64 buffer element by element, then converts/moves it.
 template <class F>
 static Tensor generate(const Shape& shape, DType dtype, Device device, F&& gen) {
-  check_shape(shape, "factory");
   Tensor host = empty(shape, DType::f64, kCPU);
   double* p = host.data<double>();
   for (int64_t i = 0; i < host.numel(); ++i) p[i] = gen(i);
@@ -575,14 +602,14 @@ Tensor randn(const Shape& shape, DType dtype, Device device) {
 
 template <class T>
 static Tensor from_values(const std::vector<T>& values, const Shape& shape, DType dtype, Device device) {
-  MT_CHECK(int64_t(values.size()) == numel_of(shape), "from_vector: ", values.size(),
+  MT_CHECK(int64_t(values.size()) == numel_of(shape, "from_vector"), "from_vector: ", values.size(),
            " values do not fill shape ", shape_str(shape));
   return generate(shape, dtype, device, [&](int64_t i) { return double(values[size_t(i)]); });
 }
 Tensor from_vector(const std::vector<double>& v, const Shape& s, DType t, Device d) { return from_values(v, s, t, d); }
 Tensor from_vector(const std::vector<float>& v, const Shape& s, DType t, Device d) { return from_values(v, s, t, d); }
 Tensor from_vector(const std::vector<int64_t>& v, const Shape& s, DType t, Device d) {
-  MT_CHECK(int64_t(v.size()) == numel_of(s), "from_vector: ", v.size(), " values do not fill shape ",
+  MT_CHECK(int64_t(v.size()) == numel_of(s, "from_vector"), "from_vector: ", v.size(), " values do not fill shape ",
            shape_str(s));
   Tensor host = empty(s, DType::i64, kCPU);
   std::copy(v.begin(), v.end(), host.data<int64_t>());

@@ -22,7 +22,11 @@ namespace mt {
 
 using Shape = std::vector<int64_t>;
 std::string shape_str(const Shape& s);  // "[2, 3]"
-int64_t numel_of(const Shape& s);
+// Element and byte counts of a shape. A negative dimension, or a count that overflows int64
+// (an absurd shape would otherwise wrap around and under-allocate), is an mt::Error naming
+// `call` and the shape.
+int64_t numel_of(const Shape& s, const char* call = "numel");
+int64_t nbytes_of(const Shape& s, DType dtype, const char* call);
 
 class Tensor;
 struct Node;

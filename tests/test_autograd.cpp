@@ -3,7 +3,10 @@
 // the lesson are built here on purpose, as Functions with the bug.
 #include <gtest/gtest.h>
 
+#include <pthread.h>
+
 #include <cmath>
+#include <functional>
 
 #include "core/autograd.h"
 #include "core/registry.h"
@@ -277,4 +280,134 @@ TEST(ElementwiseTrap3, StridedInputsAndUpstreamGradientMatchContiguous) {
   add(relu(mul(a, b)), a).backward(seed.t().contiguous());
   const std::vector contiguous{a.grad().t().to_vector(), b.grad().t().to_vector()};
   EXPECT_EQ(contiguous, strided);
+}
+
+// ---- graph teardown, saved outputs, Context values ------------------------------------------
+
+namespace {
+
+// exp(x), keeping its output for backward (dx = dy · y), as sigmoid and tanh do.
+struct ExpSavesOutput : Function<ExpSavesOutput> {
+  static constexpr const char* name = "exp_saves_output";
+  static Tensor forward(Context& ctx, const Tensor& x) {
+    Tensor y = x.clone();
+    double* p = y.data<double>();
+    for (int64_t i = 0; i < y.numel(); ++i) p[i] = std::exp(p[i]);
+    ctx.save_for_backward({y});
+    return y;
+  }
+  static GradList backward(Context& ctx, const GradList& dy) {
+    return {mul(dy[0], ctx.saved_tensors()[0])};
+  }
+};
+
+// Sets one value in forward and reads it back in backward as the type T.
+template <class T>
+struct ReadsValueAs : Function<ReadsValueAs<T>> {
+  static constexpr const char* name = "reads_value";
+  static Tensor forward(Context& ctx, const Tensor& x) {
+    ctx.set("k", int64_t(3));
+    return x.clone();
+  }
+  static GradList backward(Context& ctx, const GradList& dy) {
+    (void)ctx.get<T>("k");
+    (void)ctx.get<T>("missing");
+    return {dy[0]};
+  }
+};
+
+constexpr int kDeepChain = 100000;
+
+// Runs f on a thread with a 512 KiB stack. A teardown that recursed once per node needs far more
+// for kDeepChain nodes, while an 8 MiB main stack may just hold them in an optimized build; the
+// iterative one needs the same few frames for any depth.
+void run_on_small_stack(std::function<void()> f) {
+  pthread_attr_t attr;
+  ASSERT_EQ(pthread_attr_init(&attr), 0);
+  ASSERT_EQ(pthread_attr_setstacksize(&attr, 512 * 1024), 0);
+  pthread_t thread;
+  auto body = [](void* arg) -> void* {
+    (*static_cast<std::function<void()>*>(arg))();
+    return nullptr;
+  };
+  ASSERT_EQ(pthread_create(&thread, &attr, body, &f), 0);
+  pthread_join(thread, nullptr);
+  pthread_attr_destroy(&attr);
+}
+
+}  // namespace
+
+TEST(AutogradTeardown, DroppingA100000OpChainWithoutBackwardDoesNotOverflowTheStack) {
+  // Each mul saves its input, whose grad_fn is the previous mul: the ownership chain a recursive
+  // teardown would follow one stack frame group per node.
+  Tensor x = random_leaf({4});
+  Tensor w = random_leaf({4});
+  Tensor y = mul(x, w);
+  std::weak_ptr<Node> first = y.grad_fn();
+  for (int i = 1; i < kDeepChain; ++i) y = mul(y, w);
+  run_on_small_stack([&] { y = Tensor(); });  // y, and with it the whole graph, dropped there
+  EXPECT_TRUE(first.expired());
+}
+
+TEST(AutogradTeardown, BackwardThroughA100000OpChainThenDropping) {
+  Tensor x = random_leaf({3});
+  Tensor w = random_leaf({3}, 0.5, 1.5, false);
+  Tensor sign = w.clone();  // ±1: the product of 100,000 of them stays finite and exact
+  for (int64_t i = 0; i < 3; ++i) sign.data<double>()[i] = i == 1 ? -1.0 : 1.0;
+  sign.set_requires_grad();
+  Tensor y = x;
+  for (int i = 0; i < kDeepChain; ++i) y = mul(y, sign);
+  y.backward(ones({3}, DType::f64));
+  run_on_small_stack([&] { y = Tensor(); });
+  // y = x · sign^N with N even: dy/dx = sign^N = 1, dy/dsign = N · x · sign^(N−1) = N · x · sign.
+  const auto gx = x.grad().to_vector(), gs = sign.grad().to_vector(), xv = x.to_vector();
+  for (int64_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(gx[i], 1.0);
+    const double s = i == 1 ? -1.0 : 1.0;
+    EXPECT_NEAR(gs[i], kDeepChain * xv[i] * s, 1e-9 * kDeepChain);
+  }
+}
+
+TEST(AutogradSavedOutput, ForwardOnlyThenDroppingFreesTheNode) {
+  Tensor x = random_leaf({5});
+  std::weak_ptr<Node> node;
+  {
+    Tensor y = ExpSavesOutput::apply(x);
+    node = y.grad_fn();
+    ASSERT_FALSE(node.expired());
+  }
+  EXPECT_TRUE(node.expired()) << "the saved output keeps its own node alive (a reference cycle)";
+}
+
+TEST(AutogradSavedOutput, BackwardUsesTheSavedOutputAndThenFrees) {
+  Tensor x = random_leaf({5});
+  std::weak_ptr<Node> node;
+  {
+    Tensor y = ExpSavesOutput::apply(x);
+    node = y.grad_fn();
+    Tensor keep = y;  // the output outlives the backward, as a logged activation would
+    sum(y).backward();
+  }
+  EXPECT_TRUE(node.expired());
+  const auto g = x.grad().to_vector(), xv = x.to_vector();
+  for (size_t i = 0; i < g.size(); ++i) EXPECT_NEAR(g[i], std::exp(xv[i]), 1e-12 * std::exp(xv[i]));
+}
+
+TEST(AutogradSavedOutput, ModifyingTheSavedOutputInPlaceIsStillAClearError) {
+  Tensor x = random_leaf({5});
+  Tensor y = ExpSavesOutput::apply(x);
+  y.fill_(0.25);
+  std::string msg = error_of([&] { y.backward(ones({5}, DType::f64)); });
+  EXPECT_NE(msg.find("exp_saves_output"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("modified in place"), std::string::npos) << msg;
+}
+
+TEST(AutogradContext, MistypedOrMissingValueNamesTheOpTheKeyAndTheTypes) {
+  Tensor x = random_leaf({2});
+  std::string msg = error_of([&] { sum(ReadsValueAs<double>::apply(x)).backward(); });
+  for (const char* part : {"reads_value", "'k'", "double", "long"})
+    EXPECT_NE(msg.find(part), std::string::npos) << msg << " lacks " << part;
+  msg = error_of([&] { sum(ReadsValueAs<int64_t>::apply(x)).backward(); });
+  for (const char* part : {"reads_value", "'missing'", "never set"})
+    EXPECT_NE(msg.find(part), std::string::npos) << msg << " lacks " << part;
 }

@@ -6,6 +6,7 @@
 
 #include "core/autograd.h"
 #include "core/rng.h"
+#include "ops/cross_entropy/bad_target.h"
 #include "ops/cross_entropy/cross_entropy.h"
 #include "tests/expect_error.h"
 #include "tests/gradcheck.h"
@@ -164,4 +165,34 @@ TEST(CrossEntropy, BadArgumentsAreClearErrors) {
                {"cross_entropy", "logits", "[3, 0]"});
   expect_error([&] { cross_entropy(logits, targets_of({0, 1, 2}), kIgnore, NAN); },
                {"cross_entropy", "normalizer", "nan"});
+}
+
+// The CUDA forward cannot throw: it leaves a BadTargetRecord that the host raises later
+// (bad_target.h). Its logic is plain C++, checked here, where CI runs it.
+TEST(CrossEntropyBadTarget, CpuThrowsTheMessageTheDeviceRecordRaises) {
+  std::string cpu;
+  try {
+    cross_entropy(random_leaf({3, 4}), targets_of({0, 7, 1}));
+  } catch (const Error& e) {
+    cpu = e.what();
+  }
+  EXPECT_EQ(cpu, bad_target_message(1, 7, 4, kIgnore));
+  EXPECT_EQ(cpu, "cross_entropy: row 1 has target 7, outside [0, 4) for C = 4 classes (and not "
+                 "ignore_index -100)");
+
+  BadTargetRecord r;
+  raise_bad_target(r);  // nothing waiting: no error
+  note_bad_target(r, 1, 7, 4, kIgnore);
+  note_bad_target(r, 0, -5, 4, kIgnore);  // a later call's: the first waiting one is reported
+  std::string device;
+  try {
+    raise_bad_target(r);
+  } catch (const Error& e) {
+    device = e.what();
+  }
+  EXPECT_EQ(device, cpu);
+  EXPECT_EQ(r.row, -1);
+  raise_bad_target(r);  // reported once; the record is clean again
+  note_bad_target(r, 2, 4, 4, 3);
+  expect_error([&] { raise_bad_target(r); }, {"row 2", "target 4", "C = 4", "ignore_index 3"});
 }

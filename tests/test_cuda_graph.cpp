@@ -5,8 +5,11 @@
 // the CPU side of the split it relies on (AdamW's prepare_step/apply_step) is in test_optim.cpp.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "core/accumulate.h"
 #include "core/tensor.h"
+#include "ops/cross_entropy/cross_entropy.h"
 #include "ops/elementwise/elementwise.h"
 #include "tests/expect_error.h"
 #ifdef MT_WITH_CUDA
@@ -47,6 +50,24 @@ TEST(CudaGraph, HostSynchronizationInsideACaptureIsAClearErrorAndTheStreamStillW
   expect_error([&] { cuda::Graph::capture(0, [&] { MT_THROW("the body's own error"); }); },
                {"capture", "the body's own error"});
   EXPECT_EQ(add(t, t).to_vector(), std::vector<double>(4, 6.0));
+}
+
+// cross_entropy's bad-target check leaves the op capturable: a replay whose targets went bad
+// reports it at the next read.
+TEST(CudaGraph, CrossEntropyBadTargetDuringAReplayIsReportedAtTheNextRead) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device: CUDA tests skipped";
+  const Device dev = cuda_device(0);
+  const Tensor logits = full({3, 5}, 0.5, DType::f32, dev);
+  const Tensor targets = from_vector(std::vector<int64_t>{0, 4, 2}, {3}).to(dev);
+  EXPECT_NEAR(cross_entropy(logits, targets, -100, 3.0).item(), std::log(5.0), 1e-6);  // eager first
+  const Tensor loss = zeros({}, DType::f32, dev);  // outlives the replays: made before the capture
+  cuda::Graph g = cuda::Graph::capture(0, [&] { loss.copy_(cross_entropy(logits, targets, -100, 3.0)); });
+  targets.copy_(from_vector(std::vector<int64_t>{0, 5, -100}, {3}));
+  g.replay();
+  expect_error([&] { (void)loss.item(); }, {"cross_entropy: row 1 has target 5", "C = 5"});
+  targets.copy_(from_vector(std::vector<int64_t>{1, 3, -100}, {3}));
+  g.replay();
+  EXPECT_NEAR(loss.item(), std::log(5.0) * 2 / 3, 1e-6);
 }
 
 #endif

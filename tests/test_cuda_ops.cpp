@@ -18,8 +18,10 @@
 #include "ops/linear/linear.h"
 #include "ops/rms_norm/rms_norm.h"
 #include "ops/scaled_silu/scaled_silu.h"
+#include "tests/expect_error.h"
 
 using namespace mt;
+using mt::test::expect_error;
 
 #define MT_REQUIRE_CUDA() \
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device: CUDA tests skipped"
@@ -151,6 +153,46 @@ TEST(CudaCrossEntropy, ParityWithCpuUpTo32768ClassesWithIgnoredTargets) {
       Lg.backward();
       expect_close(lg.grad(), lc.grad(), dt == DType::f32 ? 1e-5 : 1e-3, what + " dlogits");
     }
+}
+
+// The kernel cannot throw: the bad target is recorded on the device and raised, with the CPU's
+// message, at the next host synchronization (item() here); the op itself never waits.
+TEST(CudaCrossEntropy, OutOfRangeTargetIsTheCpuErrorAtTheNextRead) {
+  MT_REQUIRE_CUDA();
+  const int64_t rows = 2500, C = 7;  // rows beyond one pass of the loss kernel's 1024 threads
+  Generator g(21);
+  std::vector<int64_t> t(rows);
+  for (int64_t r = 0; r < rows; ++r) t[size_t(r)] = r % 9 == 0 ? -100 : int64_t(g.below(uint64_t(C)));
+  t[2100] = 12;  // the lowest bad row is reported, whichever thread reaches which first
+  t[1500] = -3;
+  t[1999] = 7;
+  Tensor lc = leaf({rows, C}, DType::f32, kCPU, 22), lg = leaf({rows, C}, DType::f32, kGPU, 22);
+  Tensor tc = from_vector(t, {rows}), tg = tc.to(kGPU);
+  std::string cpu;
+  try {
+    cross_entropy(lc, tc, -100, 10.0);
+  } catch (const Error& e) {
+    cpu = e.what();
+  }
+  EXPECT_NE(cpu.find("row 1500 has target -3"), std::string::npos) << cpu;
+  Tensor loss = cross_entropy(lg, tg, -100, 10.0);  // no error yet: nothing waited for the GPU
+  std::string gpu;
+  try {
+    (void)loss.item();
+  } catch (const Error& e) {
+    gpu = e.what();
+  }
+  EXPECT_EQ(gpu, cpu);
+  // Reported once; a good call afterwards reads back normally and matches the CPU.
+  t[1500] = 1, t[1999] = 2, t[2100] = 3;
+  tc = from_vector(t, {rows}), tg = tc.to(kGPU);
+  expect_close(cross_entropy(lg, tg, -100, 10.0), cross_entropy(lc, tc, -100, 10.0), 1e-4, "good");
+  // Several bad calls before one check: the first call's is the one reported, with the context.
+  cross_entropy(lg, from_vector(std::vector<int64_t>(rows, 9), {rows}).to(kGPU), -100, 10.0);
+  cross_entropy(lg, from_vector(std::vector<int64_t>(rows, -7), {rows}).to(kGPU), -100, 10.0);
+  expect_error([&] { check_device_errors(kGPU, "step 3"); },
+               {"step 3: cross_entropy: row 0 has target 9, outside [0, 7)"});
+  check_device_errors(kGPU);  // clean again
 }
 
 TEST(CudaElementwise, ParityWithCpu) {

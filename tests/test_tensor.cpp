@@ -184,3 +184,19 @@ TEST(TensorErrors, MisuseNamesTheCallAndShapes) {
   if (!cuda_available())
     expect_error([] { zeros({2}, DType::f32, cuda_device(0)); }, {"cuda:0"});
 }
+
+TEST(TensorErrors, ShapesWhoseCountsOverflowAreErrorsNotSmallAllocations) {
+  const int64_t big = int64_t(1) << 32;
+  // 2^64 elements wrap to 0 in int64: without a check this "succeeds" with no memory behind it.
+  expect_error([&] { zeros({big, big}); }, {"empty", "[4294967296, 4294967296]", "int64"});
+  expect_error([&] { full({big, big, 3}, 1.0); }, {"empty", "[4294967296, 4294967296, 3]"});
+  // 2^62 f32 elements are 2^64 bytes: the byte count wraps even though the element count fits.
+  expect_error([&] { empty({int64_t(1) << 62}); }, {"empty", "[4611686018427387904]", "f32", "bytes"});
+  expect_error([&] { empty({3, -2}); }, {"empty", "negative", "[3, -2]"});
+  // An empty tensor viewed with huge other dimensions: numel is 0, but its strides overflow.
+  expect_error([&] { zeros({0}).view({0, big, big}); }, {"view", "[0, 4294967296, 4294967296]"});
+  expect_error([&] { zeros({4}).reshape({-1, big, big}); }, {"view", "[-1, 4294967296, 4294967296]"});
+  expect_error([&] { zeros({4}).view({2, -3}); }, {"view", "negative", "[2, -3]"});
+  expect_error([&] { from_vector(std::vector<double>{1}, {big, big}); }, {"from_vector", "int64"});
+  expect_error([&] { Storage::allocate(SIZE_MAX, kCPU); }, {"Storage::allocate", "bytes"});
+}

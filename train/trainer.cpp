@@ -414,6 +414,9 @@ RunSummary Trainer::run() {
       // update, so that a NaN or inf stops the run while the tensors that show its origin are intact.
       if (log_now || save_now) {
         if (comm_) comm_->synchronize();  // a dead peer is an error here, not a hang in item()
+        // Bad input a kernel recorded (an out-of-range label) belongs to a step since the last check.
+        check_device_errors(device_, detail::concat("step ", step_ + 1, step_ > last_check
+            ? detail::concat(" or an earlier step since step ", last_check) : ""));
         // This step's loss is in the sum; with data parallelism, each rank's share of it.
         loss = sum_over_ranks(loss_sum.item()) / double(window_steps + 1);
         gn = grad_norm.item();

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "core/cuda/check.h"
 
@@ -95,7 +96,19 @@ DeviceState& blas_state(int device) {
   return st;
 }
 
+// Filled at static initialization, read-only afterwards.
+std::vector<void (*)(int)>& device_error_checks() {
+  static std::vector<void (*)(int)> checks;
+  return checks;
+}
+
+void run_device_error_checks(int device) {
+  for (auto check : device_error_checks()) check(device);
+}
+
 }  // namespace
+
+void add_device_error_check(void (*check)(int device)) { device_error_checks().push_back(check); }
 
 int device_count() {
   // Read once: the set of visible devices cannot change during a process.
@@ -186,6 +199,7 @@ void copy_d2h_sync(void* dst, const void* src, size_t nbytes, int device) {
   cudaStream_t s = stream(device);
   MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, s));
   MT_CUDA_CHECK(cudaStreamSynchronize(s));
+  run_device_error_checks(device);
 }
 
 void copy_d2d(void* dst, const void* src, size_t nbytes, int device) {
@@ -193,7 +207,10 @@ void copy_d2d(void* dst, const void* src, size_t nbytes, int device) {
   MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, stream(device)));
 }
 
-void synchronize(int device) { MT_CUDA_CHECK(cudaStreamSynchronize(stream(device))); }
+void synchronize(int device) {
+  MT_CUDA_CHECK(cudaStreamSynchronize(stream(device)));
+  run_device_error_checks(device);
+}
 
 cublasHandle_t cublas(int device) { return blas_state(device).cublas; }
 

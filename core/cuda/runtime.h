@@ -40,6 +40,14 @@ void copy_d2h_sync(void* dst, const void* src, size_t nbytes, int device);
 void copy_d2d(void* dst, const void* src, size_t nbytes, int device);
 void synchronize(int device);
 
+// Device-side error reports. A kernel cannot throw: one that finds bad input (cross_entropy's
+// out-of-range targets) records it in memory the host can read and carries on. Its op registers
+// a check, at static initialization, that turns its record into an mt::Error and clears it.
+// synchronize() and copy_d2h_sync() run the checks of their device after waiting, so the error
+// surfaces at the first host synchronization after the kernel ran; nothing is checked, and
+// nothing waits, anywhere else.
+void add_device_error_check(void (*check)(int device));
+
 // cuBLAS and cuBLASLt handles bound to the framework stream, with a workspace allocated once.
 cublasHandle_t cublas(int device);
 cublasLtHandle_t cublaslt(int device);

@@ -8,6 +8,7 @@
 #include "core/autograd.h"
 #include "core/cpu_kernels.h"
 #include "core/registry.h"
+#include "ops/cross_entropy/bad_target.h"
 
 namespace mt {
 namespace {
@@ -83,8 +84,7 @@ void forward_cpu(const Tensor& logits, const Tensor& targets, int64_t ignore_ind
       lsep[r] = l;
       const int64_t t = tp[r];
       if (t == ignore_index) continue;
-      MT_CHECK(t >= 0 && t < C, "cross_entropy: row ", r, " has target ", t, ", outside [0, ", C,
-               ") for C = ", C, " classes (and not ignore_index ", ignore_index, ")");
+      if (t < 0 || t >= C) MT_THROW(bad_target_message(r, t, C, ignore_index));
       total += double(l - cpu::to_acc(row[t]));
     }
     const double n = resolve_normalizer(targets, ignore_index, normalizer);
@@ -118,6 +118,19 @@ void backward_cpu(const Tensor& logits, const Tensor& targets, const Tensor& lse
 }
 
 }  // namespace
+
+std::string bad_target_message(int64_t row, int64_t target, int64_t classes, int64_t ignore_index) {
+  return detail::concat("cross_entropy: row ", row, " has target ", target, ", outside [0, ",
+                        classes, ") for C = ", classes, " classes (and not ignore_index ",
+                        ignore_index, ")");
+}
+
+void raise_bad_target(BadTargetRecord& r) {
+  if (r.row < 0) return;
+  const BadTargetRecord bad = r;
+  r.row = -1;  // reported once: the next check starts clean
+  MT_THROW(bad_target_message(bad.row, bad.target, bad.classes, bad.ignore_index));
+}
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
                      double normalizer) {

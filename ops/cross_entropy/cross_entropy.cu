@@ -24,8 +24,11 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <mutex>
+#include <new>
 
 #include "core/cuda/check.h"
 #include "core/cuda/glue.h"
@@ -111,29 +114,38 @@ constexpr int kLossThreads = 1024;
 
 template <class T>
 __global__ void loss_kernel(const T* logits, const int64_t* targets, const float* lse, float* loss,
-                            int* bad_targets, int64_t rows, int64_t C, int64_t ignore_index,
-                            float normalizer) {
+                            BadTargetRecord* bad_target, int64_t rows, int64_t C,
+                            int64_t ignore_index, float normalizer) {
+  __shared__ unsigned long long first_bad;  // the lowest bad row: the same report on every run
+  if (threadIdx.x == 0) first_bad = ~0ull;
+  __syncthreads();
   float acc = 0.f;
-  bool bad = false;
   for (int64_t r = threadIdx.x; r < rows; r += kLossThreads) {
     const int64_t t = targets[r];
     if (t == ignore_index) continue;
     if (t < 0 || t >= C) {
-      bad = true;
+      atomicMin(&first_bad, (unsigned long long)r);
       continue;
     }
     acc += lse[r] - to_float(logits[r * C + t]);
   }
-  if (bad && bad_targets != nullptr) *bad_targets = 1;  // same value from every writer: benign
   for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
   __shared__ float warp_total[kLossThreads / 32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (lane == 0) warp_total[warp] = acc;
-  __syncthreads();
+  __syncthreads();  // also orders every atomicMin before thread 0 reads first_bad
   if (warp == 0) {
     acc = warp_total[lane];
     for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
     if (lane == 0) loss[0] = acc / normalizer;
+  }
+  if (threadIdx.x == 0 && first_bad != ~0ull) {
+    loss[0] = __int_as_float(0x7fc00000);  // NaN: a loss missing a row's term is no loss
+    if (bad_target != nullptr) {
+      const int64_t r = int64_t(first_bad);
+      note_bad_target(*bad_target, r, targets[r], C, ignore_index);
+      __threadfence_system();  // the record is host memory: make it visible past the GPU
+    }
   }
 }
 
@@ -195,8 +207,8 @@ int row_threads(int64_t C) { return C >= 1024 ? 256 : 32; }
 }  // namespace
 
 void cross_entropy_forward(const void* logits, const int64_t* targets, float* loss, float* lse,
-                           int* bad_targets, int64_t rows, int64_t C, int64_t ignore_index,
-                           float normalizer, DType dt, cudaStream_t s) {
+                           BadTargetRecord* bad_target, int64_t rows, int64_t C,
+                           int64_t ignore_index, float normalizer, DType dt, cudaStream_t s) {
   check_shape("cross_entropy_forward", rows, C);
   dispatch(dt, "cross_entropy_forward", [&](auto tag) {
     using T = decltype(tag);
@@ -210,7 +222,7 @@ void cross_entropy_forward(const void* logits, const int64_t* targets, float* lo
       MT_CUDA_CHECK_LAUNCH();
     }
     // Runs for rows == 0 too, so loss is always written (0 / normalizer).
-    loss_kernel<T><<<1, kLossThreads, 0, s>>>(x, targets, lse, loss, bad_targets, rows, C,
+    loss_kernel<T><<<1, kLossThreads, 0, s>>>(x, targets, lse, loss, bad_target, rows, C,
                                                ignore_index, normalizer);
     MT_CUDA_CHECK_LAUNCH();
   });
@@ -240,15 +252,48 @@ void cross_entropy_backward(const void* logits, const int64_t* targets, const fl
 }  // namespace mt::cuda
 
 // ---- Tensor-level kernels registered for cross_entropy on CUDA ----------------------------
-// An out-of-range target cannot throw here without a host synchronization per call; instead the
-// forward kernel raises a device flag and the loss becomes NaN, which the trainer's non-finite
-// check reports (and the data loaders reject such labels when they read them).
 namespace mt {
 namespace {
 
-__global__ void nan_if_flagged(const int* flag, float* loss) {
-  if (*flag) *loss = __int_as_float(0x7fc00000);
+// An out-of-range target cannot throw here without a host synchronization per call, which would
+// also make the step impossible to capture in a CUDA graph. The forward kernel writes it into
+// this device's BadTargetRecord instead, and the check registered below raises it at the next
+// host synchronization (bad_target.h).
+//
+// The record lives in page-locked host memory mapped into the device's address space, one per
+// device, allocated at first use and kept for the process (like the streams). The kernel writes
+// it only when a target is bad, and the check after a synchronization is a plain host read: no
+// copy and no device work on the common path. A CUDA-graph replay writes the same record, as
+// its address is fixed. The first use must come before any capture (the eager first step), as
+// for the cuBLAS handles.
+constexpr int kMaxDevices = 64;
+std::atomic<BadTargetRecord*> records[kMaxDevices];  // the host's address
+BadTargetRecord* device_records[kMaxDevices];         // the same memory, as kernels address it
+std::once_flag record_once[kMaxDevices];
+
+// The record's device address; `device` must be current.
+BadTargetRecord* bad_target_record(int device) {
+  MT_CHECK(device >= 0 && device < kMaxDevices, "cross_entropy: device ", device, " out of range");
+  std::call_once(record_once[device], [&] {
+    void* p = nullptr;
+    MT_CUDA_CHECK(cudaHostAlloc(&p, sizeof(BadTargetRecord),
+                                cudaHostAllocMapped | cudaHostAllocPortable));
+    void* d = nullptr;
+    MT_CUDA_CHECK(cudaHostGetDevicePointer(&d, p, 0));
+    device_records[device] = static_cast<BadTargetRecord*>(d);
+    records[device] = new (p) BadTargetRecord();
+  });
+  return device_records[device];
 }
+
+// Only a device whose record exists can have one waiting.
+const bool registered = [] {
+  cuda::add_device_error_check([](int device) {
+    if (device < 0 || device >= kMaxDevices) return;
+    if (BadTargetRecord* r = records[device].load()) raise_bad_target(*r);
+  });
+  return true;
+}();
 
 // normalizer <= 0 means "this call's count of non-ignored targets": counting them reads the
 // targets on the host (a synchronization), so the trainer always passes its step's count instead.
@@ -264,13 +309,11 @@ void cross_entropy_forward_cuda(const Tensor& logits, const Tensor& targets, int
                                 double normalizer, const Tensor& loss, const Tensor& lse) {
   normalizer = effective_normalizer(targets, ignore_index, normalizer);
   cudaStream_t s = cuda::stream_of(logits);
-  Tensor flag = zeros({1}, DType::i32, logits.device());
   cuda::cross_entropy_forward(logits.data_ptr(), cuda::ptr<const int64_t>(targets),
-                              cuda::ptr<float>(loss), cuda::ptr<float>(lse), cuda::ptr<int>(flag),
+                              cuda::ptr<float>(loss), cuda::ptr<float>(lse),
+                              bad_target_record(logits.device().index),
                               logits.size(0), logits.size(1), ignore_index, float(normalizer),
                               logits.dtype(), s);
-  nan_if_flagged<<<1, 1, 0, s>>>(cuda::ptr<const int>(flag), cuda::ptr<float>(loss));
-  MT_CUDA_CHECK_LAUNCH();
 }
 
 // dlogits '=' in logits' dtype, a new tensor; the engine adds it into .grad if logits is a leaf.

@@ -19,7 +19,9 @@ namespace mt {
 
 // logits [rows, C] (f64/f32/bf16/f16), targets [rows] i64. normalizer <= 0 means "the number of
 // non-ignored targets in this call". Returns a 0-dim loss in the grad dtype (f32, f64 for f64).
-// A target outside [0, C) that is not ignore_index is an error.
+// A target outside [0, C) that is not ignore_index is an error: at once on the CPU; on CUDA at the
+// next host synchronization with the device (item(), to(kCPU), check_device_errors), with the
+// same message, because the op itself never waits for the GPU (ops/cross_entropy/bad_target.h).
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100,
                      double normalizer = 0);
 

@@ -17,15 +17,17 @@
 #include <cuda_runtime.h>
 
 #include "core/dtype.h"
+#include "ops/cross_entropy/bad_target.h"
 
 namespace mt::cuda {
 
 // loss[0] = ... as above ('=', fp32, rows added in a fixed order: the same bits on every run).
-// lse[r] ('=', fp32); ignored rows get 0. bad_targets (nullable): set to 1 if a non-ignored target
-// is outside [0, C) (that row then adds nothing to the loss); never cleared here.
+// lse[r] ('=', fp32); ignored rows get 0. A non-ignored target outside [0, C) makes loss[0] NaN and
+// goes to note_bad_target(*bad_target, lowest such row, ...) (bad_target: device-accessible,
+// nullable); never cleared here.
 void cross_entropy_forward(const void* logits, const int64_t* targets, float* loss, float* lse,
-                           int* bad_targets, int64_t rows, int64_t C, int64_t ignore_index,
-                           float normalizer, DType dt, cudaStream_t s);
+                           BadTargetRecord* bad_target, int64_t rows, int64_t C,
+                           int64_t ignore_index, float normalizer, DType dt, cudaStream_t s);
 
 // dlogits ('=', in dt) as above; dloss is a device fp32 scalar (the seed gradient of the loss).
 void cross_entropy_backward(const void* logits, const int64_t* targets, const float* lse,
