@@ -20,7 +20,7 @@ namespace {
 
 constexpr const char* kFormat = "minitrain-checkpoint-2";
 constexpr const char* kLegacyFormat = "minitrain-checkpoint-1";  // no ids, no checksums
-constexpr const char* kCrcPrefix = "crc32.";
+const std::string kCrcPrefix = "crc32.";
 const std::string kMetadataCrc = "crc32.__metadata__";
 
 std::vector<StEntry> to_entries(const NamedTensors& tensors) {
@@ -99,7 +99,8 @@ void verify(const StFile& f) {
   for (const auto& [key, value] : f.metadata)
     if (key.starts_with(kCrcPrefix) && key != kMetadataCrc) {
       ++listed;
-      MT_CHECK(f.contains(key.substr(6)), f.path, ": damaged: tensor '", key.substr(6),
+      const std::string name = key.substr(kCrcPrefix.size());
+      MT_CHECK(f.contains(name), f.path, ": damaged: tensor '", name,
                "' has a checksum but is not in the file");
     }
   for (const StEntry& e : f.entries) {
