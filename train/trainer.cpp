@@ -184,22 +184,23 @@ Trainer::~Trainer() = default;
 void Trainer::resume(const std::string& path) {
   // Each candidate is loaded whole; one that does not fit (or holds impossible values) makes a
   // directory fall back to the next newest, so the state ends up all from one checkpoint.
-  Checkpoint c = load_checkpoint(path, [&](const Checkpoint& c) {
-    model_->load_state_dict(c.model);
+  Checkpoint c = load_checkpoint(path, [&](const Checkpoint& candidate) {
+    model_->load_state_dict(candidate.model);
     nn::StateDict optimizer, scaler;
-    for (const auto& [name, t] : c.optimizer) {
+    for (const auto& [name, t] : candidate.optimizer) {
       if (name.starts_with(kScalerPrefix)) scaler.emplace_back(name.substr(kScalerPrefix.size()), t);
       else optimizer.emplace_back(name, t);
     }
     optimizer_->load_state_dict(optimizer);
     scaler_.load_state_dict(scaler);
-    // Every step is an update or, with loss scaling, a skipped one.
-    const int64_t applied = optimizer_->steps_taken();
-    MT_CHECK(scaler_.enabled() ? applied + scaler_.skipped_steps() == c.step : applied <= c.step,
+    // Every step is an update or a skipped one (f16 loss scaling); without a scaler the skipped
+    // count is unknown (a run may switch from f16 on resume), so it is only a bound.
+    const int64_t applied = optimizer_->steps_taken(), step = candidate.step;
+    MT_CHECK(scaler_.enabled() ? applied + scaler_.skipped_steps() == step : applied <= step,
              "the optimizer state has taken ", applied, " steps",
              scaler_.enabled() ? detail::concat(" and skipped ", scaler_.skipped_steps()) : "",
-             ", which does not fit the checkpoint's step ", c.step);
-    for (const NamedTensors* state : {&c.model, &c.optimizer})
+             ", which does not fit the checkpoint's step ", step);
+    for (const NamedTensors* state : {&candidate.model, &candidate.optimizer})
       if (std::string bad = first_non_finite(*state); !bad.empty())
         MT_THROW("non-finite values in ", bad, " (a run never saves them)");
   });
