@@ -121,6 +121,9 @@ nn::StateDict LossScaler::state_dict() const {
 void LossScaler::load_state_dict(const nn::StateDict& dict) {
   if (!enabled()) return;
   // Every entry is checked before any is used: a bad dict changes nothing.
+  for (const auto& [key, _] : dict)
+    MT_CHECK(key == "scale" || key == "growth_tracker" || key == "skipped_steps",
+             "LossScaler::load_state_dict: unexpected key '", key, "'");
   const double scale = entry(dict, "scale", DType::f64).item();
   const double tracker = entry(dict, "growth_tracker", DType::i64).item();
   const double skipped = entry(dict, "skipped_steps", DType::i64).item();

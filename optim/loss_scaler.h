@@ -75,8 +75,8 @@ class LossScaler {
 
   // Checkpoint form: "scale" (f64), "growth_tracker" and "skipped_steps" (i64), all 0-dim; empty
   // in mode none. load_state_dict restores them (a fixed scale stays the configured one); a
-  // missing or mistyped entry is an mt::Error naming the key. Mode none ignores the dict, so a
-  // run can switch to bf16 on resume.
+  // missing, unexpected or mistyped entry is an mt::Error naming the key. Mode none ignores the
+  // dict, so a run can switch to bf16 on resume.
   nn::StateDict state_dict() const;
   void load_state_dict(const nn::StateDict& dict);
 

@@ -87,13 +87,17 @@ void Optimizer::load_state_dict(const nn::StateDict& dict) {
   std::optional<int64_t> steps;
   NoGradGuard no_grad;
   for (const auto& [key, t] : dict) {
-    auto scalar = [&] {
-      MT_CHECK(t.numel() == 1, "optimizer load_state_dict: '", key, "' must hold one value, got shape ",
-               shape_str(t.shape()));
-      return int64_t(t.item());
+    // A step count is one i64 >= 0, read as an integer: a float (NaN, 1e300) is not a count.
+    auto count = [&] {
+      MT_CHECK(t.numel() == 1 && t.dtype() == DType::i64, "optimizer load_state_dict: '", key,
+               "' must be one i64 value, got ", dtype_name(t.dtype()), " of shape ", shape_str(t.shape()));
+      const int64_t v = t.to(kCPU).contiguous().data<int64_t>()[0];
+      MT_CHECK(v >= 0, "optimizer load_state_dict: '", key, "' is ", v, "; a step count is >= 0");
+      return v;
     };
     if (key == "step") {
-      steps = scalar();
+      MT_CHECK(!steps, "optimizer load_state_dict: 'step' appears twice");
+      steps = count();
       continue;
     }
     size_t i = 0;
@@ -103,7 +107,10 @@ void Optimizer::load_state_dict(const nn::StateDict& dict) {
     MT_CHECK(i < params.size(), "optimizer load_state_dict: '", key, "' refers to parameter ", i,
              " but the optimizer has ", params.size());
     if (name == "step") {
-      state[i].step = scalar();
+      MT_CHECK(state[i].step == 0, "optimizer load_state_dict: '", key, "' appears twice");
+      state[i].step = count();
+      MT_CHECK(state[i].step > 0, "optimizer load_state_dict: '", key, "' is 0, but only parameters "
+               "that were updated have state");
       continue;
     }
     bool known = false;
@@ -117,9 +124,25 @@ void Optimizer::load_state_dict(const nn::StateDict& dict) {
              shape_str(p.shape()), " ", dtype_name(dtype));
     Tensor copy = empty(p.shape(), dtype, p.device());
     copy.copy_(t);
-    state[i].buffers[name] = copy;
+    MT_CHECK(state[i].buffers.emplace(name, copy).second, "optimizer load_state_dict: '", key,
+             "' appears twice");
   }
   MT_CHECK(steps.has_value(), "optimizer load_state_dict: the state dict has no 'step'");
+  // Every updated parameter has all its buffers (a missing one would restart from zeros), and no
+  // parameter has had more updates than the optimizer has taken steps.
+  for (size_t i = 0; i < state.size(); ++i) {
+    const std::string prefix = "state." + std::to_string(i) + ".";
+    if (state[i].step == 0) {
+      MT_CHECK(state[i].buffers.empty(), "optimizer load_state_dict: '", prefix,
+               state[i].buffers.begin()->first, "' is given but '", prefix, "step' is missing");
+      continue;
+    }
+    MT_CHECK(state[i].step <= *steps, "optimizer load_state_dict: '", prefix, "step' is ",
+             state[i].step, " but the optimizer has taken only ", *steps, " steps ('step')");
+    for (const std::string& b : buffer_names_)
+      MT_CHECK(state[i].buffers.count(b), "optimizer load_state_dict: '", prefix, b,
+               "' is missing (parameter ", i, " has been updated ", state[i].step, " times)");
+  }
   state_ = std::move(state);
   steps_ = *steps;
 }

@@ -62,9 +62,11 @@ class Optimizer {
   // with the optimizer's state. Hyper-parameters are not included: they come from the config,
   // and the learning rate from the schedule at the restored step.
   nn::StateDict state_dict() const;
-  // Replaces the state with copies of `dict`'s tensors, moved to each parameter's device. A key
-  // that is not of the forms above, an index out of range, or a buffer whose shape or dtype does
-  // not fit its parameter is an mt::Error naming the key; nothing changes unless all are valid.
+  // Replaces the state with copies of `dict`'s tensors, moved to each parameter's device. Strict:
+  // a key that is not of the forms above or appears twice, an index out of range, a buffer whose
+  // shape or dtype does not fit its parameter, a missing buffer of an updated parameter, or a step
+  // count that is not one i64 in [0, "step"] (per parameter: [1, "step"]) is an mt::Error naming
+  // the key; nothing changes unless all are valid.
   void load_state_dict(const nn::StateDict& dict);
 
   // Two groups for the usual AdamW recipe: group 0 = parameters `decays` accepts, with
@@ -80,7 +82,7 @@ class Optimizer {
   };
 
   // Fills each group's unset lr / weight_decay; `buffer_names` are the state buffers the
-  // subclass keeps (what load_state_dict accepts).
+  // subclass keeps for every updated parameter (what load_state_dict accepts and requires).
   Optimizer(std::vector<ParamGroup> groups, double lr, double weight_decay,
             std::vector<std::string> buffer_names);
 

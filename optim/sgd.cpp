@@ -50,7 +50,9 @@ void sgd_cuda(const Tensor& p, const Tensor& g, const Tensor& buf, double lr, do
 }  // namespace
 
 SGD::SGD(std::vector<ParamGroup> groups, SGDOptions options)
-    : Optimizer(std::move(groups), options.lr, options.weight_decay, {"momentum_buffer"}),
+    : Optimizer(std::move(groups), options.lr, options.weight_decay,
+                options.momentum != 0 ? std::vector<std::string>{"momentum_buffer"}
+                                      : std::vector<std::string>{}),
       options_(options) {
   MT_CHECK(options.momentum >= 0, "SGD: momentum must be >= 0, got ", options.momentum);
   MT_CHECK(!options.nesterov || options.momentum > 0, "SGD: nesterov needs momentum > 0");

@@ -4,10 +4,14 @@
 //   - crash safety: `train` killed with SIGKILL at random moments, 20 times, always leaves a
 //     checkpoint that loads, and resuming ends bitwise where an uninterrupted run ends;
 //   - long runs: thousands of steps with a flat resident set size;
+//   - the run folder: one run per folder (a lock), no mixing of runs, resuming a finished run;
+//   - failed writes (a full disk) stop the run and keep what was saved;
+//   - checkpoint integrity: checksums catch every flipped bit, loaders check every value;
 //   - bad data found while reviewing the data path.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -26,10 +30,12 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/expect_error.h"
+#include "tests/log_capture.h"
 #include "tests/temp_dir.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/data.h"
+#include "train/run_dir.h"
 #include "train/safetensors.h"
 #include "train/trainer.h"
 
@@ -212,13 +218,13 @@ TEST(CrashSafety, LeftoversOfAKilledSaveAreIgnoredThenRemoved) {
   TempDir dir;
   const std::string ckpt = dir / "ckpt";
   const train::NamedTensors model = {{"w", full({2}, 1.0)}}, optim = {{"m", full({2}, 0.5)}};
-  train::save_checkpoint(ckpt, 1, model, optim, {}, 5);
+  train::save_checkpoint(ckpt, "run", 1, model, optim, {}, 5);
   for (const char* leftover : {"step-000002.optim.safetensors", "step-000002.safetensors.tmp.99",
                                "step-000002.optim.safetensors.tmp.99"})
     std::ofstream(fs::path(ckpt) / leftover) << "half-written";
   EXPECT_EQ(train::list_checkpoints(ckpt).size(), 1u);
   EXPECT_EQ(train::load_checkpoint(ckpt).step, 1);
-  train::save_checkpoint(ckpt, 3, model, optim, {}, 5);
+  train::save_checkpoint(ckpt, "run", 3, model, optim, {}, 5);
   std::set<std::string> names;
   for (const auto& e : fs::directory_iterator(ckpt)) names.insert(e.path().filename().string());
   EXPECT_EQ(names, (std::set<std::string>{"step-000001.safetensors", "step-000001.optim.safetensors",
@@ -430,6 +436,429 @@ TEST(LongRun, ResidentMemoryIsFlatOverThousandsOfSteps) {
   // glibc grows its heap in 128 KiB steps as it fragments; 512 KiB over 4000 steps still catches
   // a leak of 128 bytes a step, smaller than one lost tensor.
   EXPECT_LE(after - before, 512 << 10);
+}
+
+
+// ---- the run folder -----------------------------------------------------------------------
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// The run ids of `dir`'s checkpoints, oldest first, as "<step>:<run id>".
+std::vector<std::string> owners(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const std::string& f : train::list_checkpoints(dir))
+    out.push_back(std::to_string(train::load_checkpoint(f).step) + ":" + train::checkpoint_run_id(f));
+  return out;
+}
+
+// A second fresh run into a folder that holds a first run's files used to write its metrics
+// there while keep_last pruned its own new checkpoints (the old run's looked newer).
+TEST(RunFolder, AFreshRunRefusesAnotherRunsFolderUnlessOverwriteIsSet) {
+  TempDir dir;
+  const std::string ckpt = dir / "ckpt";
+  train::Trainer first(fault_config(dir), kCPU);
+  first.run();
+  const auto before = owners(ckpt);
+  ASSERT_EQ(before.size(), 6u);  // steps 4 to 24
+  const std::string metrics = read_text(ckpt + "/metrics.jsonl");
+
+  train::Trainer second(fault_config(dir, {"optim.steps=8", "checkpoint.keep_last=1"}), kCPU);
+  try {
+    second.run();
+    ADD_FAILURE() << "a fresh run into a used folder started";
+  } catch (const ConfigError& e) {
+    std::printf("ConfigError: %s\n", e.what());
+    for (const std::string part : {"checkpoint.dir: '" + ckpt + "' already holds 6 checkpoint(s)",
+                                   std::string("step-000024.safetensors"), ckpt + "/metrics.jsonl",
+                                   "--resume " + ckpt, std::string("checkpoint.overwrite=true")})
+      EXPECT_CONTAINS(e.what(), part);
+  }
+  EXPECT_EQ(owners(ckpt), before);  // nothing touched
+  EXPECT_EQ(read_text(ckpt + "/metrics.jsonl"), metrics);
+
+  // overwrite: the first run's files go, and the folder holds the second run alone.
+  train::Trainer third(fault_config(dir, {"optim.steps=8", "checkpoint.overwrite=true"}), kCPU);
+  const train::RunSummary s = third.run();
+  const auto after = owners(ckpt);
+  ASSERT_EQ(after.size(), 2u);
+  const std::string id = after[0].substr(2);
+  EXPECT_EQ(after, (std::vector<std::string>{"4:" + id, "8:" + id}));
+  EXPECT_NE(id, before[0].substr(2));
+  EXPECT_EQ(s.checkpoint, ckpt + "/step-000008.safetensors");
+  EXPECT_TRUE(fs::exists(s.checkpoint));
+  for (const auto& r : step_records(ckpt + "/metrics.jsonl")) EXPECT_LE(r[0], 8);
+}
+
+// keep_last counts and deletes the current run's checkpoints only, however new the others look.
+TEST(RunFolder, PruningRemovesOnlyThisRunsCheckpoints) {
+  TempDir dir;
+  const std::string ckpt = dir / "ckpt";
+  const train::NamedTensors model = {{"w", full({2}, 1.5)}}, optim = {{"m", full({2}, 0.5)}};
+  for (int64_t step : {20, 30}) train::save_checkpoint(ckpt, "old", step, model, optim, {}, 5);
+  for (int64_t step : {1, 2, 3}) train::save_checkpoint(ckpt, "new", step, model, optim, {}, 2);
+  EXPECT_EQ(owners(ckpt), (std::vector<std::string>{"2:new", "3:new", "20:old", "30:old"}));
+}
+
+// Resuming a finished run used to append a second test record and report no checkpoint.
+TEST(RunFolder, ResumingACompleteRunSaysSoAndWritesNothing) {
+  TempDir dir;
+  const std::string ckpt = dir / "ckpt";
+  train::Trainer first(fault_config(dir), kCPU);
+  first.run();
+  const std::string metrics = read_text(ckpt + "/metrics.jsonl"), curve = read_text(ckpt + "/curve.svg");
+  train::Trainer again(fault_config(dir), kCPU);
+  again.resume(ckpt);
+  LogCapture log;
+  const train::RunSummary s = again.run();
+  EXPECT_EQ(s.steps, 24);
+  EXPECT_EQ(s.checkpoint, ckpt + "/step-000024.safetensors");
+  EXPECT_TRUE(log.contains("the run is already complete: " + ckpt + "/step-000024.safetensors is at step 24"));
+  EXPECT_EQ(read_text(ckpt + "/metrics.jsonl"), metrics);
+  EXPECT_EQ(read_text(ckpt + "/curve.svg"), curve);
+}
+
+// Zero padding stops at six digits: sorted as text, step-1000000 came before step-999999, so
+// pruning deleted the newest checkpoint and resuming picked an older one.
+TEST(RunFolder, StepsPastAMillionSortByNumber) {
+  TempDir dir;
+  const std::string ckpt = dir / "ckpt";
+  const train::NamedTensors model = {{"w", full({2}, 1.5)}}, optim = {{"m", full({2}, 0.5)}};
+  for (int64_t step : {999'998, 999'999, 1'000'000, 1'000'001})
+    train::save_checkpoint(ckpt, "run", step, model, optim, {}, 2);
+  for (const char* junk : {"step-12x.safetensors", "step-.safetensors", "step-+5.safetensors"})
+    std::ofstream(fs::path(ckpt) / junk) << "not a checkpoint";
+  EXPECT_EQ(train::list_checkpoints(ckpt),
+            (std::vector<std::string>{ckpt + "/step-1000000.safetensors", ckpt + "/step-1000001.safetensors"}));
+  EXPECT_EQ(train::load_checkpoint(ckpt).step, 1'000'001);
+}
+
+// Two runs on one folder: the second, started while the first trains, is refused (flock locks
+// belong to the open file, so two trainers of one process exclude each other too), and the
+// first ends with all of its files.
+TEST(RunFolder, ASecondRunOnALockedFolderIsRefused) {
+  TempDir dir;
+  const std::string ckpt = dir / "ckpt";
+  train::Trainer first(fault_config(dir), kCPU);
+  std::string refused;
+  first.set_step_callback([&](int64_t step, train::Trainer&) {
+    if (step != 10) return;
+    train::Trainer second(fault_config(dir, {"checkpoint.overwrite=true"}), kCPU);
+    try {
+      second.run();
+    } catch (const ConfigError& e) {
+      refused = e.what();
+    }
+  });
+  first.run();
+  std::printf("ConfigError: %s\n", refused.c_str());
+  EXPECT_CONTAINS(refused, "checkpoint.dir: '" + ckpt + "' is in use by another run (pid " +
+                               std::to_string(::getpid()) + ")");
+  EXPECT_EQ(owners(ckpt).size(), 6u);
+  EXPECT_EQ(step_records(ckpt + "/metrics.jsonl").size(), 24u);
+  // Released when the run ends.
+  EXPECT_NO_THROW(train::RunDir{ckpt});
+}
+
+// A model file with another checkpoint's optimizer file (another run's, or the same run's same
+// step saved twice) used to load as one checkpoint.
+TEST(RunFolder, AModelFileWithAnotherCheckpointsOptimizerFileIsRejected) {
+  TempDir dir;
+  const train::NamedTensors model = {{"w", full({2}, 1.5)}}, optim = {{"m", full({2}, 0.5)}};
+  for (const char* other_run : {"a", "b"}) {
+    train::save_checkpoint(dir / "one", "a", 4, model, optim, {}, 2);
+    train::save_checkpoint(dir / "two", other_run, 4, model, optim, {}, 2);
+    const std::string file = dir / "one/step-000004.safetensors";
+    fs::copy_file(dir / "two/step-000004.optim.safetensors", dir / "one/step-000004.optim.safetensors",
+                  fs::copy_options::overwrite_existing);
+    mt::test::expect_error([&] { train::load_checkpoint(file); },
+                           {file, dir / "one/step-000004.optim.safetensors", "are not one checkpoint"});
+    EXPECT_THROW(train::load_checkpoint(file), train::CheckpointError);
+  }
+}
+
+// ---- failed writes ------------------------------------------------------------------------
+
+// /dev/full takes every open and fails every write with ENOSPC: the metrics writer used to
+// ignore it (exit 0, nothing logged), then read the endless file back for the curve.
+TEST(WriteFailures, MetricsOnAFullDiskStopTheRunAndKeepTheCheckpoints) {
+  TempDir dir;
+  const std::string ckpt = dir / "ckpt";
+  train::Trainer t(fault_config(dir, {"logging.metrics=/dev/full", "logging.every=6",
+                                      "checkpoint.every=2"}), kCPU);
+  mt::test::expect_error([&] { t.run(); }, {"metrics: cannot write to '/dev/full'", "No space left"});
+  // Step 6 logs before it saves: steps 2 and 4 are on disk, whole.
+  EXPECT_EQ(newest_finite_checkpoint(ckpt), 4);
+  EXPECT_EQ(train::list_checkpoints(ckpt).size(), 2u);
+
+  TempDir dir2;
+  train::Trainer c(fault_config(dir2, {"logging.curve=/dev/full"}), kCPU);
+  mt::test::expect_error([&] { c.run(); }, {"curve: cannot write '/dev/full'", "No space left"});
+  EXPECT_EQ(newest_finite_checkpoint(dir2 / "ckpt"), 24);
+}
+
+// A checkpoint that cannot be written (the file size limit stands in for a full disk) stops the
+// run with the file named; the checkpoints before it stay, and no half-written file is left.
+TEST(WriteFailures, AFailedCheckpointStopsTheRunAndKeepsTheEarlierOnes) {
+  TempDir dir;
+  const std::string ckpt = dir / "ckpt";
+  train::Trainer t(fault_config(dir, {"logging.every=100"}), kCPU);
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  t.set_step_callback([&](int64_t step, train::Trainer&) {
+    if (step != 5) return;
+    rlimit small = old;
+    small.rlim_cur = 2048;  // the step-8 optimizer file is larger
+    ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  });
+  const std::string msg = [&] {
+    try {
+      t.run();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  }();
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, old_handler);
+  EXPECT_CONTAINS(msg, "step-000008.optim.safetensors");
+  EXPECT_CONTAINS(msg, "File too large");
+  EXPECT_EQ(newest_finite_checkpoint(ckpt), 4);
+  for (const auto& e : fs::directory_iterator(ckpt))
+    EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
+}
+
+// ---- checkpoint integrity -----------------------------------------------------------------
+
+void flip_bit(const std::string& path, uint64_t bit) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(std::streamoff(bit / 8));
+  char c = 0;
+  f.read(&c, 1);
+  c = char(c ^ (1 << (bit % 8)));
+  f.seekp(std::streamoff(bit / 8));
+  f.write(&c, 1);
+}
+
+uint64_t header_end(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  uint8_t len[8] = {};
+  in.read(reinterpret_cast<char*>(len), 8);
+  uint64_t n = 8;
+  for (int i = 0; i < 8; ++i) n += uint64_t(len[i]) << (8 * i);
+  return n;
+}
+
+bool same(const train::NamedTensors& a, const train::NamedTensors& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const Tensor &x = a[i].second, &y = b[i].second;
+    if (a[i].first != b[i].first || x.dtype() != y.dtype() || x.shape() != y.shape() ||
+        std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) != 0)
+      return false;
+  }
+  return true;
+}
+
+// Before checksums, 229 of 300 single-bit flips of a real checkpoint loaded without complaint.
+// Now each flip, in either file, header or data, is rejected naming the file, or (in bytes that
+// carry no meaning) loads exactly what was saved; never something else.
+TEST(CheckpointIntegrity, EverySingleBitFlipIsRejectedOrHarmless) {
+  TempDir dir;
+  train::Trainer t(fault_config(dir, {"optim.steps=8"}), kCPU);
+  t.run();
+  const std::string stem = dir / "ckpt/step-000008";
+  const train::Checkpoint ref = train::load_checkpoint(stem + ".safetensors");
+  const std::string files[2] = {stem + ".safetensors", stem + ".optim.safetensors"};
+  const std::string bytes[2] = {read_text(files[0]), read_text(files[1])};
+  const uint64_t headers[2] = {header_end(files[0]), header_end(files[1])};
+
+  const unsigned seed = std::random_device{}();
+  std::mt19937_64 rng(seed);
+  const int n = 400;
+  int rejected = 0, identical = 0, different = 0, in_header = 0;
+  const std::string trial = dir / "trial";
+  fs::create_directory(trial);
+  for (int i = 0; i < n; ++i) {
+    const int which = int(rng() % 2);
+    // Half the flips in the length and the header, half anywhere in the data.
+    const bool head = rng() % 2 == 0;
+    const uint64_t size = bytes[which].size();
+    const uint64_t byte = head ? rng() % headers[which] : headers[which] + rng() % (size - headers[which]);
+    in_header += head;
+    const std::string copies[2] = {trial + "/step-000008.safetensors", trial + "/step-000008.optim.safetensors"};
+    for (int k = 0; k < 2; ++k) std::ofstream(copies[k], std::ios::binary | std::ios::trunc) << bytes[k];
+    flip_bit(copies[which], byte * 8 + rng() % 8);
+    try {
+      const train::Checkpoint c = train::load_checkpoint(copies[0]);
+      if (same(c.model, ref.model) && same(c.optimizer, ref.optimizer) && c.metadata == ref.metadata &&
+          c.step == ref.step)
+        ++identical;
+      else
+        ADD_FAILURE() << "flip " << i << " (seed " << seed << ", " << copies[which] << " byte " << byte
+                      << ") loaded different contents", ++different;
+    } catch (const train::CheckpointError& e) {
+      ++rejected;
+      EXPECT_CONTAINS(e.what(), copies[which]);
+    }
+  }
+  std::printf("CheckpointIntegrity: seed %u: %d single-bit flips (%d in a header), %d rejected, "
+              "%d loaded identical, %d loaded different\n",
+              seed, n, in_header, rejected, identical, different);
+  EXPECT_EQ(different, 0);
+  EXPECT_EQ(rejected + identical, n);
+  EXPECT_GE(in_header, n / 3);
+}
+
+// Damage that keeps the file well-formed: the checksums or the loaders' checks of every value
+// name it, and resuming stops (CheckpointError: exit code 2).
+TEST(CheckpointIntegrity, DamageThatKeepsTheFormatIsNamed) {
+  TempDir dir;
+  train::Trainer t(fault_config(dir, {"optim.steps=8"}), kCPU);
+  t.run();
+  const std::string model = dir / "ckpt/step-000008.safetensors", optim = dir / "ckpt/step-000008.optim.safetensors";
+
+  // Two same-shape tensors swapped (layers.0.bias and the RMSNorm weight, both [16] f32).
+  StFile m = read_safetensors(model);
+  ASSERT_EQ(m.entries[1].name, "layers.0.bias");
+  ASSERT_EQ(m.entries[2].name, "layers.1.weight");
+  std::swap(m.entries[1].name, m.entries[2].name);
+  write_safetensors(dir / "swapped.safetensors", m.entries, m.metadata);
+  fs::copy_file(optim, dir / "swapped.optim.safetensors");
+  mt::test::expect_error([&] { train::load_checkpoint(dir / "swapped.safetensors"); },
+                         {"swapped.safetensors: damaged: tensor 'layers.1.weight' fails its checksum"});
+
+  // The optimizer file's format tag.
+  StFile o = read_safetensors(optim);
+  o.metadata["format"] = "minitrain-checkpoint-9";
+  write_safetensors(dir / "tag.optim.safetensors", o.entries, o.metadata);
+  fs::copy_file(model, dir / "tag.safetensors");
+  mt::test::expect_error([&] { train::load_checkpoint(dir / "tag.safetensors"); },
+                         {"tag.optim.safetensors: not a minitrain checkpoint"});
+
+  // Impossible values, saved with valid checksums: every one is refused on resume, naming the key.
+  const train::Checkpoint good = train::load_checkpoint(model);
+  auto with = [&](const std::string& key, std::optional<Tensor> value) {
+    train::NamedTensors out;
+    for (const auto& [name, tensor] : good.optimizer)
+      if (name != key) out.emplace_back(name, tensor);
+      else if (value) out.emplace_back(name, *value);
+    return out;
+  };
+  auto i64 = [](int64_t v) { return from_vector(std::vector<int64_t>{v}, {}); };
+  struct Case {
+    train::NamedTensors optimizer;
+    std::vector<std::string> message;
+  };
+  const std::vector<Case> cases = {
+      {with("step", i64(-1)), {"'step' is -1"}},
+      {with("step", i64(INT64_MIN)), {"'step' is -9223372036854775808"}},
+      {with("step", full({}, NAN, DType::f64)), {"'step' must be one i64 value, got f64"}},
+      {with("step", full({}, 1e300, DType::f64)), {"'step' must be one i64 value, got f64"}},
+      {with("state.0.step", i64(9)), {"'state.0.step' is 9 but the optimizer has taken only 8"}},
+      {with("state.1.exp_avg_sq", std::nullopt), {"'state.1.exp_avg_sq' is missing"}},
+      {with("step", i64(9)), {"taken 9 steps", "checkpoint's step 8"}},
+      {with("state.0.exp_avg", full(good.optimizer[2].second.shape(), NAN)), {"non-finite values in state.0.exp_avg"}},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(cases[i].message[0]);
+    const std::string bad = dir / ("bad" + std::to_string(i));
+    train::save_checkpoint(bad, good.run_id, 8, good.model, cases[i].optimizer, {}, 1);
+    train::Trainer r(fault_config(dir), kCPU);
+    std::vector<std::string> parts = cases[i].message;
+    parts.push_back(bad + "/step-000008.safetensors: cannot resume from it");
+    try {
+      r.resume(bad + "/step-000008.safetensors");
+      ADD_FAILURE() << "resumed";
+    } catch (const train::CheckpointError& e) {
+      for (const std::string& p : parts) EXPECT_CONTAINS(e.what(), p);
+    }
+  }
+
+  // A format 1 file (no ids, no checksums) loads, with a warning that it cannot be verified.
+  const std::string legacy = dir / "legacy";
+  fs::create_directory(legacy);
+  for (const auto& [file, st] : {std::pair{model, &m}, std::pair{optim, &o}}) {
+    StFile f = read_safetensors(file);
+    std::map<std::string, std::string> meta = {{"format", "minitrain-checkpoint-1"}, {"step", "8"}};
+    if (file == model) meta["config"] = f.metadata.at("config");
+    write_safetensors(legacy + "/" + fs::path(file).filename().string(), f.entries, meta);
+  }
+  LogCapture log;
+  train::Trainer r(fault_config(dir), kCPU);
+  r.resume(legacy);
+  EXPECT_EQ(r.step(), 8);
+  EXPECT_TRUE(log.contains("step-000008.safetensors: a checkpoint of format 1"));
+  EXPECT_TRUE(log.contains("cannot be verified"));
+}
+
+// --resume DIR skips a damaged newest checkpoint with a warning naming it; with none intact, or
+// with a damaged FILE, it stops.
+TEST(CheckpointIntegrity, ResumeFallsBackToTheNewestIntactCheckpoint) {
+  TempDir dir;
+  const std::string ckpt = dir / "ckpt";
+  train::Trainer t(fault_config(dir), kCPU);
+  t.run();
+  const std::string newest = ckpt + "/step-000024.safetensors";
+  flip_bit(newest, (header_end(newest) + 5) * 8 + 3);
+  {
+    LogCapture log;
+    train::Trainer r(fault_config(dir), kCPU);
+    r.resume(ckpt);
+    EXPECT_EQ(r.step(), 20);
+    EXPECT_TRUE(log.contains("checkpoint " + newest + " is unusable: " + newest +
+                             ": damaged: tensor 'layers.0.weight' fails its checksum"));
+    EXPECT_TRUE(log.contains("falling back to the next newest"));
+  }
+  train::Trainer r(fault_config(dir), kCPU);
+  EXPECT_THROW(r.resume(newest), train::CheckpointError);
+  for (const std::string& f : train::list_checkpoints(ckpt)) flip_bit(f, (header_end(f) + 1) * 8);
+  train::Trainer none(fault_config(dir), kCPU);
+  mt::test::expect_error([&] { none.resume(ckpt); },
+                         {"no intact checkpoint in '" + ckpt + "'", "step-000004.safetensors: damaged"});
+}
+
+// What `train` makes of all this: exit code 2 (nothing written) for a used or locked folder and a
+// damaged --resume, 0 for resuming a finished run, 1 for a failed write.
+TEST(RunFolder, TrainExitCodes) {
+  TempDir dir;
+  const std::string config = dir / "small.yaml";
+  std::ofstream(config) << "device: cpu\n"
+                           "model: {input: 8, hidden: [16], classes: 4}\n"
+                           "data: {samples: 600}\n"
+                           "optim: {steps: 12, batch_size: 32, warmup_steps: 2}\n"
+                           "checkpoint: {every: 4}\n"
+                           "logging: {every: 4}\n";
+  const std::string log = dir / "train.log";
+  auto train = [&](const std::string& ckpt, std::vector<std::string> extra) {
+    std::vector<std::string> args = {"--config", config, "--set", "checkpoint.dir=" + ckpt};
+    args.insert(args.end(), extra.begin(), extra.end());
+    fs::remove(log);
+    int status = 0;
+    waitpid(spawn_train(args, log), &status, 0);
+    return exit_code(status);
+  };
+  const std::string run = dir / "run";
+  EXPECT_EQ(train(run, {}), 0) << tail_of(log);
+  EXPECT_EQ(train(run, {"--set", "optim.steps=8"}), 2);
+  EXPECT_CONTAINS(tail_of(log), "already holds");
+  EXPECT_EQ(train(run, {"--resume", run}), 0);
+  EXPECT_CONTAINS(tail_of(log), "already complete");
+  {
+    train::RunDir held(dir / "held");
+    EXPECT_EQ(train(dir / "held", {}), 2);
+    EXPECT_CONTAINS(tail_of(log), "in use by another run (pid " + std::to_string(::getpid()) + ")");
+  }
+  EXPECT_EQ(train(dir / "full", {"--set", "logging.metrics=/dev/full"}), 1);
+  EXPECT_CONTAINS(tail_of(log), "No space left on device");
+  const std::string newest = run + "/step-000012.safetensors";
+  flip_bit(newest, header_end(newest) * 8 + 7);
+  EXPECT_EQ(train(dir / "other", {"--resume", newest}), 2);
+  EXPECT_CONTAINS(tail_of(log), "cannot resume");
+  EXPECT_FALSE(fs::exists(dir / "other"));
 }
 
 }  // namespace

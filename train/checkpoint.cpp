@@ -1,11 +1,16 @@
 #include "train/checkpoint.h"
 
+#include <zlib.h>
+
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <random>
 
-#include "core/error.h"
+#include <spdlog/spdlog.h>
+
 #include "train/safetensors.h"
 
 namespace fs = std::filesystem;
@@ -13,7 +18,10 @@ namespace fs = std::filesystem;
 namespace mt::train {
 namespace {
 
-constexpr const char* kFormat = "minitrain-checkpoint-1";
+constexpr const char* kFormat = "minitrain-checkpoint-2";
+constexpr const char* kLegacyFormat = "minitrain-checkpoint-1";  // no ids, no checksums
+const std::string kCrcPrefix = "crc32.";
+const std::string kMetadataCrc = "crc32.__metadata__";
 
 std::vector<StEntry> to_entries(const NamedTensors& tensors) {
   std::vector<StEntry> entries;
@@ -37,10 +45,92 @@ NamedTensors from_file(const StFile& f) {
   return out;
 }
 
+// ---- checksums ----
+
+// CRC-32 over a sequence of fields, each length-prefixed so that no two sequences share a stream.
+class Crc {
+ public:
+  Crc& add(const void* p, size_t n) {
+    const uint64_t len = n;
+    crc_ = crc32_z(crc_, reinterpret_cast<const Bytef*>(&len), sizeof len);
+    crc_ = crc32_z(crc_, static_cast<const Bytef*>(p), n);
+    return *this;
+  }
+  Crc& add(const std::string& s) { return add(s.data(), s.size()); }
+  std::string hex() const {
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "%08lx", static_cast<unsigned long>(crc_));
+    return buf;
+  }
+
+ private:
+  uLong crc_ = crc32_z(0, nullptr, 0);
+};
+
+std::string tensor_crc(const StEntry& e) {
+  Crc c;
+  c.add(e.name).add(std::string(dtype_name(e.dtype))).add(e.shape.data(), e.shape.size() * 8);
+  return c.add(e.data.data(), e.data.size()).hex();
+}
+
+std::string metadata_crc(const std::map<std::string, std::string>& metadata) {
+  Crc c;
+  for (const auto& [key, value] : metadata)
+    if (key != kMetadataCrc) c.add(key).add(value);
+  return c.hex();
+}
+
+// The metadata a file is saved with: `base` plus the tensors' checksums and the metadata's own.
+std::map<std::string, std::string> sealed(std::map<std::string, std::string> base,
+                                          const std::vector<StEntry>& entries) {
+  for (const StEntry& e : entries) base[kCrcPrefix + e.name] = tensor_crc(e);
+  base[kMetadataCrc] = metadata_crc(base);
+  return base;
+}
+
+// Every checksum of a format 2 file matches, and every tensor has one.
+void verify(const StFile& f) {
+  auto stored = f.metadata.find(kMetadataCrc);
+  MT_CHECK(stored != f.metadata.end(), f.path, ": damaged: metadata has no '", kMetadataCrc, "'");
+  const std::string meta = metadata_crc(f.metadata);
+  MT_CHECK(stored->second == meta, f.path, ": damaged: the metadata fails its checksum (stored ",
+           stored->second, ", computed ", meta, ")");
+  size_t listed = 0;
+  for (const auto& [key, value] : f.metadata)
+    if (key.starts_with(kCrcPrefix) && key != kMetadataCrc) {
+      ++listed;
+      const std::string name = key.substr(kCrcPrefix.size());
+      MT_CHECK(f.contains(name), f.path, ": damaged: tensor '", name,
+               "' has a checksum but is not in the file");
+    }
+  for (const StEntry& e : f.entries) {
+    auto it = f.metadata.find(kCrcPrefix + e.name);
+    MT_CHECK(it != f.metadata.end(), f.path, ": damaged: tensor '", e.name, "' has no checksum");
+    const std::string crc = tensor_crc(e);
+    MT_CHECK(it->second == crc, f.path, ": damaged: tensor '", e.name,
+             "' fails its checksum (stored ", it->second, ", computed ", crc, ")");
+  }
+  MT_CHECK(listed == f.entries.size(), f.path, ": damaged: ", listed, " tensor checksums for ",
+           f.entries.size(), " tensors");
+}
+
+// ---- names ----
+
 std::string step_name(int64_t step) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "step-%06lld", static_cast<long long>(step));
   return buf;
+}
+
+// The step of a file named step-<digits><suffix>; false for any other name.
+bool parse_step_name(const std::string& name, const std::string& suffix, int64_t& step) {
+  if (!name.starts_with("step-") || !name.ends_with(suffix) || name.size() <= 5 + suffix.size())
+    return false;
+  const char* first = name.data() + 5;
+  const char* last = name.data() + name.size() - suffix.size();
+  if (!std::all_of(first, last, [](char c) { return c >= '0' && c <= '9'; })) return false;
+  auto [end, ec] = std::from_chars(first, last, step);
+  return ec == std::errc() && end == last;
 }
 
 std::string optim_path_for(const std::string& model_path) {
@@ -48,11 +138,26 @@ std::string optim_path_for(const std::string& model_path) {
   return model_path.substr(0, model_path.size() - suffix.size()) + ".optim" + suffix;
 }
 
+const std::string& meta_at(const StFile& f, const std::string& key) {
+  auto it = f.metadata.find(key);
+  MT_CHECK(it != f.metadata.end(), f.path, ": metadata has no '", key, "'");
+  return it->second;
+}
+
+int64_t step_of(const StFile& f) {
+  const std::string& s = meta_at(f, "step");
+  int64_t step = -1;
+  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), step);
+  MT_CHECK(ec == std::errc() && end == s.data() + s.size() && step >= 0, f.path, ": bad step '", s,
+           "'");
+  return step;
+}
+
 // What a run killed mid-save leaves behind: temp files (write_safetensors names them
 // "<target>.tmp.<pid>") and optimizer files whose model file never got renamed into place, or
 // was already pruned. Loading never looks at them; removing them after each save keeps them from
-// piling up over many interrupted runs. This process's own save has finished by then, so none of
-// the temp files is in use.
+// piling up over many interrupted runs. The folder is locked by this run, and its own save has
+// finished, so none of the temp files is in use.
 void remove_debris(const std::string& dir) {
   const std::string optim_suffix = ".optim.safetensors";
   std::error_code ec;
@@ -69,82 +174,166 @@ void remove_debris(const std::string& dir) {
   for (const fs::path& p : debris) fs::remove(p, ec);
 }
 
+// One checkpoint from its model file, every check but the caller's `accept`.
+Checkpoint load_file(const std::string& model_path) {
+  MT_CHECK(fs::exists(model_path), "checkpoint: '", model_path, "' does not exist");
+  StFile model = read_safetensors(model_path);
+  const std::string optim_path = optim_path_for(model_path);
+  MT_CHECK(fs::exists(optim_path), model_path, ": its optimizer state '", optim_path,
+           "' is missing");
+  StFile optim = read_safetensors(optim_path);
+  for (const StFile* f : {&model, &optim}) {
+    auto format = f->metadata.find("format");
+    MT_CHECK(format != f->metadata.end() &&
+                 (format->second == kFormat || format->second == kLegacyFormat),
+             f->path, ": not a minitrain checkpoint (metadata 'format' is missing or not '",
+             kFormat, "')");
+  }
+  const bool legacy = model.metadata.at("format") == kLegacyFormat;
+  MT_CHECK(legacy == (optim.metadata.at("format") == kLegacyFormat), model_path, " and ",
+           optim_path, " are of different formats: not one checkpoint");
+  if (legacy) {
+    spdlog::warn("{}: a checkpoint of format 1, written before checkpoints carried checksums: it "
+                 "cannot be verified, loading it as it is",
+                 model_path);
+  } else {
+    verify(model);
+    verify(optim);
+    MT_CHECK(meta_at(model, "run_id") == meta_at(optim, "run_id") &&
+                 meta_at(model, "checkpoint_id") == meta_at(optim, "checkpoint_id"),
+             model_path, " and ", optim_path,
+             " are not one checkpoint (their run_id / checkpoint_id differ: ",
+             meta_at(model, "run_id"), "/", meta_at(model, "checkpoint_id"), " vs ",
+             meta_at(optim, "run_id"), "/", meta_at(optim, "checkpoint_id"), ")");
+  }
+  Checkpoint c;
+  c.path = model_path;
+  c.step = step_of(model);
+  MT_CHECK(step_of(optim) == c.step, optim_path, ": optimizer state is for step ", step_of(optim),
+           " but the model file is for step ", c.step);
+  int64_t named = 0;
+  if (parse_step_name(fs::path(model_path).filename().string(), ".safetensors", named))
+    MT_CHECK(named == c.step, model_path, ": its name says step ", named, " but its metadata says ",
+             c.step);
+  if (!legacy) c.run_id = meta_at(model, "run_id");
+  c.model = from_file(model);
+  c.optimizer = from_file(optim);
+  c.metadata = model.metadata;
+  return c;
+}
+
 }  // namespace
 
+std::string random_id() {
+  std::random_device rd;
+  const uint64_t id = (uint64_t(rd()) << 32) ^ rd();
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(id));
+  return buf;
+}
+
 std::vector<std::string> list_checkpoints(const std::string& dir) {
-  std::vector<std::string> files;
+  std::vector<std::pair<int64_t, std::string>> found;
   std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return files;
+  if (!fs::is_directory(dir, ec)) return {};
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind("step-", 0) == 0 && name.size() > 17 &&
-        name.compare(name.size() - 12, 12, ".safetensors") == 0 &&
-        name.find(".optim.") == std::string::npos)
-      files.push_back(entry.path().string());
+    int64_t step = 0;
+    if (parse_step_name(entry.path().filename().string(), ".safetensors", step))
+      found.emplace_back(step, entry.path().string());
   }
-  std::sort(files.begin(), files.end());  // zero-padded step numbers sort by step
+  // By the number: zero padding stops at six digits, and step-1000000 must follow step-999999.
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> files;
+  for (auto& [step, path] : found) files.push_back(std::move(path));
   return files;
 }
 
-std::string save_checkpoint(const std::string& dir, int64_t step, const NamedTensors& model,
-                            const NamedTensors& optimizer,
+std::string checkpoint_run_id(const std::string& model_path) {
+  const auto meta = read_safetensors_metadata(model_path);
+  auto it = meta.find("run_id");
+  return it == meta.end() ? "" : it->second;
+}
+
+void remove_checkpoint(const std::string& model_path) {
+  std::error_code ec;  // already gone is fine
+  fs::remove(model_path, ec);
+  fs::remove(optim_path_for(model_path), ec);
+}
+
+std::string save_checkpoint(const std::string& dir, const std::string& run_id, int64_t step,
+                            const NamedTensors& model, const NamedTensors& optimizer,
                             const std::map<std::string, std::string>& metadata, int64_t keep_last) {
+  for (const auto& [key, _] : metadata)
+    MT_CHECK(key != "format" && key != "step" && key != "run_id" && key != "checkpoint_id" &&
+                 !key.starts_with(kCrcPrefix),
+             "checkpoint: metadata key '", key, "' is reserved");
   std::error_code ec;
   fs::create_directories(dir, ec);
   MT_CHECK(!ec, "checkpoint: cannot create directory '", dir, "': ", ec.message());
   const std::string model_path = (fs::path(dir) / (step_name(step) + ".safetensors")).string();
-  std::map<std::string, std::string> meta = metadata;
-  meta["format"] = kFormat;
-  meta["step"] = std::to_string(step);
-  write_safetensors(optim_path_for(model_path), to_entries(optimizer),
-                    {{"format", kFormat}, {"step", std::to_string(step)}});
-  write_safetensors(model_path, to_entries(model), meta);
-  std::vector<std::string> all = list_checkpoints(dir);
-  // The model file goes first, so that a model file never outlives its optimizer file.
-  for (size_t i = 0; i + size_t(keep_last) < all.size(); ++i) {
-    fs::remove(all[i], ec);
-    fs::remove(optim_path_for(all[i]), ec);
+  const std::map<std::string, std::string> ids = {{"format", kFormat},
+                                                  {"step", std::to_string(step)},
+                                                  {"run_id", run_id},
+                                                  {"checkpoint_id", random_id()}};
+  std::map<std::string, std::string> model_meta = metadata;
+  model_meta.insert(ids.begin(), ids.end());
+  const std::vector<StEntry> optim_entries = to_entries(optimizer), model_entries = to_entries(model);
+  write_safetensors(optim_path_for(model_path), optim_entries, sealed(ids, optim_entries));
+  write_safetensors(model_path, model_entries, sealed(model_meta, model_entries));
+
+  // Newest first, this run's beyond the newest keep_last go (reading headers only when some may).
+  const std::vector<std::string> all = list_checkpoints(dir);
+  if (all.size() > size_t(keep_last)) {
+    int64_t kept = 0;
+    for (auto it = all.rbegin(); it != all.rend(); ++it) {
+      std::string owner;
+      try {
+        owner = checkpoint_run_id(*it);
+      } catch (const Error&) {
+        continue;  // unreadable: not provably this run's, so not ours to delete
+      }
+      if (owner == run_id && ++kept > keep_last) remove_checkpoint(*it);
+    }
   }
   remove_debris(dir);
   return model_path;
 }
 
-Checkpoint load_checkpoint(const std::string& path) {
-  std::string model_path = path;
-  if (fs::is_directory(path)) {
-    std::vector<std::string> all = list_checkpoints(path);
-    MT_CHECK(!all.empty(), "checkpoint: no step-*.safetensors checkpoint in '", path, "'");
-    model_path = all.back();
-  }
-  MT_CHECK(fs::exists(model_path), "checkpoint: '", model_path, "' does not exist");
-  StFile model = read_safetensors(model_path);
-  auto format = model.metadata.find("format");
-  MT_CHECK(format != model.metadata.end() && format->second == kFormat, model_path,
-           ": not a minitrain checkpoint (metadata 'format' is missing or not '", kFormat, "')");
-  const std::string optim_path = optim_path_for(model_path);
-  MT_CHECK(fs::exists(optim_path), model_path, ": its optimizer state '", optim_path,
-           "' is missing");
-  StFile optim = read_safetensors(optim_path);
-  auto step_of = [](const StFile& f) -> int64_t {
-    auto it = f.metadata.find("step");
-    MT_CHECK(it != f.metadata.end(), f.path, ": metadata has no 'step'");
-    try {
-      size_t used = 0;
-      long long s = std::stoll(it->second, &used);
-      MT_CHECK(used == it->second.size() && s >= 0, f.path, ": bad step '", it->second, "'");
-      return s;
-    } catch (const std::logic_error&) {
-      MT_THROW(f.path, ": bad step '", it->second, "'");
+Checkpoint load_checkpoint(const std::string& path,
+                           const std::function<void(const Checkpoint&)>& accept) {
+  auto attempt = [&](const std::string& model_path) {
+    Checkpoint c = load_file(model_path);
+    if (accept) {
+      try {
+        accept(c);
+      } catch (const Error& e) {
+        MT_THROW(model_path, ": cannot resume from it: ", e.what());
+      }
     }
+    return c;
   };
-  Checkpoint c;
-  c.step = step_of(model);
-  MT_CHECK(step_of(optim) == c.step, optim_path, ": optimizer state is for step ", step_of(optim),
-           " but the model file is for step ", c.step);
-  c.model = from_file(model);
-  c.optimizer = from_file(optim);
-  c.metadata = model.metadata;
-  return c;
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) {
+    try {
+      return attempt(path);
+    } catch (const Error& e) {
+      throw CheckpointError(e.what());
+    }
+  }
+  const std::vector<std::string> all = list_checkpoints(path);
+  if (all.empty())
+    throw CheckpointError("checkpoint: no step-*.safetensors checkpoint in '" + path + "'");
+  std::string reasons;
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    try {
+      return attempt(*it);
+    } catch (const Error& e) {
+      reasons += std::string("\n  ") + e.what();
+      if (it + 1 != all.rend())
+        spdlog::warn("checkpoint {} is unusable: {}; falling back to the next newest", *it, e.what());
+    }
+  }
+  throw CheckpointError("checkpoint: no intact checkpoint in '" + path + "':" + reasons);
 }
 
 }  // namespace mt::train

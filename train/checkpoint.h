@@ -3,42 +3,78 @@
 // PyTorch's `model.load_state_dict(safetensors.torch.load_file(path))` expects:
 //
 //   <dir>/step-000300.safetensors        model parameters under their dotted names
-//                                        (metadata: format, step, the config as YAML)
-//   <dir>/step-000300.optim.safetensors  optimizer state and the step it belongs to
+//                                        (metadata: the config as YAML, and the keys below)
+//   <dir>/step-000300.optim.safetensors  optimizer state (metadata: the keys below)
 //
-// Both are written atomically (temp file, fsync, rename), the optimizer file first: a model file
-// exists only once its optimizer file does, so the newest model file always names a complete
-// checkpoint, even if the process is killed mid-write. Older checkpoints beyond keep_last are
-// deleted only after the new one is on disk, model file first; temp and orphaned optimizer files
-// left by a killed run are removed after each save.
+// Both files' metadata (string -> string; other readers ignore keys they do not know) holds
+//   format         "minitrain-checkpoint-2"
+//   step           optimizer steps completed, in decimal; the file name's number too
+//   run_id         the run that wrote it: pruning only ever removes the current run's checkpoints
+//   checkpoint_id  random, one per saved step: proves a model and an optimizer file belong together
+//   crc32.<name>   CRC-32 of a tensor's name, dtype, shape and bytes, 8 hex digits
+//   crc32.__metadata__  CRC-32 of every other metadata key and value
+// and loading verifies all of them, so a bit flipped anywhere (or two tensors swapped) is an
+// error naming the file and the tensor. Format 1 files (before checksums) still load, with a
+// warning that they cannot be verified.
+//
+// Both are written atomically (temp file, fsync, rename, directory fsync), the optimizer file
+// first: a model file exists only once its optimizer file does, so the newest model file always
+// names a complete checkpoint, even if the process is killed mid-write. Older checkpoints of the
+// run beyond keep_last are deleted only after the new one is on disk, model file first; temp and
+// orphaned optimizer files left by a killed run are removed after each save. The folder is the
+// run's alone while it runs (train/run_dir.h), so no other process writes there meanwhile.
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "core/error.h"
 #include "core/tensor.h"
 
 namespace mt::train {
 
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
+// A checkpoint that is missing, damaged, or does not fit the run resuming from it. `train` exits
+// with code 2: nothing has been written.
+struct CheckpointError : Error {
+  using Error::Error;
+};
+
 struct Checkpoint {
+  std::string path;  // the model file it was loaded from
   int64_t step = 0;  // optimizer steps completed
+  std::string run_id;  // empty for a format 1 checkpoint
   NamedTensors model, optimizer;
   std::map<std::string, std::string> metadata;  // the model file's
 };
 
-// Saves step `step` into `dir` and prunes to the newest `keep_last`. Returns the model file path.
-std::string save_checkpoint(const std::string& dir, int64_t step, const NamedTensors& model,
-                            const NamedTensors& optimizer,
+// Saves step `step` of run `run_id` into `dir`, then prunes that run's checkpoints to the newest
+// `keep_last` (other runs' checkpoints are left alone). `metadata` must not use the keys above.
+// Returns the model file path.
+std::string save_checkpoint(const std::string& dir, const std::string& run_id, int64_t step,
+                            const NamedTensors& model, const NamedTensors& optimizer,
                             const std::map<std::string, std::string>& metadata, int64_t keep_last);
 
-// Loads a checkpoint from a model file, or from a directory (its newest complete checkpoint).
-// Truncated, corrupt or mismatched files are mt::Errors naming the file.
-Checkpoint load_checkpoint(const std::string& path);
+// Loads a checkpoint from a model file, or from a directory: its newest checkpoint that is intact
+// and that `accept` (when given) takes without throwing mt::Error. A damaged newer one is skipped
+// with a warning naming the file and why. Any failure is a CheckpointError naming the file(s).
+Checkpoint load_checkpoint(const std::string& path,
+                           const std::function<void(const Checkpoint&)>& accept = {});
 
-// The model files in `dir`, oldest first (empty when there are none or dir doesn't exist).
+// The model files in `dir`, ordered by step, oldest first; names that are not
+// step-<number>.safetensors are left out (empty when there are none or dir doesn't exist).
 std::vector<std::string> list_checkpoints(const std::string& dir);
+
+// The run id in a model file's metadata ("" for a format 1 file), read from its header alone.
+std::string checkpoint_run_id(const std::string& model_path);
+
+// Deletes a checkpoint: its model file first, then its optimizer file.
+void remove_checkpoint(const std::string& model_path);
+
+// A fresh random id (16 hex digits) for a run or a checkpoint.
+std::string random_id();
 
 }  // namespace mt::train

@@ -399,6 +399,7 @@ void read_checkpoint(Section s, CheckpointConfig& c) {
   s.require("every", c.every, c.every >= 1, "must be at least 1");
   s.get("keep_last", c.keep_last);
   s.require("keep_last", c.keep_last, c.keep_last >= 1, "must be at least 1");
+  s.get("overwrite", c.overwrite);
   s.finish();
 }
 
@@ -579,6 +580,7 @@ std::string to_yaml(const Config& c) {
     << "  dir: " << quote(c.checkpoint.dir) << "\n"
     << "  every: " << c.checkpoint.every << "\n"
     << "  keep_last: " << c.checkpoint.keep_last << "\n"
+    << "  overwrite: " << flag(c.checkpoint.overwrite) << "\n"
     << "logging:\n"
     << "  every: " << c.logging.every << "\n"
     << "  metrics: " << quote(c.logging.metrics) << "\n"

@@ -9,8 +9,10 @@
 // process, joined by the in-process communicator. A process started by another launcher with
 // RANK / WORLD_SIZE / LOCAL_RANK / MT_DIST_FILE set (dist/launch.h) joins that job instead.
 //
-// Exit codes: 0 success; 1 a runtime error (bad data file, corrupt checkpoint, CUDA error);
-// 2 a usage or configuration error (nothing is written); 3 a non-finite loss or gradient.
+// Exit codes: 0 success (also resuming a run that is already complete); 1 a runtime error (bad
+// data file, a failed write, CUDA error); 2 a usage or configuration error, a --resume checkpoint
+// that is missing, damaged or does not fit, or a checkpoint.dir that another run holds or has
+// files in (nothing is written); 3 a non-finite loss or gradient.
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -21,6 +23,7 @@
 #include "core/registry.h"
 #include "dist/communicator.h"
 #include "dist/launch.h"
+#include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/trainer.h"
 #ifdef MT_WITH_NCCL
@@ -148,6 +151,9 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const mt::ConfigError& e) {
     std::fprintf(stderr, "train: config error: %s\n", e.what());
+    return 2;
+  } catch (const mt::train::CheckpointError& e) {
+    std::fprintf(stderr, "train: cannot resume: %s\n", e.what());
     return 2;
   } catch (const mt::train::NonFiniteError& e) {
     std::fprintf(stderr, "\ntrain: %s\n", e.what());

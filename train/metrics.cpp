@@ -1,7 +1,9 @@
 #include "train/metrics.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <iomanip>
 #include <sstream>
@@ -12,10 +14,18 @@ namespace mt::train {
 
 namespace {
 
+// Only a regular file is read back: a device or a pipe (/dev/stdout, /dev/full) can be written
+// to, but reading one may block or never end.
+bool readable(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::is_regular_file(path, ec);
+}
+
 // Keeps only the complete records of steps up to `last_step` in `path` (a line cut short by a
 // kill is dropped too). Rewritten through a temp file and a rename, so that a kill meanwhile
 // leaves the old file whole.
 void drop_records_after(const std::string& path, int64_t last_step) {
+  if (!readable(path)) return;
   std::ifstream in(path);
   std::string kept, line;
   bool dropped = false;
@@ -32,7 +42,11 @@ void drop_records_after(const std::string& path, int64_t last_step) {
   std::ofstream out(tmp, std::ios::trunc);
   out << kept;
   out.close();
-  MT_CHECK(out.good(), "metrics: cannot write '", tmp, "'");
+  if (!out.good()) {
+    const std::string why = std::strerror(errno);
+    std::filesystem::remove(tmp);
+    MT_THROW("metrics: cannot write '", tmp, "': ", why);
+  }
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
   MT_CHECK(!ec, "metrics: cannot rename '", tmp, "' over '", path, "': ", ec.message());
@@ -52,6 +66,8 @@ MetricsWriter::MetricsWriter(const std::string& path, int64_t resume_step) : pat
 void MetricsWriter::write(const nlohmann::json& record) {
   out_ << record.dump() << '\n';
   out_.flush();  // a killed run keeps every line it logged
+  // A failed write (a full disk) stops the run: the stream would drop every later record.
+  MT_CHECK(out_.good(), "metrics: cannot write to '", path_, "': ", std::strerror(errno));
 }
 
 Curves read_curves(const std::string& metrics_path) {
@@ -62,6 +78,7 @@ Curves read_curves(const std::string& metrics_path) {
       {"accuracy", &c.train_accuracy},
       {"val_accuracy", &c.val_accuracy},
   };
+  if (!readable(metrics_path)) return c;
   std::ifstream in(metrics_path);
   std::string line;
   while (std::getline(in, line)) {
@@ -253,8 +270,10 @@ void write_curve_svg(const std::string& path, const Curves& c, const std::string
   svg << "</svg>\n";
 
   std::ofstream out(path, std::ios::trunc);
-  MT_CHECK(out.good(), "curve: cannot write '", path, "'");
+  MT_CHECK(out.good(), "curve: cannot write '", path, "': ", std::strerror(errno));
   out << svg.str();
+  out.close();
+  MT_CHECK(out.good(), "curve: cannot write '", path, "': ", std::strerror(errno));
 }
 
 }  // namespace mt::train

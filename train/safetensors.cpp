@@ -222,7 +222,11 @@ void write_safetensors(const std::string& path, const std::vector<StEntry>& entr
   sync_parent_dir(path);
 }
 
-StFile read_safetensors(const std::string& path) {
+namespace {
+
+// The reader behind both entry points: with `with_data` false it validates everything the header
+// says against the file's size but reads no tensor bytes (entries keep empty data).
+StFile read_file(const std::string& path, bool with_data) {
   std::unique_ptr<FILE, int (*)(FILE*)> file(std::fopen(path.c_str(), "rb"), &std::fclose);
   MT_CHECK(file, path, ": cannot open: ", os_error());
   FILE* f = file.get();
@@ -305,12 +309,22 @@ StFile read_safetensors(const std::string& path) {
   ordered.reserve(spans.size());
   for (const Span& s : spans) {
     StEntry& e = out.entries[s.entry];
-    e.data.resize(s.end - s.begin);
-    read_exact(f, e.data.data(), e.data.size(), path, ("tensor '" + e.name + "'").c_str());
+    if (with_data) {
+      e.data.resize(s.end - s.begin);
+      read_exact(f, e.data.data(), e.data.size(), path, ("tensor '" + e.name + "'").c_str());
+    }
     ordered.push_back(std::move(e));
   }
   out.entries = std::move(ordered);
   return out;
+}
+
+}  // namespace
+
+StFile read_safetensors(const std::string& path) { return read_file(path, true); }
+
+std::map<std::string, std::string> read_safetensors_metadata(const std::string& path) {
+  return read_file(path, false).metadata;
 }
 
 const StEntry& StFile::at(const std::string& name) const {

@@ -45,4 +45,8 @@ struct StFile {
 // F16, I64, I32) are accepted.
 StFile read_safetensors(const std::string& path);
 
+// The `__metadata__` of a safetensors file, validated like read_safetensors but without reading
+// the tensors' bytes: for looking at many checkpoints cheaply.
+std::map<std::string, std::string> read_safetensors_metadata(const std::string& path);
+
 }  // namespace mt

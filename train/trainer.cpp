@@ -23,6 +23,7 @@
 #include "optim/sgd.h"
 #include "train/checkpoint.h"
 #include "train/metrics.h"
+#include "train/run_dir.h"
 #ifdef MT_WITH_CUDA
 #include "core/cuda/graph.h"
 #include "core/cuda/runtime.h"
@@ -127,7 +128,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 Trainer::Trainer(Config config, Device device, std::shared_ptr<dist::Communicator> comm)
     : cfg_(std::move(config)), device_(device), comm_(std::move(comm)),
-      scaler_(loss_scaler_options(cfg_.precision)) {
+      scaler_(loss_scaler_options(cfg_.precision)), run_id_(random_id()) {
   const int world = comm_ ? comm_->size() : 1;
   const ModelConfig& m = cfg_.model;
   set_deterministic(cfg_.precision.deterministic);
@@ -181,26 +182,41 @@ Trainer::Trainer(Config config, Device device, std::shared_ptr<dist::Communicato
 Trainer::~Trainer() = default;
 
 void Trainer::resume(const std::string& path) {
-  Checkpoint c = load_checkpoint(path);
-  model_->load_state_dict(c.model);
-  nn::StateDict optimizer, scaler;
-  for (const auto& [name, t] : c.optimizer) {
-    if (name.starts_with(kScalerPrefix)) scaler.emplace_back(name.substr(kScalerPrefix.size()), t);
-    else optimizer.emplace_back(name, t);
-  }
-  optimizer_->load_state_dict(optimizer);
-  scaler_.load_state_dict(scaler);
+  // Each candidate is loaded whole; one that does not fit (or holds impossible values) makes a
+  // directory fall back to the next newest, so the state ends up all from one checkpoint.
+  Checkpoint c = load_checkpoint(path, [&](const Checkpoint& candidate) {
+    model_->load_state_dict(candidate.model);
+    nn::StateDict optimizer, scaler;
+    for (const auto& [name, t] : candidate.optimizer) {
+      if (name.starts_with(kScalerPrefix)) scaler.emplace_back(name.substr(kScalerPrefix.size()), t);
+      else optimizer.emplace_back(name, t);
+    }
+    optimizer_->load_state_dict(optimizer);
+    scaler_.load_state_dict(scaler);
+    // Every step is an update or a skipped one (f16 loss scaling); without a scaler the skipped
+    // count is unknown (a run may switch from f16 on resume), so it is only a bound.
+    const int64_t applied = optimizer_->steps_taken(), step = candidate.step;
+    MT_CHECK(scaler_.enabled() ? applied + scaler_.skipped_steps() == step : applied <= step,
+             "the optimizer state has taken ", applied, " steps",
+             scaler_.enabled() ? detail::concat(" and skipped ", scaler_.skipped_steps()) : "",
+             ", which does not fit the checkpoint's step ", step);
+    for (const NamedTensors* state : {&candidate.model, &candidate.optimizer})
+      if (std::string bad = first_non_finite(*state); !bad.empty())
+        MT_THROW("non-finite values in ", bad, " (a run never saves them)");
+  });
   graph_.reset();  // it recorded the optimizer state just replaced
   step_ = c.step;
   resumed_ = true;
-  if (lead()) spdlog::info("resumed from {} at step {}", path, step_);
+  resumed_from_ = c.path;
+  if (!c.run_id.empty()) run_id_ = c.run_id;  // the run goes on; a format 1 one gets a new id
+  if (lead()) spdlog::info("resumed from {} at step {}", c.path, step_);
 }
 
 std::string Trainer::save(int64_t step) {
   nn::StateDict optimizer = optimizer_->state_dict();
   for (const auto& [name, t] : scaler_.state_dict())
     optimizer.emplace_back(std::string(kScalerPrefix) + name, t);
-  return save_checkpoint(cfg_.checkpoint.dir, step, model_->state_dict(), optimizer,
+  return save_checkpoint(cfg_.checkpoint.dir, run_id_, step, model_->state_dict(), optimizer,
                          {{"config", to_yaml(cfg_)}}, cfg_.checkpoint.keep_last);
 }
 
@@ -336,9 +352,26 @@ RunSummary Trainer::run() {
   const OptimConfig& o = cfg_.optim;
   const DType dt = cfg_.precision.compute_dtype;
   graph_.reset();  // a graph records this run's loss and norm tensors; a second run() makes its own
-  // Rank 0 alone writes the metrics, the curve and the checkpoints, and logs.
+  if (resumed_ && step_ >= o.steps) {
+    // Nothing to train, so nothing is written: no second test record, no rewritten curve.
+    if (lead())
+      spdlog::info("the run is already complete: {} is at step {} and optim.steps is {} (raise "
+                   "optim.steps to train on); nothing to do",
+                   resumed_from_, step_, o.steps);
+    RunSummary done;
+    done.steps = step_;
+    done.checkpoint = resumed_from_;
+    return done;
+  }
+  // Rank 0 alone writes the metrics, the curve and the checkpoints, and logs; it owns the folder
+  // first (train/run_dir.h), for as long as run() lasts.
+  std::optional<RunDir> run_dir;
   std::optional<MetricsWriter> metrics;
-  if (lead()) metrics.emplace(metrics_path(cfg_), resumed_ ? step_ : -1);
+  if (lead()) {
+    run_dir.emplace(cfg_.checkpoint.dir);
+    run_dir->claim(run_id_, !resumed_, metrics_path(cfg_), cfg_.checkpoint.overwrite);
+    metrics.emplace(metrics_path(cfg_), resumed_ ? step_ : -1);
+  }
   const auto params = model_->parameters();
   const bool tty = is_terminal() && lead();
   RunSummary summary;

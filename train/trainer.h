@@ -74,8 +74,15 @@ class Trainer {
   Trainer(Config config, Device device, std::shared_ptr<dist::Communicator> comm = nullptr);
   ~Trainer();
 
-  // Continues the run saved at `path` (a checkpoint file or its directory).
+  // Continues the run saved at `path`: a checkpoint file, or a directory's newest checkpoint that
+  // is intact and fits this trainer (a damaged newer one is skipped with a warning). Anything
+  // else is a CheckpointError (train/checkpoint.h) naming the file and why; the trainer is then
+  // unusable.
   void resume(const std::string& path);
+  // Trains from the current step to optim.steps. First the lead rank takes checkpoint.dir
+  // (train/run_dir.h: a ConfigError if another run holds it or its files are there). A resumed
+  // run that is already at optim.steps trains and writes nothing, and returns the step and the
+  // checkpoint it was resumed from.
   RunSummary run();
 
   // Calls `callback(step, *this)` in every step after the microbatches' backward passes, before
@@ -128,6 +135,8 @@ class Trainer {
   optim::LossScaler scaler_;  // mode none unless compute_dtype is f16
   int64_t step_ = 0;
   bool resumed_ = false;
+  std::string resumed_from_;  // the model file resume() loaded
+  std::string run_id_;        // in every checkpoint this run saves; kept across resumes
   std::function<void(int64_t, Trainer&)> step_callback_;
   struct StepGraph;  // the captured step and its input buffers (CUDA builds)
   std::unique_ptr<StepGraph> graph_;
