@@ -66,7 +66,7 @@ if [[ ${MT_GPU_TEST_BREAK:-0} == 1 ]]; then
 fi
 "$build/mt_tests" "${test_args[@]}" >"$logs/tests.log" 2>&1
 rc=$?
-note "all tests (rc $rc): $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$logs/tests.log" | tr '\n' ' ')"
+note "all tests (rc $rc): $(grep -E '^\[  (PASSED|FAILED|SKIPPED)  \] [0-9]+ test' "$logs/tests.log" | tr '\n' ' ')"
 note "CUDA tests: $(grep -cE '^\[       OK \] (Cuda|OptimCUDA)' "$logs/tests.log") passed, $(grep -cE '^\[  FAILED  \] .*\(' "$logs/tests.log") failed"
 failed_tests=$(grep -E '^\[  FAILED  \] [A-Za-z0-9_/.]+ \(' "$logs/tests.log" | awk '{print $4}')
 for t in $failed_tests; do fail "test $t"; done
