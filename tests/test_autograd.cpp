@@ -262,6 +262,29 @@ TEST(ElementwiseOps, GradientChecks) {
   expect_gradcheck([](auto& in) { return mse_loss(in[0], in[1]); }, {a, b}, "mse_loss");
 }
 
+// The forwards against plain loops: a gradient check alone passes a mean that forgot to divide
+// (the gradient of the wrong forward is consistent with it).
+TEST(ElementwiseOps, ForwardsMatchPlainLoops) {
+  manual_seed(15);
+  Tensor a = rand({3, 5}, DType::f64), b = rand({3, 5}, DType::f64);
+  const auto va = a.to_vector(), vb = b.to_vector();
+  double s = 0, sq = 0;
+  for (size_t i = 0; i < va.size(); ++i) {
+    s += va[i];
+    sq += (va[i] - vb[i]) * (va[i] - vb[i]);
+  }
+  EXPECT_NEAR(sum(a).item(), s, 1e-14);
+  EXPECT_NEAR(mean(a).item(), s / 15, 1e-15);
+  EXPECT_NEAR(mse_loss(a, b).item(), sq / 15, 1e-15);
+  const auto sc = scale(a, -0.5).to_vector(), ad = add(a, b, 2.0).to_vector(),
+             mu = mul(a, b).to_vector();
+  for (size_t i = 0; i < va.size(); ++i) {
+    EXPECT_EQ(sc[i], -0.5 * va[i]);
+    EXPECT_EQ(ad[i], va[i] + 2.0 * vb[i]);
+    EXPECT_EQ(mu[i], va[i] * vb[i]);
+  }
+}
+
 // The view ops: their backward puts each gradient back where the view took it from.
 TEST(ViewOps, GradientChecksAndSliceRowsPutsItsGradientAtItsRows) {
   using mt::test::expect_gradcheck;
