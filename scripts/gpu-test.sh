@@ -3,6 +3,14 @@
 # kernel benchmarks, the default training run in f32/bf16/f16 with the mixed-precision checks,
 # then the train-step benchmark beside PyTorch, and print a short summary last. The summary is
 # also written as it grows to $MT_LOG_DIR/summary.txt (default build-gpu/logs), with every log.
+#
+# Exit status: 0 only if everything passed. A failing test, a benchmark or training run that exits
+# non-zero, or a failed check (compare_metrics.py, same_weights.py) is recorded and the rest still
+# runs, so the summary is complete; it ends with one "FAILED: ..." line per failure and exit 1.
+#
+# To see it fail once on purpose: MT_GPU_TEST_BREAK=1 also runs CudaSelfCheck.DISABLED_FailsOnPurpose,
+# a test that always fails. MT_GPU_TEST_FILTER=<gtest filter> runs only those tests (e.g. to check
+# the script quickly); MT_GPU_TEST_ONLY_TESTS=1 stops after the tests.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0  # never use NVLink multicast
@@ -11,35 +19,70 @@ logs=${MT_LOG_DIR:-$build/logs}
 mkdir -p "$logs"
 : >"$logs/summary.txt"
 note() { echo "$*" >>"$logs/summary.txt"; }
+failures=()
+fail() { failures+=("$*"); note "FAILED: $*"; }
+# check NAME COMMAND...: runs the command, notes its output, and records a failure if it fails.
+check() {
+  local name=$1; shift
+  local out rc
+  out=$("$@" 2>&1); rc=$?
+  note "  $name: $out"
+  (( rc == 0 )) || fail "$name (rc $rc)"
+}
 finish() {
   echo
   echo "================ summary ================"
   cat "$logs/summary.txt"
+  if (( ${#failures[@]} )); then
+    echo
+    printf 'FAILED: %s\n' "${failures[@]}"
+    echo "${#failures[@]} failure(s)"
+    exit 1
+  fi
+  echo "all passed"
 }
 trap finish EXIT
 
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$logs/gpu.txt"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$logs/gpu.txt" \
+  || fail "nvidia-smi"
 start=$(date +%s)
-if ! MT_BUILD_DIR=$build bash scripts/build.sh -DMT_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+if [[ ${MT_GPU_TEST_SKIP_BUILD:-0} == 1 ]]; then
+  note "build skipped (MT_GPU_TEST_SKIP_BUILD=1): using $build as it is"
+elif ! MT_BUILD_DIR=$build bash scripts/build.sh -DMT_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
     >"$logs/build.log" 2>&1; then
   tail -40 "$logs/build.log"
-  note "build FAILED"
+  fail "build (see $logs/build.log)"
   exit 1
+else
+  note "build ok in $(( $(date +%s) - start )) s"
 fi
-note "build ok in $(( $(date +%s) - start )) s"
 
-# Every test in one process (the CUDA ones included; the CPU ones are cheap), then the example.
-"$build/mt_tests" >"$logs/tests.log" 2>&1
-note "all tests: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$logs/tests.log" | tr '\n' ' ')"
-note "CUDA tests: $(grep -cE '^\[       OK \] (Cuda|OptimCUDA)' "$logs/tests.log") passed, $(grep -cE '^\[  FAILED  \] ' "$logs/tests.log") failed"
-grep -E '^\[  FAILED  \]' "$logs/tests.log" | head -20 | while IFS= read -r l; do note "  $l"; done
+# Every test in one process (the CUDA ones included; the CPU ones are cheap).
+test_args=()
+[[ -n ${MT_GPU_TEST_FILTER:-} ]] && test_args+=("--gtest_filter=$MT_GPU_TEST_FILTER")
+if [[ ${MT_GPU_TEST_BREAK:-0} == 1 ]]; then
+  test_args=(--gtest_also_run_disabled_tests
+             "--gtest_filter=${MT_GPU_TEST_FILTER:-*}:CudaSelfCheck.DISABLED_FailsOnPurpose")
+fi
+"$build/mt_tests" "${test_args[@]}" >"$logs/tests.log" 2>&1
+rc=$?
+note "all tests (rc $rc): $(grep -E '^\[  (PASSED|FAILED|SKIPPED)  \] [0-9]+ test' "$logs/tests.log" | tr '\n' ' ')"
+note "CUDA tests: $(grep -cE '^\[       OK \] (Cuda|OptimCUDA)' "$logs/tests.log") passed, $(grep -cE '^\[  FAILED  \] .*\(' "$logs/tests.log") failed"
+failed_tests=$(grep -E '^\[  FAILED  \] [A-Za-z0-9_/.]+ \(' "$logs/tests.log" | awk '{print $4}')
+for t in $failed_tests; do fail "test $t"; done
+# A crash or a filter that matches nothing fails too, even with no "[  FAILED  ]" line.
+if (( rc != 0 )) && [[ -z $failed_tests ]]; then fail "mt_tests (rc $rc, see $logs/tests.log)"; fi
+grep -q '^\[  PASSED  \] [1-9]' "$logs/tests.log" || fail "mt_tests: no test passed"
+[[ ${MT_GPU_TEST_ONLY_TESTS:-0} == 1 ]] && exit 0
 
 for b in "$build"/bench_*; do
   [[ -x $b ]] || continue
   name=$(basename "$b")
   timeout 120 "$b" >"$logs/$name.log" 2>&1
-  note "$name (rc $?):"
+  rc=$?
+  note "$name (rc $rc):"
   tail -n 12 "$logs/$name.log" | while IFS= read -r l; do note "  $l"; done
+  (( rc == 0 )) || fail "benchmark $name (rc $rc)"
 done
 
 # The default config in each compute dtype; bf16 twice (determinism) and f16 from a scale of 2^40
@@ -52,8 +95,9 @@ train() {  # name, then --set arguments
   timeout 120 "$build/train" --config configs/mlp.yaml --device cuda \
     --set checkpoint.dir="$build/runs/$name" "${args[@]}" >"$log" 2>&1
   local rc=$?
-  note "train $name (rc $rc): $(grep -E 'step +300/300 \| loss' "$log" | cut -c12-)"
+  note "train $name (rc $rc): $(grep -E 'step +[0-9]+/[0-9]+ \| loss' "$log" | tail -1 | cut -c12-)"
   note "  $(grep -E 'test:' "$log" | cut -c12-)"
+  (( rc == 0 )) || fail "train $name (rc $rc, see $log)"
 }
 rm -rf "$build/runs"
 mkdir -p "$build/runs"
@@ -66,8 +110,8 @@ train f16-overflow precision.compute_dtype=f16 precision.initial_scale=109951162
 cp "$build/runs/train-f16-overflow.log" "$logs/"
 note "  f16-overflow: $(grep -c 'step skipped' "$logs/train-f16-overflow.log") skipped steps; $(grep -m1 -o 'loss scale [0-9e.+]* -> [0-9e.+]*' "$logs/train-f16-overflow.log" || true) ... $(grep -o 'loss scale [0-9e.+]* -> [0-9e.+]*' "$logs/train-f16-overflow.log" | tail -1)"
 for dt in bf16 f16 f16-overflow; do
-  note "  $dt vs f32: $(python3 scripts/compare_metrics.py "$build/runs/f32/metrics.jsonl" \
-    "$build/runs/$dt/metrics.jsonl" --tolerance 0.05 2>&1)"
+  check "$dt vs f32" python3 scripts/compare_metrics.py "$build/runs/f32/metrics.jsonl" \
+    "$build/runs/$dt/metrics.jsonl" --tolerance 0.05
 done
 # Device memory over a long run (3000 steps): the pool's live bytes at the first and last log.
 train long-f32 precision.compute_dtype=f32 optim.steps=3000 logging.every=500 eval.every=3000 \
@@ -76,15 +120,17 @@ note "  pool bytes over 3000 steps (step: bytes): $(python3 -c '
 import json, sys
 r = [json.loads(l) for l in open(sys.argv[1]) if "pool_bytes" in l]
 print(", ".join("%d: %d" % (x["step"], x["pool_bytes"]) for x in r))' "$build/runs/long-f32/metrics.jsonl" 2>&1)"
-note "  two deterministic bf16 runs, final weights: $(python3 scripts/same_weights.py \
-  "$build/runs/bf16/step-000300.safetensors" "$build/runs/bf16-again/step-000300.safetensors" 2>&1)"
-note "  bf16 eager vs bf16 cuda_graph, final weights: $(python3 scripts/same_weights.py \
-  "$build/runs/bf16/step-000300.safetensors" "$build/runs/bf16-graph/step-000300.safetensors" 2>&1)"
+check "two deterministic bf16 runs, final weights" python3 scripts/same_weights.py \
+  "$build/runs/bf16/step-000300.safetensors" "$build/runs/bf16-again/step-000300.safetensors"
+check "bf16 eager vs bf16 cuda_graph, final weights" python3 scripts/same_weights.py \
+  "$build/runs/bf16/step-000300.safetensors" "$build/runs/bf16-graph/step-000300.safetensors"
 note "  $(grep -m1 -o 'cuda_graph: .*' "$build/runs/train-bf16-graph.log")"
 
 # Last, as it takes longest: the whole train step beside PyTorch.
 if [[ -x $build/train_step ]]; then
   timeout 240 bash scripts/bench-train-step.sh "$build" "$build/train-step" >"$logs/train_step.log" 2>&1
-  note "train step vs PyTorch (rc $?):"
+  rc=$?
+  note "train step vs PyTorch (rc $rc):"
   sed -n '/=== train step summary ===/,$p' "$logs/train_step.log" | tail -n +2 | while IFS= read -r l; do note "  $l"; done
+  (( rc == 0 )) || fail "train step benchmark (rc $rc, see $logs/train_step.log)"
 fi

@@ -265,6 +265,66 @@ TEST(ElementwiseOps, GradientChecks) {
   expect_gradcheck([](auto& in) { return mse_loss(in[0], in[1]); }, {a, b}, "mse_loss");
 }
 
+// The forwards against plain loops: a gradient check alone passes a mean that forgot to divide
+// (the gradient of the wrong forward is consistent with it).
+TEST(ElementwiseOps, ForwardsMatchPlainLoops) {
+  manual_seed(15);
+  Tensor a = rand({3, 5}, DType::f64), b = rand({3, 5}, DType::f64);
+  const auto va = a.to_vector(), vb = b.to_vector();
+  double s = 0, sq = 0;
+  for (size_t i = 0; i < va.size(); ++i) {
+    s += va[i];
+    sq += (va[i] - vb[i]) * (va[i] - vb[i]);
+  }
+  EXPECT_NEAR(sum(a).item(), s, 1e-14);
+  EXPECT_NEAR(mean(a).item(), s / 15, 1e-15);
+  EXPECT_NEAR(mse_loss(a, b).item(), sq / 15, 1e-15);
+  const auto sc = scale(a, -0.5).to_vector(), ad = add(a, b, 2.0).to_vector(),
+             mu = mul(a, b).to_vector();
+  for (size_t i = 0; i < va.size(); ++i) {
+    EXPECT_EQ(sc[i], -0.5 * va[i]);
+    EXPECT_EQ(ad[i], va[i] + 2.0 * vb[i]);
+    EXPECT_EQ(mu[i], va[i] * vb[i]);
+  }
+}
+
+// The view ops: their backward puts each gradient back where the view took it from.
+TEST(ViewOps, GradientChecksAndSliceRowsPutsItsGradientAtItsRows) {
+  using mt::test::expect_gradcheck;
+  manual_seed(12);
+  Tensor a = random_leaf({6, 3});
+  expect_gradcheck([](auto& in) { return in[0].slice_rows(2, 5); }, {a}, "slice_rows(2, 5)");
+  expect_gradcheck([](auto& in) { return in[0].t(); }, {a}, "transpose");
+  expect_gradcheck([](auto& in) { return in[0].t().contiguous(); }, {a}, "contiguous");
+  // Rows outside [begin, end) get exactly zero, rows inside exactly the upstream gradient.
+  a.zero_grad();
+  Tensor seed = rand({3, 3}, DType::f64);
+  a.slice_rows(2, 5).backward(seed);
+  const auto g = a.grad().to_vector(), s = seed.to_vector();
+  for (int64_t r = 0; r < 6; ++r)
+    for (int64_t c = 0; c < 3; ++c)
+      EXPECT_EQ(g[size_t(r * 3 + c)], r >= 2 && r < 5 ? s[size_t((r - 2) * 3 + c)] : 0.0)
+          << "row " << r << ", column " << c;
+}
+
+// A gradient that reaches a leaf as a strided view (transpose's backward hands one on) is added
+// into an existing .grad element by element, not in its memory order.
+TEST(AccumulationTrap2, AStridedGradientAddsIntoAnExistingGrad) {
+  manual_seed(14);
+  for (DType dt : {DType::f64, DType::f32}) {
+    Tensor a = rand({4, 3}, dt).set_requires_grad();
+    Tensor w = rand({3, 4}, dt);
+    auto loss = [&] { return sum(mul(a.t(), w)); };  // d/da = w.t(), arriving as a view
+    loss().backward();
+    ASSERT_TRUE(a.grad().defined());
+    EXPECT_EQ(a.grad().to_vector(), w.t().to(grad_dtype_for(dt)).to_vector()) << dtype_name(dt);
+    loss().backward();  // into the existing .grad
+    const auto w2 = w.t().to(DType::f64).to_vector();
+    const auto g = a.grad().to_vector();
+    for (size_t i = 0; i < g.size(); ++i) EXPECT_EQ(g[i], 2 * w2[i]) << dtype_name(dt) << " " << i;
+  }
+}
+
 // The lesson's third trap for the small ops: strided inputs and a strided upstream gradient give
 // the gradients their contiguous copies give.
 TEST(ElementwiseTrap3, StridedInputsAndUpstreamGradientMatchContiguous) {

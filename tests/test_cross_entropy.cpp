@@ -2,6 +2,7 @@
 // normalizer and ignore_index rules, accumulation, strided logits, 16-bit rounding, misuse errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/autograd.h"
@@ -10,11 +11,14 @@
 #include "ops/cross_entropy/cross_entropy.h"
 #include "tests/expect_error.h"
 #include "tests/gradcheck.h"
+#include "tests/f64_reference.h"
 
 using namespace mt;
 using mt::test::expect_error;
 using mt::test::expect_gradcheck;
 using mt::test::random_leaf;
+using mt::test::expect_near_reference;
+using mt::test::unit_roundoff;
 
 namespace {
 
@@ -79,6 +83,46 @@ TEST(CrossEntropy, ForwardMatchesTheFormulaWithTheNormalizerRule) {
   const std::vector<int64_t> t2{0, 2, 3, 2, 1};
   EXPECT_NEAR(cross_entropy(logits, targets_of(t2), 2).item(),
               naive_loss_sum(logits, t2, 2) / 3, 1e-14);
+}
+
+// Logits far from zero: exp(1000) overflows and exp(-1000) underflows, so the kernels must
+// subtract each row's maximum. The oracle is log-sum-exp in f64 with its own max subtraction.
+TEST(CrossEntropy, LargeLogitsMatchAnF64LogSumExp) {
+  manual_seed(7);
+  for (DType dt : {DType::f64, DType::f32}) {
+    const int64_t rows = 4, C = 5;
+    Tensor offsets = rand({rows, C}, DType::f64);
+    std::vector<double> v = offsets.to_vector();
+    for (int64_t c = 0; c < C; ++c) {
+      v[size_t(c)] += 1000;                             // all large
+      v[size_t(C + c)] -= 1000;                         // all very negative
+      v[size_t(2 * C + c)] += c % 2 ? 1000.0 : -1000.0;  // both: the small terms vanish
+      // row 3: the offsets alone
+    }
+    Tensor logits = from_vector(v, {rows, C}).to(dt).set_requires_grad();
+    const std::vector<int64_t> t{2, 0, 1, 4};
+    Tensor loss = cross_entropy(logits, targets_of(t));
+    loss.backward();
+    const auto x = logits.detach().to_vector();  // the values the kernel read, in f64
+    double expected = 0;
+    std::vector<double> dx(x.size());
+    for (int64_t r = 0; r < rows; ++r) {
+      const double* row = x.data() + r * C;
+      const double m = *std::max_element(row, row + C);
+      double z = 0;
+      for (int64_t c = 0; c < C; ++c) z += std::exp(row[c] - m);
+      const double lse = m + std::log(z);
+      expected += lse - row[t[size_t(r)]];
+      for (int64_t c = 0; c < C; ++c)
+        dx[size_t(r * C + c)] = (std::exp(row[c] - lse) - (c == t[size_t(r)])) / double(rows);
+    }
+    expected /= double(rows);
+    const double tol = dt == DType::f64 ? 1e-12 : 1e-4;  // f32: 1000 + x carries 2^-14 of x
+    ASSERT_TRUE(std::isfinite(loss.item())) << dtype_name(dt);
+    EXPECT_NEAR(loss.item(), expected, tol) << dtype_name(dt);
+    const auto g = logits.grad().to_vector();
+    for (size_t i = 0; i < g.size(); ++i) EXPECT_NEAR(g[i], dx[i], tol) << dtype_name(dt) << " " << i;
+  }
 }
 
 TEST(CrossEntropy, EveryTargetIgnoredGivesZeroLossAndZeroGradientNotNaN) {
@@ -146,6 +190,13 @@ TEST(CrossEntropy, SixteenBitIsFp32MathOnTheRoundedLogitsRoundedOnce) {
     ref_loss.backward();
     EXPECT_EQ(loss.item(), ref_loss.item()) << dtype_name(t);
     EXPECT_EQ(logits.grad().to_vector(), ref.grad().to(t).to_vector()) << dtype_name(t);
+    // The math: f64 on the same rounded logits. The loss is an fp32 value; dlogits is rounded to t.
+    Tensor r64 = logits.detach().to(DType::f64);
+    r64.set_requires_grad();
+    Tensor loss64 = cross_entropy(r64, targets, kIgnore, 9);
+    loss64.backward();
+    expect_near_reference(loss, loss64, 1e-6, dtype_name(t));
+    expect_near_reference(logits.grad(), r64.grad(), 2 * unit_roundoff(t), dtype_name(t));
   }
 }
 

@@ -310,3 +310,10 @@ TEST(CudaDeterminism, DeterministicReductionsGiveIdenticalBitsOnEveryRun) {
   };
   EXPECT_EQ(run(), run());
 }
+
+// Runs only when asked for (scripts/gpu-test.sh with MT_GPU_TEST_BREAK=1, which passes
+// --gtest_also_run_disabled_tests): it always fails, to show that a failing test fails the script
+// and is named in its summary.
+TEST(CudaSelfCheck, DISABLED_FailsOnPurpose) {
+  FAIL() << "this test fails on purpose (MT_GPU_TEST_BREAK=1)";
+}

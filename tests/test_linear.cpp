@@ -7,11 +7,14 @@
 #include "ops/linear/linear.h"
 #include "tests/expect_error.h"
 #include "tests/gradcheck.h"
+#include "tests/f64_reference.h"
 
 using namespace mt;
 using mt::test::expect_error;
 using mt::test::expect_gradcheck;
 using mt::test::random_leaf;
+using mt::test::expect_near_reference;
+using mt::test::unit_roundoff;
 
 namespace {
 
@@ -157,6 +160,13 @@ TEST(Linear, SixteenBitForwardIsFp32MathOnTheRoundedInputsRoundedOnce) {
     Tensor x16 = x32.to(t), W16 = W32.to(t), b16 = b32.to(t);
     EXPECT_EQ(linear(x16, W16, b16).to_vector(),
               linear(up(x16), up(W16), up(b16)).to(t).to_vector()) << dtype_name(t);
+    // The math, not only the rounding: the f64 product of the same rounded values, to within
+    // one rounding of the output (2u for the fp32 sum in between).
+    auto f64 = [](const Tensor& v) { return v.to(DType::f64); };
+    expect_near_reference(linear(x16, W16, b16), linear(f64(x16), f64(W16), f64(b16)),
+                          2 * unit_roundoff(t), std::string("linear ") + dtype_name(t));
+    expect_near_reference(linear(x16, W32, b32), linear(f64(x16), f64(W16), f64(b32)),
+                          2 * unit_roundoff(t), std::string("linear mixed ") + dtype_name(t));
     // Mixed precision: f32 master W and b; the GEMM reads W in x's dtype.
     const auto mixed = linear(up(x16), up(W16), b32).to(t).to_vector();
     EXPECT_EQ(linear(x16, W32, b32).to_vector(), mixed) << dtype_name(t);
@@ -185,6 +195,15 @@ TEST(LinearMixedPrecision, Fp32GradientsFromTheUpcastInputsAccumulate) {
     EXPECT_EQ(W.grad().to_vector(), Wr.grad().to_vector()) << dtype_name(t);
     EXPECT_EQ(b.grad().to_vector(), br.grad().to_vector()) << dtype_name(t);
     EXPECT_EQ(x.grad().to_vector(), xr.grad().to(t).to_vector()) << dtype_name(t);  // rounded once
+    // Against f64 on the same rounded values: dW and db are fp32 sums, dx is rounded to t once.
+    Tensor x64 = x.detach().to(DType::f64), W64 = W.detach().to(t).to(DType::f64);
+    Tensor b64 = b.detach().to(DType::f64);
+    for (Tensor* p : {&x64, &W64, &b64}) p->set_requires_grad();
+    linear(x64, W64, b64).backward(seed.to(DType::f64));
+    expect_near_reference(W.grad(), W64.grad(), 1e-5, std::string("dW ") + dtype_name(t));
+    expect_near_reference(b.grad(), b64.grad(), 1e-5, std::string("db ") + dtype_name(t));
+    expect_near_reference(x.grad(), x64.grad(), 2 * unit_roundoff(t),
+                          std::string("dx ") + dtype_name(t));
 
     // A second microbatch, this time with the optimizer's compute copy, adds into the f32 .grad.
     const auto gW = W.grad().to_vector(), gb = b.grad().to_vector();

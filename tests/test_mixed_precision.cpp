@@ -30,10 +30,13 @@
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/trainer.h"
+#include "tests/f64_reference.h"
 
 using namespace mt;
 using mt::test::TempDir;
 using mt::test::expect_error;
+using mt::test::expect_near_reference;
+using mt::test::unit_roundoff;
 using optim::LossScaleMode;
 using optim::LossScaler;
 namespace fs = std::filesystem;
@@ -378,6 +381,19 @@ TEST(MixedPrecision, ModelIn16BitsIsFp32MathRoundedOncePerOp) {
       h = h.to(dt);
     }
     EXPECT_EQ(logits.to_vector(), h.to_vector()) << dtype_name(dt);
+    // The math: the f64 model on the same rounded input and weights. Each of the layers rounds
+    // its output once, so the errors add up over them.
+    Tensor h64 = p.x.to(DType::f64);
+    for (size_t i = 0; i < p.model->layers->size(); ++i) {
+      nn::Module* m = (*p.model->layers)[i].get();
+      auto f64 = [](const Tensor& t) { return t.to(DType::f64); };
+      if (auto* l = dynamic_cast<nn::Linear*>(m))
+        h64 = linear(h64, f64(l->weight.to(dt)), f64(l->bias));
+      else if (auto* n = dynamic_cast<nn::RMSNorm*>(m)) h64 = rms_norm(h64, f64(n->weight), n->eps);
+      else if (auto* s = dynamic_cast<nn::ScaledSiLU*>(m)) h64 = scaled_silu(h64, f64(s->w));
+    }
+    expect_near_reference(logits, h64, 4.0 * double(p.model->layers->size()) * unit_roundoff(dt),
+                          dtype_name(dt));
   }
 }
 
@@ -394,6 +410,12 @@ TEST(MixedPrecision, ScaledSiLUBackwardIn16BitsIsFp32MathRoundedOnce) {
     EXPECT_EQ(x.grad().dtype(), DType::f32);
     EXPECT_EQ(x.grad().to_vector(), xr.grad().to(dt).to_vector()) << dtype_name(dt);
     EXPECT_EQ(w.grad().to_vector(), wr.grad().to_vector()) << dtype_name(dt);  // fp32 reduction
+    // The math: f64 on the same rounded x and dy.
+    Tensor x64 = x.detach().to(DType::f64).set_requires_grad();
+    Tensor w64 = w.detach().to(DType::f64).set_requires_grad();
+    scaled_silu(x64, w64).backward(dy.to(DType::f64));
+    expect_near_reference(x.grad(), x64.grad(), 2 * unit_roundoff(dt), dtype_name(dt));
+    expect_near_reference(w.grad(), w64.grad(), 1e-5, dtype_name(dt));
   }
 }
 

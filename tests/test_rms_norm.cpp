@@ -8,11 +8,14 @@
 #include "ops/rms_norm/rms_norm.h"
 #include "tests/expect_error.h"
 #include "tests/gradcheck.h"
+#include "tests/f64_reference.h"
 
 using namespace mt;
 using mt::test::expect_error;
 using mt::test::expect_gradcheck;
 using mt::test::random_leaf;
+using mt::test::expect_near_reference;
+using mt::test::unit_roundoff;
 
 TEST(RMSNorm, GradientCheckForXAndWeight) {
   manual_seed(1);
@@ -110,6 +113,18 @@ TEST(RMSNorm, SixteenBitIsFp32MathOnTheRoundedInputsRoundedOnce) {
     EXPECT_EQ(x.grad().to_vector(), xr.grad().to(t).to_vector()) << dtype_name(t);
     EXPECT_EQ(w.grad().dtype(), DType::f32);
     EXPECT_EQ(w.grad().to_vector(), wr.grad().to_vector()) << dtype_name(t);
+
+    // The math: f64 on the same rounded x and seed. y and dx are rounded to t once; dw is an
+    // fp32 sum over the rows.
+    Tensor x64 = x.detach().to(DType::f64), w64 = w.detach().to(DType::f64);
+    x64.set_requires_grad();
+    w64.set_requires_grad();
+    Tensor y64 = rms_norm(x64, w64);
+    y64.backward(seed.to(DType::f64));
+    const std::string name = dtype_name(t);
+    expect_near_reference(y, y64, 2 * unit_roundoff(t), "y " + name);
+    expect_near_reference(x.grad(), x64.grad(), 2 * unit_roundoff(t), "dx " + name);
+    expect_near_reference(w.grad(), w64.grad(), 1e-5, "dw " + name);
   }
 }
 

@@ -6,10 +6,13 @@
 #include "ops/elementwise/elementwise.h"
 #include "ops/scaled_silu/scaled_silu.h"
 #include "tests/gradcheck.h"
+#include "tests/f64_reference.h"
 
 using namespace mt;
 using mt::test::expect_gradcheck;
 using mt::test::random_leaf;
+using mt::test::expect_near_reference;
+using mt::test::unit_roundoff;
 
 TEST(ScaledSiLU, GradientCheckForXAndScalarW) {
   manual_seed(1);
@@ -113,6 +116,9 @@ TEST(ScaledSiLU, SixteenBitComputesInFp32AndRoundsOnce) {
     auto y16 = scaled_silu(x16, w).to_vector();
     auto y32 = scaled_silu(x16.to(DType::f32), w).to(t).to_vector();  // fp32 math, one rounding
     EXPECT_EQ(y16, y32) << dtype_name(t);
+    // The math: f64 on the same rounded x, to within one rounding of the output.
+    expect_near_reference(scaled_silu(x16, w), scaled_silu(x16.to(DType::f64), w.to(DType::f64)),
+                          2 * unit_roundoff(t), dtype_name(t));
   }
 }
 

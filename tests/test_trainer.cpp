@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/autograd.h"
+#include "optim/schedule.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/data.h"
@@ -158,13 +160,22 @@ TEST(TrainerCheckpoint, TruncatedOrCorruptCheckpointsAreClearErrors) {
 TEST(TrainerNumerics, NonFiniteLossStopsWithoutSavingAndKeepsTheLastCheckpoint) {
   TempDir dir;
   Config cfg = small_config(dir);
-  cfg.optim.lr = 1e30;  // diverges within a few steps
+  cfg.optim.lr = 1e30;  // step 1 is finite and saved; its update makes the weights ~1e30
   cfg.optim.clip_norm = 0;
   cfg.optim.schedule = "constant";
   cfg.optim.warmup_steps = 0;
+  cfg.logging.every = 1;
+  cfg.checkpoint.every = 1;  // every step that passes its check is saved
   train::Trainer t(cfg, kCPU);
   EXPECT_THROW(t.run(), train::NonFiniteError);
-  for (const auto& f : train::list_checkpoints(dir / "ckpt")) {
+  const auto saved = train::list_checkpoints(dir / "ckpt");
+  ASSERT_GT(saved.size(), 0u) << "no checkpoint before the divergence: the loop below checks nothing";
+  // The step that failed its check (the trainer stopped on it) left no checkpoint.
+  char failed[32];
+  std::snprintf(failed, sizeof failed, "step-%06lld.safetensors", static_cast<long long>(t.step() + 1));
+  EXPECT_FALSE(fs::exists(fs::path(dir / "ckpt") / failed));
+  EXPECT_EQ(train::load_checkpoint(dir / "ckpt").step, t.step());
+  for (const auto& f : saved) {
     train::Checkpoint c = train::load_checkpoint(f);
     for (auto& [name, p] : c.model)
       for (double v : p.to_vector()) ASSERT_TRUE(std::isfinite(v)) << name << " in " << f;
@@ -242,10 +253,48 @@ TEST(TrainerCudaGraph, OnTheCpuItWarnsAndRunsEagerly) {
   cfg.cuda_graph = true;
   LogCapture log;
   train::Trainer graph(cfg, kCPU);
+  const auto init = params_of(graph);
   const train::RunSummary b = graph.run();
-  EXPECT_TRUE(log.contains("cuda_graph: the device is cpu"));
-  EXPECT_EQ(params_of(eager), params_of(graph));
+  EXPECT_TRUE(log.contains("cuda_graph: the device is cpu, and CUDA graphs need a GPU; every step runs eagerly"));
+  // It trained: all 24 updates were taken and moved every tensor, and the loss is finite.
+  EXPECT_EQ(graph.optimizer().steps_taken(), 24);
+  const auto trained = params_of(graph);
+  for (size_t i = 0; i < init.size(); ++i) EXPECT_NE(trained[i], init[i]) << "parameter " << i;
+  EXPECT_TRUE(std::isfinite(b.train_loss));
+  // And like an eager run: the same weights and loss as the run with cuda_graph off.
+  EXPECT_EQ(params_of(eager), trained);
   EXPECT_EQ(a.train_loss, b.train_loss);
+}
+
+// The learning rate of step s (counting from 1, as the log does) is the schedule's lr_at(s − 1):
+// both what the optimizer holds when it updates and what the metrics record.
+TEST(TrainerSchedule, StepSUpdatesWithTheScheduleAtSMinusOneAndLogsIt) {
+  TempDir dir;
+  Config cfg = small_config(dir);
+  cfg.logging.every = 1;
+  cfg.optim.min_lr = 1e-4;
+  const optim::WarmupCosineLR schedule(cfg.optim.lr, cfg.optim.warmup_steps, cfg.optim.steps,
+                                       cfg.optim.min_lr);
+  train::Trainer t(cfg, kCPU);
+  std::vector<std::pair<int64_t, double>> applied;  // (step, the optimizer's lr before its update)
+  t.set_step_callback([&](int64_t step, train::Trainer& tr) {
+    for (const auto& g : tr.optimizer().param_groups()) EXPECT_EQ(*g.lr, *tr.optimizer().param_groups()[0].lr);
+    applied.emplace_back(step, *tr.optimizer().param_groups()[0].lr);
+  });
+  t.run();
+  ASSERT_EQ(applied.size(), 24u);
+  for (const auto& [step, lr] : applied) EXPECT_EQ(lr, schedule.lr_at(step - 1)) << "step " << step;
+  EXPECT_EQ(applied.front().second, cfg.optim.lr / 4);  // the first warmup step: max / warmup
+  int64_t logged = 0;
+  std::ifstream in(metrics_path(cfg));
+  for (std::string line; std::getline(in, line);) {
+    const auto r = nlohmann::json::parse(line);
+    if (!r.contains("lr")) continue;
+    const int64_t step = r["step"];
+    EXPECT_EQ(r["lr"].get<double>(), schedule.lr_at(step - 1)) << "step " << step;
+    ++logged;
+  }
+  EXPECT_EQ(logged, 24);
 }
 
 // The graph replays steps that are not logged or saved; logged and saved steps run eagerly in
