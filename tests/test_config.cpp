@@ -420,6 +420,10 @@ TEST(Config, ASecondYamlDocumentIsAnError) {
       {"---\nseed: 1\n# more\n--- # the rest\noptim: {lr: 1}\n", {}, "mlp.yaml:4: a second"},
       {"seed: 1\n---\n", {}, "mlp.yaml:2: a second YAML document starts here"},
       {"seed: 1\n...\n---\nseed: 2\n", {}, "mlp.yaml:3: a second YAML document"},
+      // yaml-cpp 0.7 reads these as an endless stream of empty documents (or, with Load(), as
+      // one empty config: all defaults).
+      {",\n", {}, "mlp.yaml:1:1: YAML syntax error: unexpected ','"},
+      {"seed: 1\n, 0.99]\n", {}, "mlp.yaml:2:1: YAML syntax error"},
   });
   // One document, with its optional markers, is fine.
   TempDir dir;

@@ -1,5 +1,6 @@
 #include "train/config.h"
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -588,6 +589,23 @@ void apply_override(YAML::Node& root, const std::string& text, Origin& origin) {
   origin.overrides.emplace_back(key, text);
 }
 
+// Where each document of a stream starts; builds nothing.
+struct DocumentStarts : YAML::EventHandler {
+  std::vector<YAML::Mark> starts;
+  void OnDocumentStart(const YAML::Mark& mark) override { starts.push_back(mark); }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+};
+
 // The 1-based line of the `---` (or `...`) that begins the document yaml-cpp placed at `mark`:
 // the nearest such line at or above it (yaml-cpp marks the document's first node).
 size_t marker_line(std::string_view text, const YAML::Mark& mark) {
@@ -627,12 +645,21 @@ Config parse_config(const std::string& yaml, const std::string& name,
   Origin origin{name, yaml, {}};
   YAML::Node root;
   try {
-    const std::vector<YAML::Node> docs = YAML::LoadAll(yaml);
-    // yaml-cpp's Load() would quietly drop every document after the first.
-    if (docs.size() > 1)
-      throw ConfigError(name + ":" + std::to_string(marker_line(yaml, docs[1].Mark())) +
+    // YAML::Load() would quietly drop every document after the first. (Not LoadAll(): where
+    // yaml-cpp 0.7 meets a token it cannot parse, such as a leading ',', it starts a new empty
+    // document at that same token, without end; jbeder/yaml-cpp#1040.)
+    std::istringstream in(yaml);
+    YAML::Parser parser(in);
+    DocumentStarts docs;
+    for (int i = 0; i < 2 && parser.HandleNextDocument(docs); ++i) {
+    }
+    if (docs.starts.size() > 1 && docs.starts[1].pos == docs.starts[0].pos)
+      throw YAML::ParserException(docs.starts[1], "unexpected '" +
+                                                      std::string(1, yaml[size_t(docs.starts[1].pos)]) + "'");
+    if (docs.starts.size() > 1)
+      throw ConfigError(name + ":" + std::to_string(marker_line(yaml, docs.starts[1])) +
                         ": a second YAML document starts here; a config is one document");
-    if (!docs.empty()) root = docs[0];
+    root = YAML::Load(yaml);
   } catch (const YAML::ParserException& e) {
     throw ConfigError(name + ":" + std::to_string(e.mark.line + 1) + ":" +
                       std::to_string(e.mark.column + 1) + ": YAML syntax error: " + e.msg);
