@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 
@@ -194,6 +195,17 @@ struct BadConfig {
   std::string expected;  // a substring of the message
 };
 
+// Each case's file (as mlp.yaml) and overrides must fail with its message.
+void expect_bad_configs(const std::vector<BadConfig>& cases) {
+  TempDir dir;
+  for (const BadConfig& c : cases) {
+    SCOPED_TRACE(c.yaml);
+    const std::string msg = config_error(dir.write("mlp.yaml", c.yaml), c.overrides, dir.path);
+    EXPECT_NE(msg.find(c.expected), std::string::npos)
+        << "expected an error containing \"" << c.expected << "\", got: " << msg;
+  }
+}
+
 TEST(Config, BadConfigsNameTheKeyAndThePlace) {
   const std::vector<BadConfig> cases = {
       // wrong types
@@ -341,13 +353,141 @@ TEST(Config, BadConfigsNameTheKeyAndThePlace) {
        "precision.compute_dtype: f64 runs on the CPU only, but device is cuda (from --set "
        "precision.compute_dtype=f64)"},
   };
+  expect_bad_configs(cases);
+}
+
+// Sizes near 2^62 used to overflow the data's index arithmetic (a segfault), 2^40-wide layers
+// asked the allocator for terabytes, and a label column of 2^32 became column 0 on its way to an
+// int. Every size has a bound now, checked before anything narrows or multiplies it.
+TEST(Config, SizesHaveUpperBounds) {
+  std::string too_deep = "model.hidden=[1";
+  for (int i = 1; i < 1025; ++i) too_deep += ",1";
+  too_deep += "]";
+  expect_bad_configs({
+      {"model:\n  classes: 4611686018427387904\n",
+       {},
+       "model.classes: must be at most 16777216, got 4611686018427387904 at mlp.yaml:2:12"},
+      {"model:\n  input: 4611686018427387904\n",
+       {},
+       "model.input: must be at most 16777216, got 4611686018427387904 at mlp.yaml:2:10"},
+      {"model:\n  hidden: [64, 1000000000000]\n",
+       {},
+       "model.hidden[1]: layer widths must be at most 16777216, got 1000000000000 at "
+       "mlp.yaml:2:16"},
+      {"", {too_deep}, "model.hidden: at most 1024 hidden layers, got 1025 (from --set"},
+      {"data:\n  samples: 576460752303423488\n",
+       {},
+       "data.samples: must be at most 4294967296, got 576460752303423488 at mlp.yaml:2:12"},
+      {"data:\n  label_column: 4294967296\n",
+       {},
+       "data.label_column: must be at most 16777216, got 4294967296 at mlp.yaml:2:17"},
+      {"optim:\n  batch_size: 9223372036854775807\n",
+       {},
+       "optim.batch_size: must be at most 4294967296"},
+      {"eval:\n  batch_size: 4294967297\n", {}, "eval.batch_size: must be at most 4294967296"},
+  });
+  // The bounds themselves are allowed (whether such a model fits in memory is the trainer's check).
+  const Config c = load_config("", {"model.input=16777216", "model.classes=16777216"});
+  EXPECT_EQ(c.model.input, kMaxWidth);
+}
+
+// What follows from the values alone is a config error (exit 2) naming the key, not a failure
+// once the run has started: data.samples = 3 used to fail in make_synthetic with exit code 1.
+TEST(Config, TooFewSyntheticSamplesAreAConfigError) {
+  expect_bad_configs({
+      {"data:\n  samples: 3\n",
+       {},
+       "data.samples: must be at least 5 for synthetic data, which draws a fifth as many for "
+       "the test set, got 3 at mlp.yaml:2:12"},
+      {"data:\n  samples: 280\noptim:\n  batch_size: 256\n",
+       {},
+       "data.samples: must leave optim.batch_size = 256 samples for training after "
+       "data.val_fraction holds out 28, got 280 at mlp.yaml:2:12"},
+      {"data:\n  samples: 20\n  val_fraction: 0.01\noptim: {batch_size: 8}\n",
+       {},
+       "data.val_fraction: must hold out at least one of data.samples = 20 (or be 0 for no "
+       "validation), got 0.01 at mlp.yaml:3:17"},
+  });
+  // Exactly enough: 285 - round(28.5) = 256 training samples; and no validation at all.
+  EXPECT_NO_THROW(load_config("", {"data.samples=285", "optim.batch_size=256"}));
+  EXPECT_NO_THROW(load_config("", {"data.samples=20", "data.val_fraction=0", "optim.batch_size=20"}));
+}
+
+// yaml-cpp's Load() reads the first document of a stream and drops the rest without a word.
+TEST(Config, ASecondYamlDocumentIsAnError) {
+  expect_bad_configs({
+      {"seed: 1\n---\nseed: 2\n", {}, "mlp.yaml:2: a second YAML document starts here"},
+      {"---\nseed: 1\n# more\n--- # the rest\noptim: {lr: 1}\n", {}, "mlp.yaml:4: a second"},
+      {"seed: 1\n---\n", {}, "mlp.yaml:2: a second YAML document starts here"},
+      {"seed: 1\n...\n---\nseed: 2\n", {}, "mlp.yaml:3: a second YAML document"},
+      // yaml-cpp 0.7 reads these as an endless stream of empty documents (or, with Load(), as
+      // one empty config: all defaults).
+      {",\n", {}, "mlp.yaml:1:1: YAML syntax error: unexpected ','"},
+      {"seed: 1\n, 0.99]\n", {}, "mlp.yaml:2:1: YAML syntax error"},
+  });
+  // One document, with its optional markers, is fine.
   TempDir dir;
-  for (const BadConfig& c : cases) {
-    SCOPED_TRACE(c.yaml);
-    const std::string msg = config_error(dir.write("mlp.yaml", c.yaml), c.overrides, dir.path);
-    EXPECT_NE(msg.find(c.expected), std::string::npos)
-        << "expected an error containing \"" << c.expected << "\", got: " << msg;
-  }
+  EXPECT_EQ(load_config(dir.write("one.yaml", "---\nseed: 4\n...\n")).seed, 4u);
+}
+
+// An unclosed quote used to swallow the keys after it: `dir: "ck` trained into a folder named
+// "ck every: 1 ". Every string key is a path or a name, so a string value that spans lines is an
+// error; so is one that is not UTF-8 (the config is saved as JSON text in each checkpoint).
+TEST(Config, StringsAreOneLineOfValidUtf8) {
+  expect_bad_configs({
+      {"checkpoint:\n  dir: \"ck\n  every: 1\n\"\n",
+       {},
+       "checkpoint.dir: a string must be on one line, but this one runs on past line 2 (an "
+       "unclosed quote?), got 'ck every: 1 ' at mlp.yaml:2:8"},
+      {"checkpoint:\n  dir: 'ck\n  every: 1'\n", {}, "checkpoint.dir: a string must be on one line"},
+      {"logging:\n  metrics: runs/\n    m.jsonl\n", {}, "logging.metrics: a string must be on one line"},
+      {"data:\n  path: |\n    a.csv\n", {}, "data.path: a string must be on one line"},
+      {"checkpoint: {dir: \"a\n  b\"}\n", {}, "checkpoint.dir: a string must be on one line, but "
+       "this one runs on past line 1"},
+      {"device: \"cpu\n\"\n", {}, "device: a string must be on one line"},
+      {"checkpoint:\n  dir: \"ck\xff\"\n",
+       {},
+       "checkpoint.dir: is not valid UTF-8: byte 0xff at offset 2 of the string at mlp.yaml:2:8"},
+      {"", {"checkpoint.dir=a\xc0\xaf"}, "checkpoint.dir: is not valid UTF-8: byte 0xc0 at offset 1"},
+      {"", {"logging.curve=\xed\xa0\x80.svg"}, "logging.curve: is not valid UTF-8: byte 0xed"},
+      {"", {"data.test_path=\xf4\x90\x80\x80"}, "data.test_path: is not valid UTF-8"},
+      {"", {"checkpoint.dir=ab\xe2\x82"}, "checkpoint.dir: is not valid UTF-8: byte 0xe2 at offset 2"},
+  });
+  // Quotes closed on their line, escapes, comments and multi-byte UTF-8 are all fine.
+  TempDir dir;
+  const Config c = load_config(dir.write("ok.yaml",
+                                         "checkpoint: {dir: \"r\\\"u\\\\n\"}  # quoted\n"
+                                         "logging:\n  metrics: 'it''s.jsonl'\n"
+                                         "  curve: r\xc3\xa9sum\xc3\xa9-\xe2\x82\xac-\xf0\x9f\x98\x80.svg # c\n"));
+  EXPECT_EQ(c.checkpoint.dir, "r\"u\\n");
+  EXPECT_EQ(c.logging.metrics, "it's.jsonl");
+  EXPECT_EQ(c.logging.curve, "r\xc3\xa9sum\xc3\xa9-\xe2\x82\xac-\xf0\x9f\x98\x80.svg");
+  EXPECT_EQ(parse_config(to_yaml(c), "saved"), c);
+  // A --set value is one argument: its line structure is the shell's business.
+  EXPECT_EQ(load_config("", {"checkpoint.dir=\"a\n b\""}).checkpoint.dir, "a b");
+}
+
+// /dev/zero as a config (or a CSV) used to be read until memory ran out.
+TEST(Config, UnboundedFilesAreRefusedBeforeTheyAreRead) {
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(config_error("/dev/zero", {}),
+            "config file /dev/zero gives more than 16777216 bytes (16 MiB), the most a config may "
+            "have (it is not a regular file)");
+  EXPECT_EQ(config_error("", {"data.kind=csv", "data.path=/dev/zero"}),
+            "data.path: is not a regular file (a device or pipe may never end), got '/dev/zero' "
+            "(from --set data.path=/dev/zero)");
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0);
+
+  TempDir dir;
+  const std::string big = dir.write("big.yaml", "seed: 1\n");
+  fs::resize_file(big, kMaxConfigBytes + 1);  // sparse: nothing is written
+  EXPECT_EQ(config_error(big, {}, dir.path),
+            "config file big.yaml is 16777217 bytes; a config may have at most 16777216 bytes "
+            "(16 MiB)");
+  const std::string csv = dir.write("train.csv", "1,0\n");
+  EXPECT_NE(config_error("", {"data.kind=csv", "data.path=" + csv, "data.test_path=/dev/zero"})
+                .find("data.test_path: is not a regular file"),
+            std::string::npos);
 }
 
 TEST(Config, MissingFileIsAnError) {

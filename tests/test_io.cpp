@@ -2,9 +2,11 @@
 // disk, and a clear mt::Error, never a crash, for every kind of damaged file.
 #include <gtest/gtest.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstring>
 #include <filesystem>
@@ -13,6 +15,7 @@
 
 #include "core/error.h"
 #include "train/csv.h"
+#include "train/data.h"
 #include "train/idx.h"
 #include "train/safetensors.h"
 #include "tests/temp_dir.h"
@@ -496,6 +499,62 @@ TEST(Idx, MalformedFilesNameTheOffset) {
   EXPECT_ERROR(read_idx((dir / "missing")), "missing: cannot open: No such file or directory");
 }
 
+// A gzip'd file inflates up to a thousandfold, so the header, not the size on disk, is what
+// bounds the read: its shape is checked against kMaxIdxBytes (and by the caller) before any data
+// is read, and then exactly that many bytes are read and the end of the data is required.
+TEST(Idx, TheHeaderBoundsTheReadBeforeAnyDataIsRead) {
+  TempDir dir;
+  // 2^31 images of 28x28 (1.6 TB) in a file of a few kilobytes.
+  write_gz(dir / "huge.gz", idx_bytes(0x803, {1u << 31, 28, 28}, 4096));
+  EXPECT_ERROR(read_idx(dir / "huge.gz"),
+               "huge.gz: shape 2147483648x28x28 is 1683627180032 bytes of data, more than the "
+               "4294967296 (4 GiB) an IDX file may hold");
+  write_gz(dir / "over.gz", idx_bytes(0x802, {65537, 65536}, 100));
+  EXPECT_ERROR(read_idx(dir / "over.gz"), "over.gz: shape 65537x65536 is 4295032832 bytes");
+  // The limit itself passes the header check; this file then ends early.
+  write_gz(dir / "limit.gz", idx_bytes(0x802, {65536, 65536}, 100));
+  EXPECT_ERROR(read_idx(dir / "limit.gz"), "limit.gz: truncated at byte offset 112");
+
+  // The caller sees the shape before the data: a refusal there comes first, here ahead of the
+  // truncation that reading the data would find.
+  write_gz(dir / "short.gz", idx_bytes(0x803, {1000, 28, 28}, 100));
+  std::vector<int64_t> seen;
+  EXPECT_ERROR(read_idx(dir / "short.gz",
+                        [&](const std::vector<int64_t>& shape) {
+                          seen = shape;
+                          throw Error("refused by the caller");
+                        }),
+               "refused by the caller");
+  EXPECT_EQ(seen, (std::vector<int64_t>{1000, 28, 28}));
+
+  // More data than the header accounts for, gzip'd: refused after reading one byte past it.
+  write_gz(dir / "long.gz", idx_bytes(0x803, {2, 28, 28}, 2 * 28 * 28 + 100));
+  EXPECT_ERROR(read_idx(dir / "long.gz"),
+               "long.gz: unexpected data at byte offset 1584 (of the decompressed data): shape "
+               "2x28x28 accounts for 1568 bytes of data and the file has more");
+}
+
+// load_mnist reads the small labels file first, so that a header promising more images than
+// there are labels is refused before the images' data is read.
+TEST(Idx, MnistImagesAreCheckedAgainstTheLabelCountBeforeTheirData) {
+  TempDir dir;
+  std::vector<uint8_t> labels = idx_bytes(0x801, {3}, 0);
+  labels.insert(labels.end(), {3, 0, 7});
+  write_bytes(dir / "train-labels-idx1-ubyte", labels);
+  write_gz(dir / "train-images-idx3-ubyte.gz", idx_bytes(0x803, {1000, 28, 28}, 100));
+  EXPECT_ERROR(data::load_mnist(dir.path.string(), false),
+               "train-images-idx3-ubyte.gz: the header says 1000 images, but " +
+                   (dir / "train-labels-idx1-ubyte") + " has 3 labels");
+  write_gz(dir / "train-images-idx3-ubyte.gz", idx_bytes(0x802, {3, 784}, 3 * 784));
+  EXPECT_ERROR(data::load_mnist(dir.path.string(), false),
+               "train-images-idx3-ubyte.gz: expected a 3-D image array, got ");
+  write_gz(dir / "train-images-idx3-ubyte.gz", idx_bytes(0x803, {3, 2, 2}, 12));
+  const data::Dataset d = data::load_mnist(dir.path.string(), false);
+  EXPECT_EQ(d.size, 3);
+  EXPECT_EQ(d.dim, 4);
+  EXPECT_EQ(d.labels, (std::vector<int64_t>{3, 0, 7}));
+}
+
 // ---- CSV ----
 
 TEST(Csv, ReadsNumbersAndLabels) {
@@ -521,7 +580,7 @@ TEST(Csv, MalformedFilesNameLineAndColumn) {
   const std::string path = (dir / "f.csv");
   struct Case {
     std::string text;
-    int label_column;
+    int64_t label_column;
     bool header;
     std::string expected;
   };
@@ -536,6 +595,8 @@ TEST(Csv, MalformedFilesNameLineAndColumn) {
       {"nan,1,0\n", -1, false, "f.csv:1:1: cell 1: expected a finite number, got 'nan'"},
       {"1e999,1,0\n", -1, false, "f.csv:1:1: cell 1: '1e999' is out of range for a 32-bit float"},
       {"1,2,0\n", 3, false, "f.csv:1:1: label_column 3 is out of range: the row has 3 cells"},
+      // Not column 0, as it was once an int on the way here.
+      {"1,2,0\n", int64_t(1) << 32, false, "f.csv:1:1: label_column 4294967296 is out of range"},
       {"1,2,0\n", -2, false, "f.csv: label_column must be -1"},
       {"5\n", -1, false, "f.csv:1:1: need a label and at least one feature"},
       {"", -1, false, "f.csv:1:1: no data rows (the file is empty)"},
@@ -548,6 +609,19 @@ TEST(Csv, MalformedFilesNameLineAndColumn) {
     EXPECT_ERROR(read_csv(path, c.label_column, c.header), c.expected);
   }
   EXPECT_ERROR(read_csv((dir / "missing.csv")), "missing.csv: cannot open");
+}
+
+// A CSV is read to its end, and a device or pipe may have none: /dev/zero used to grow one line
+// until memory ran out, and opening a FIFO with no writer blocks. Both are refused unopened.
+TEST(Csv, DevicesAndPipesAreRefusedUnread) {
+  TempDir dir;
+  const std::string fifo = dir / "pipe.csv";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_ERROR(read_csv("/dev/zero"),
+               "/dev/zero: not a regular file; a device or pipe may never end, so it is not read");
+  EXPECT_ERROR(read_csv(fifo), "pipe.csv: not a regular file");
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0);
 }
 
 }  // namespace

@@ -35,6 +35,7 @@
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/data.h"
+#include "train/memory.h"
 #include "train/run_dir.h"
 #include "train/safetensors.h"
 #include "train/trainer.h"
@@ -208,6 +209,95 @@ TEST(BadData, CsvLabelAtInt64MaxIsAnErrorNotAnOverflow) {
   std::ofstream(dir / "big.csv") << "0.5,9223372036854775807\n0.1,0\n0.2,1\n";
   test::expect_error([&] { data::load_csv(dir / "big.csv", -1, false); },
                      {"big.csv: label 9223372036854775807 is too large"});
+}
+
+// make_synthetic forms samples x dim and classes x dim: sizes whose product passes 2^63 used to
+// wrap (a signed overflow) into a small buffer that the loop then wrote past.
+TEST(BadData, SyntheticSizesWhoseProductOverflowsAreRefused) {
+  test::expect_error([] { data::make_synthetic(int64_t(1) << 59, 32, 8, 0.1, 1); },
+                     {"make_synthetic: 576460752303423488 samples of 32 features in 8 classes "
+                      "overflow 64 bits"});
+  test::expect_error([] { data::make_synthetic(10, int64_t(1) << 40, int64_t(1) << 30, 0.1, 1); },
+                     {"overflow 64 bits"});
+}
+
+// model.hidden = [2^24, 2^24] is within the bounds of each key but a petabyte of parameters: it
+// is refused with the sizes before anything is allocated, where it used to fail in the allocator
+// (and abort under AddressSanitizer).
+TEST(BadData, AModelTooLargeForTheMachineIsRefusedBeforeAllocating) {
+  TempDir dir;
+  // The estimate counts exactly: Linear(4, 8) 40, RMSNorm(8) 8, Linear(8, 3) 27 = 75 parameters;
+  // f32 parameters, gradients and two AdamW moments; the largest of the microbatch's layer
+  // outputs (12 rows of 4 + 8 + 3) and an evaluation batch's widest one (64 rows of 8).
+  const Config small = load_config("", {"model.input=4", "model.hidden=[8]", "model.classes=3",
+                                        "optim.batch_size=24", "optim.microbatches=2",
+                                        "eval.batch_size=64", "data.samples=100"});
+  const train::MemoryEstimate e = train::estimate_memory(small);
+  EXPECT_EQ(e.state, 75 * 4 * 4);
+  EXPECT_EQ(e.activations, std::max(12 * (4 + 8 + 3), 64 * 8) * 4);
+  EXPECT_EQ(e.data, (100 + 20) * (4 * 4 + 8));
+  Config bf16 = small;
+  bf16.precision.compute_dtype = DType::bf16;  // adds the bf16 copy of the 56 weights
+  EXPECT_EQ(train::estimate_memory(bf16).state, 75 * 4 * 4 + 56 * 2);
+  EXPECT_EQ(train::estimate_memory(small, 2).activations, std::max(6 * 15, 64 * 8) * 4);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    train::Trainer t(fault_config(dir, {"model.hidden=[16777216,16777216]"}), kCPU);
+    ADD_FAILURE() << "expected a ConfigError";
+  } catch (const ConfigError& e) {
+    std::printf("ConfigError: %s\n", e.what());
+    EXPECT_CONTAINS(e.what(), "the run needs at least 4.0 PiB on cpu (parameters, gradients and "
+                              "adamw state 4.0 PiB, activations ");
+    EXPECT_CONTAINS(e.what(), "), but cpu has " + train::format_bytes(train::physical_memory_bytes()) +
+                                  " of physical memory; make model.hidden");
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0);
+  EXPECT_FALSE(fs::exists(dir / "ckpt"));
+}
+
+// A checkpoint folder that cannot be created used to fail the first save, after the training
+// before it had run. It is a ConfigError when the trainer is built, and nothing is created.
+TEST(BadData, ACheckpointFolderThatCannotBeWrittenIsRefusedBeforeTraining) {
+  TempDir dir;
+  std::ofstream(dir / "file") << "not a folder";
+  test::expect_error([&] { train::Trainer t(fault_config(dir, {"checkpoint.dir=" + (dir / "file/ckpt")}), kCPU); },
+                     {"checkpoint.dir: cannot create '" + (dir / "file/ckpt") + "': '" + (dir / "file") +
+                      "' is not a directory"});
+  test::expect_error([&] { train::Trainer t(fault_config(dir, {"logging.metrics=" + (dir / "file/m.jsonl")}), kCPU); },
+                     {"logging.metrics: cannot create '" + (dir / "file") + "'"});
+  test::expect_error([&] { train::Trainer t(fault_config(dir, {"logging.curve=" + (dir / "file/x/c.svg")}), kCPU); },
+                     {"logging.curve: cannot create"});
+  // A folder that does not exist yet is fine when the nearest existing one is writable; it is
+  // left for the run to create.
+  EXPECT_NO_THROW(train::Trainer t(fault_config(dir, {"checkpoint.dir=" + (dir / "a/b/c")}), kCPU));
+  EXPECT_FALSE(fs::exists(dir / "a"));
+  if (::geteuid() != 0) {  // root writes anywhere
+    fs::create_directory(dir / "ro");
+    fs::permissions(dir / "ro", fs::perms::owner_read | fs::perms::owner_exec);
+    test::expect_error([&] { train::Trainer t(fault_config(dir, {"checkpoint.dir=" + (dir / "ro/ckpt")}), kCPU); },
+                       {"checkpoint.dir: cannot create or write", "is not writable: Permission denied"});
+  }
+}
+
+// A data file too small to hold out even one validation sample used to train on, logging a
+// validation loss and accuracy of 0 over no samples.
+TEST(BadData, AValidationSplitOfNoSamplesIsAConfigError) {
+  TempDir dir;
+  std::ofstream(dir / "four.csv") << "0.5,0\n0.25,1\n0.75,0\n0.125,1\n";
+  const std::vector<std::string> csv = {"data.kind=csv", "data.path=" + (dir / "four.csv"),
+                                        "model.input=1", "model.classes=2", "optim.batch_size=2",
+                                        "optim.microbatches=1"};
+  std::vector<std::string> sets = csv;
+  sets.push_back("data.val_fraction=0.1");
+  try {
+    train::Trainer t(fault_config(dir, sets), kCPU);
+    ADD_FAILURE() << "expected a ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_CONTAINS(e.what(), "data.val_fraction: 0.1 holds out none of the 4 csv samples");
+  }
+  sets.back() = "data.val_fraction=0.25";
+  EXPECT_NO_THROW(train::Trainer t(fault_config(dir, sets), kCPU));
 }
 
 // ---- crash safety -------------------------------------------------------------------------

@@ -195,6 +195,31 @@ TEST(TrainCli, ExitCodesAndNothingWrittenOnBadConfig) {
   EXPECT_EQ(run_train("--config " + std::string(MT_SOURCE_DIR) + "/configs/mlp.yaml --resume " + (dir / "missing") + " --set device=cpu --set checkpoint.dir=" + out), 2);  // a --resume that cannot be used
 }
 
+// Inputs that were read without a bound, sizes that overflowed or exhausted memory, and values
+// that only failed once the run was under way: each is exit code 2 at start-up, nothing written.
+TEST(TrainCli, BadInputsExitTwoAtOnce) {
+  TempDir dir;
+  const std::string out = dir / "never";
+  const std::string run = "--config " + std::string(MT_SOURCE_DIR) +
+                          "/configs/mlp.yaml --set device=cpu --set optim.steps=2 "
+                          "--set optim.warmup_steps=0 --set checkpoint.dir=" + out + " ";
+  const std::string two_docs = dir.write("two.yaml", "seed: 1\n---\nseed: 2\n");
+  std::ofstream(dir / "file") << "not a folder";
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(run_train("--config /dev/zero"), 2);                            // was read forever
+  EXPECT_EQ(run_train(run + "--set data.kind=csv --set data.path=/dev/zero"), 2);  // the same
+  EXPECT_EQ(run_train(run + "--set model.classes=4611686018427387904"), 2);  // was a segfault
+  EXPECT_EQ(run_train(run + "--set model.hidden=[1000000000000]"), 2);      // was std::bad_alloc
+  EXPECT_EQ(run_train(run + "--set model.hidden=[16777216,16777216]"), 2);  // 1 PiB: the memory check
+  EXPECT_EQ(run_train(run + "--set data.samples=3"), 2);                    // was exit code 1
+  EXPECT_EQ(run_train("--config " + two_docs + " --set checkpoint.dir=" + out), 2);
+  EXPECT_EQ(run_train(run + "--set checkpoint.dir=\"$(printf '" + out + "\\377')\""), 2);  // not UTF-8
+  EXPECT_EQ(run_train(run + "--set checkpoint.dir=" + (dir / "file/ckpt")), 2);  // failed at a save
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
+  EXPECT_FALSE(fs::exists(out));
+  EXPECT_FALSE(fs::exists(out + "\377"));
+}
+
 // What the README promises: the default config reaches at least 95% test accuracy on the CPU.
 TEST(TrainerDefaultConfig, ReachesTheStatedAccuracy) {
   TempDir dir;

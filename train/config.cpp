@@ -1,17 +1,20 @@
 #include "train/config.h"
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
 #include <set>
 #include <sstream>
+#include <string_view>
 #include <utility>
 
 namespace mt {
@@ -37,9 +40,59 @@ bool parse_bool(const std::string& s, bool& out) {
   return yes || no;
 }
 
-bool parse_string(const std::string& s, std::string& out) {
-  out = s;
-  return true;
+// The offset of the first byte of `s` that is not part of a well-formed UTF-8 sequence (no
+// overlong forms, surrogates or code points past U+10FFFF); npos when all of it is.
+size_t invalid_utf8(const std::string& s) {
+  for (size_t i = 0; i < s.size();) {
+    const auto b = static_cast<unsigned char>(s[i]);
+    size_t n = 0;                   // continuation bytes
+    unsigned lo = 0x80, hi = 0xbf;  // the range of the first continuation byte
+    if (b >= 0xc2 && b <= 0xdf) {
+      n = 1;
+    } else if (b >= 0xe0 && b <= 0xef) {
+      n = 2;
+      if (b == 0xe0) lo = 0xa0;  // overlong
+      if (b == 0xed) hi = 0x9f;  // a surrogate
+    } else if (b >= 0xf0 && b <= 0xf4) {
+      n = 3;
+      if (b == 0xf0) lo = 0x90;  // overlong
+      if (b == 0xf4) hi = 0x8f;  // past U+10FFFF
+    } else if (b >= 0x80) {
+      return i;
+    }
+    if (s.size() - i <= n) return i;
+    for (size_t j = 1; j <= n; ++j) {
+      const auto c = static_cast<unsigned char>(s[i + j]);
+      if (c < (j == 1 ? lo : 0x80u) || c > (j == 1 ? hi : 0xbfu)) return i;
+    }
+    i += n + 1;
+  }
+  return std::string::npos;
+}
+
+// The 1-based line of byte offset `pos` of `text`.
+size_t line_of(std::string_view text, size_t pos) {
+  return size_t(std::count(text.begin(), text.begin() + long(std::min(pos, text.size())), '\n')) + 1;
+}
+
+// Whether the scalar `value`, whose node yaml-cpp placed at `mark` of `text`, spans several source
+// lines: a quoted string not closed on the line it opens on, a block scalar (| or >), or a plain
+// one folded from several lines (then its text is not all on its first line). Other forms (a tag,
+// an alias) count as one line.
+bool spans_lines(std::string_view text, const YAML::Mark& mark, const std::string& value) {
+  if (mark.is_null() || mark.pos < 0 || size_t(mark.pos) >= text.size()) return false;
+  const std::string_view rest = text.substr(size_t(mark.pos));
+  const char open = rest[0];
+  if (open == '|' || open == '>') return true;
+  if (open == '"' || open == '\'') {
+    for (size_t i = 1; i < rest.size() && rest[i] != '\n'; ++i) {
+      if (open == '"' && rest[i] == '\\') ++i;  // an escaped character, perhaps a quote
+      else if (open == '\'' && rest[i] == '\'' && i + 1 < rest.size() && rest[i + 1] == '\'') ++i;
+      else if (rest[i] == open) return false;
+    }
+    return true;
+  }
+  return !value.empty() && open == value[0] && !rest.starts_with(value);
 }
 
 // Shortest text that reads back as exactly `v`.
@@ -102,14 +155,20 @@ std::string join(std::initializer_list<const char*> items) {
 // for anything at or under an overridden key, the --set that put it there.
 struct Origin {
   std::string file;
+  std::string_view text;  // the file's YAML, for what yaml-cpp's marks do not tell
   std::vector<std::pair<std::string, std::string>> overrides;  // key path, full "key=value"
 
-  std::string where(const std::string& key, const YAML::Node& node) const {
+  // The --set that gave `key` (or a mapping above it); null when the value is the file's.
+  const std::string* override_of(const std::string& key) const {
     for (auto it = overrides.rbegin(); it != overrides.rend(); ++it) {
       const std::string& k = it->first;
-      if (key == k || key.starts_with(k + ".") || key.starts_with(k + "["))
-        return " (from --set " + it->second + ")";
+      if (key == k || key.starts_with(k + ".") || key.starts_with(k + "[")) return &it->second;
     }
+    return nullptr;
+  }
+
+  std::string where(const std::string& key, const YAML::Node& node) const {
+    if (const std::string* o = override_of(key)) return " (from --set " + *o + ")";
     if (node.IsDefined() && !node.Mark().is_null())
       return " at " + file + ":" + std::to_string(node.Mark().line + 1) + ":" +
              std::to_string(node.Mark().column + 1);
@@ -153,7 +212,27 @@ class Section {
   }
   void get(const std::string& k, double& out) { scalar(k, out, "a number", parse_double); }
   void get(const std::string& k, bool& out) { scalar(k, out, "true or false", parse_bool); }
-  void get(const std::string& k, std::string& out) { scalar(k, out, "a string", parse_string); }
+
+  // Every string is a path or a name: it must be valid UTF-8 (a checkpoint stores the config as
+  // JSON text) and, in the file, on one line, since a string that runs on is almost always an
+  // unclosed quote that swallowed the keys after it.
+  void get(const std::string& k, std::string& out) {
+    const YAML::Node n = at(k);
+    if (!n) return;
+    if (!n.IsScalar()) fail(k, "expected a string, got " + describe(n));
+    const std::string& v = n.Scalar();
+    if (const size_t bad = invalid_utf8(v); bad != std::string::npos) {
+      char byte[8];
+      std::snprintf(byte, sizeof byte, "0x%02x", unsigned(static_cast<unsigned char>(v[bad])));
+      fail(k, "is not valid UTF-8: byte " + std::string(byte) + " at offset " +
+                  std::to_string(bad) + " of the string");
+    }
+    if (!origin_.override_of(key(k)) && spans_lines(origin_.text, n.Mark(), v))
+      fail(k, "a string must be on one line, but this one runs on past line " +
+                  std::to_string(n.Mark().line + 1) + " (an unclosed quote?), got '" +
+                  (v.size() > 40 ? v.substr(0, 40) + "..." : v) + "'");
+    out = v;
+  }
 
   void get(const std::string& k, std::vector<int64_t>& out) {
     const YAML::Node n = at(k);
@@ -271,24 +350,41 @@ bool valid_device(const std::string& d) {
   return std::all_of(d.begin() + 5, d.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
+bool regular_file(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::is_regular_file(path, ec);
+}
+
+const std::string kMaxWidthText = "must be at most " + std::to_string(kMaxWidth);
+const std::string kMaxSamplesText = "must be at most " + std::to_string(kMaxSamples);
+
 void read_model(Section s, ModelConfig& m) {
   s.get("input", m.input);
   s.require("input", m.input, m.input >= 1, "must be at least 1");
+  s.require("input", m.input, m.input <= kMaxWidth, kMaxWidthText);
   s.get("hidden", m.hidden);
-  for (size_t i = 0; i < m.hidden.size(); ++i)
+  if (m.hidden.size() > kMaxLayers)
+    s.fail("hidden", "at most " + std::to_string(kMaxLayers) + " hidden layers, got " +
+                         std::to_string(m.hidden.size()));
+  for (size_t i = 0; i < m.hidden.size(); ++i) {
     s.require_item("hidden", i, m.hidden[i], m.hidden[i] >= 1, "layer widths must be at least 1");
+    s.require_item("hidden", i, m.hidden[i], m.hidden[i] <= kMaxWidth,
+                   "layer widths " + kMaxWidthText);
+  }
   s.get("classes", m.classes);
   s.require("classes", m.classes, m.classes >= 2, "must be at least 2");
+  s.require("classes", m.classes, m.classes <= kMaxWidth, kMaxWidthText);
   s.choice("norm", m.norm, {"rms_norm", "none"});
   s.choice("activation", m.activation, {"scaled_silu", "relu"});
   s.get("bias", m.bias);
   s.finish();
 }
 
-void read_data(Section s, DataConfig& d) {
+void read_data(Section& s, DataConfig& d) {
   s.choice("kind", d.kind, {"synthetic", "mnist", "csv"});
   s.get("samples", d.samples);
   s.require("samples", d.samples, d.samples >= 1, "must be at least 1");
+  s.require("samples", d.samples, d.samples <= kMaxSamples, kMaxSamplesText);
   s.get("noise", d.noise);
   s.require("noise", d.noise, d.noise >= 0, "must be >= 0");
   s.get("path", d.path);
@@ -296,6 +392,7 @@ void read_data(Section s, DataConfig& d) {
   s.get("label_column", d.label_column);
   s.require("label_column", d.label_column, d.label_column >= -1,
             "must be -1 (the last column) or a column index from 0");
+  s.require("label_column", d.label_column, d.label_column <= kMaxWidth, kMaxWidthText);
   s.get("header", d.header);
   s.get("val_fraction", d.val_fraction);
   s.require("val_fraction", d.val_fraction, d.val_fraction >= 0 && d.val_fraction < 1,
@@ -311,6 +408,27 @@ void read_data(Section s, DataConfig& d) {
             "no such file or directory (needed for data.kind " + d.kind + ")");
   s.require("test_path", d.test_path, d.test_path.empty() || exists(d.test_path),
             "no such file or directory");
+  // A CSV is read to its end: a device or pipe (/dev/zero) has no size that bounds that.
+  if (d.kind != "csv") return;
+  const std::string not_regular = "is not a regular file (a device or pipe may never end)";
+  s.require("path", d.path, regular_file(d.path), not_regular);
+  s.require("test_path", d.test_path, d.test_path.empty() || regular_file(d.test_path),
+            not_regular);
+}
+
+// The generated data's sizes follow from the config alone, so too few samples is a config error
+// now, not a failure after start-up (file data is checked by the trainer once it is loaded).
+void check_synthetic_sizes(Section& s, const DataConfig& d, const OptimConfig& o) {
+  if (d.kind != "synthetic") return;
+  s.require("samples", d.samples, synthetic_test_samples(d.samples) >= 1,
+            "must be at least 5 for synthetic data, which draws a fifth as many for the test set");
+  const int64_t val = validation_samples(d.samples, d.val_fraction);
+  s.require("val_fraction", d.val_fraction, d.val_fraction == 0 || val >= 1,
+            "must hold out at least one of data.samples = " + std::to_string(d.samples) +
+                " (or be 0 for no validation)");
+  s.require("samples", d.samples, d.samples - val >= o.batch_size,
+            "must leave optim.batch_size = " + std::to_string(o.batch_size) +
+                " samples for training after data.val_fraction holds out " + std::to_string(val));
 }
 
 void read_optim(Section s, OptimConfig& o) {
@@ -336,6 +454,7 @@ void read_optim(Section s, OptimConfig& o) {
   s.require("steps", o.steps, o.steps >= 1, "must be at least 1");
   s.get("batch_size", o.batch_size);
   s.require("batch_size", o.batch_size, o.batch_size >= 1, "must be at least 1");
+  s.require("batch_size", o.batch_size, o.batch_size <= kMaxSamples, kMaxSamplesText);
   s.get("microbatches", o.microbatches);
   s.require("microbatches", o.microbatches, o.microbatches >= 1, "must be at least 1");
   s.get("clip_norm", o.clip_norm);
@@ -389,6 +508,7 @@ void read_eval(Section s, EvalConfig& e) {
   s.require("every", e.every, e.every >= 1, "must be at least 1");
   s.get("batch_size", e.batch_size);
   s.require("batch_size", e.batch_size, e.batch_size >= 1, "must be at least 1");
+  s.require("batch_size", e.batch_size, e.batch_size <= kMaxSamples, kMaxSamplesText);
   s.finish();
 }
 
@@ -418,8 +538,10 @@ Config read_config(const Origin& origin, const YAML::Node& root) {
   top.get("device", c.device);
   top.require("device", c.device, valid_device(c.device), "expected auto, cpu, cuda or cuda:N");
   read_model(top.section("model"), c.model);
-  read_data(top.section("data"), c.data);
+  Section data = top.section("data");
+  read_data(data, c.data);
   read_optim(top.section("optim"), c.optim);
+  check_synthetic_sizes(data, c.data, c.optim);
   read_precision(top.section("precision"), c.precision, c.device);
   read_eval(top.section("eval"), c.eval);
   read_checkpoint(top.section("checkpoint"), c.checkpoint);
@@ -468,6 +590,36 @@ void apply_override(YAML::Node& root, const std::string& text, Origin& origin) {
   origin.overrides.emplace_back(key, text);
 }
 
+// Where each document of a stream starts; builds nothing.
+struct DocumentStarts : YAML::EventHandler {
+  std::vector<YAML::Mark> starts;
+  void OnDocumentStart(const YAML::Mark& mark) override { starts.push_back(mark); }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+};
+
+// The 1-based line of the `---` (or `...`) that begins the document yaml-cpp placed at `mark`:
+// the nearest such line at or above it (yaml-cpp marks the document's first node).
+size_t marker_line(std::string_view text, const YAML::Mark& mark) {
+  size_t end = std::min(size_t(std::max(mark.pos, 0)), text.size());
+  while (true) {
+    const size_t begin = end == 0 ? 0 : text.rfind('\n', end - 1) + 1;  // npos + 1 == 0
+    const std::string_view line = text.substr(begin);
+    if (line.starts_with("---") || line.starts_with("...")) return line_of(text, begin);
+    if (begin == 0) return size_t(mark.line) + 1;
+    end = begin - 1;
+  }
+}
+
 // YAML double-quoted string; control bytes as \xHH escapes.
 std::string quote(const std::string& s) {
   std::string q = "\"";
@@ -491,9 +643,23 @@ std::string quote(const std::string& s) {
 
 Config parse_config(const std::string& yaml, const std::string& name,
                     const std::vector<std::string>& overrides) {
-  Origin origin{name, {}};
+  Origin origin{name, yaml, {}};
   YAML::Node root;
   try {
+    // YAML::Load() would quietly drop every document after the first. (Not LoadAll(): where
+    // yaml-cpp 0.7 meets a token it cannot parse, such as a leading ',', it starts a new empty
+    // document at that same token, without end; jbeder/yaml-cpp#1040.)
+    std::istringstream in(yaml);
+    YAML::Parser parser(in);
+    DocumentStarts docs;
+    for (int i = 0; i < 2 && parser.HandleNextDocument(docs); ++i) {
+    }
+    if (docs.starts.size() > 1 && docs.starts[1].pos == docs.starts[0].pos)
+      throw YAML::ParserException(docs.starts[1], "unexpected '" +
+                                                      std::string(1, yaml[size_t(docs.starts[1].pos)]) + "'");
+    if (docs.starts.size() > 1)
+      throw ConfigError(name + ":" + std::to_string(marker_line(yaml, docs.starts[1])) +
+                        ": a second YAML document starts here; a config is one document");
     root = YAML::Load(yaml);
   } catch (const YAML::ParserException& e) {
     throw ConfigError(name + ":" + std::to_string(e.mark.line + 1) + ":" +
@@ -512,11 +678,26 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec))
     throw ConfigError("config file " + path + " is a directory");
+  const std::string limit = std::to_string(kMaxConfigBytes) + " bytes (16 MiB)";
+  const bool regular = regular_file(path);
+  if (regular) {
+    const uintmax_t size = std::filesystem::file_size(path, ec);
+    if (!ec && size > kMaxConfigBytes)
+      throw ConfigError("config file " + path + " is " + std::to_string(size) +
+                        " bytes; a config may have at most " + limit);
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw ConfigError("cannot read config file " + path + ": " + std::strerror(errno));
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse_config(text.str(), path, overrides);
+  // Never more than one byte past the limit: a device or pipe (/dev/zero) may not end at all.
+  std::string text;
+  char chunk[1 << 16];
+  while (text.size() <= kMaxConfigBytes && in.read(chunk, sizeof chunk).gcount() > 0)
+    text.append(chunk, size_t(in.gcount()));
+  if (in.bad()) throw ConfigError("cannot read config file " + path + ": " + std::strerror(errno));
+  if (text.size() > kMaxConfigBytes)
+    throw ConfigError("config file " + path + " gives more than " + limit +
+                      ", the most a config may have" + (regular ? "" : " (it is not a regular file)"));
+  return parse_config(text, path, overrides);
 }
 
 std::string to_yaml(const Config& c) {

@@ -6,7 +6,12 @@
 // A bad config is a ConfigError naming the full key path and where the value came from, e.g.
 //   optim.lr: expected a number, got 'fast' at mlp.yaml:7:7
 //   optim.lrr: unknown key (from --set optim.lrr=1); did you mean 'optim.lr'?
+//
+// What follows from the values alone is checked here too: every size has an upper bound (below),
+// the generated data must hold enough samples for the batch and the held-out splits, strings are
+// valid UTF-8 on one source line, and the file is one YAML document of at most kMaxConfigBytes.
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -19,6 +24,14 @@ namespace mt {
 struct ConfigError : Error {
   using Error::Error;
 };
+
+// Upper bounds of the size keys. Far above any model this trainer is for, and low enough that
+// every product formed from them (samples x input, input x width, batch x width) fits in 64 bits
+// with room to spare; whether a model of that size fits in memory is the trainer's check.
+inline constexpr int64_t kMaxWidth = int64_t(1) << 24;   // model.input, .hidden[i], .classes
+inline constexpr size_t kMaxLayers = 1024;               // entries of model.hidden
+inline constexpr int64_t kMaxSamples = int64_t(1) << 32;  // data.samples, optim/eval.batch_size
+inline constexpr size_t kMaxConfigBytes = size_t(16) << 20;  // a config file: 16 MiB
 
 struct ModelConfig {
   int64_t input = 32;                        // features per sample
@@ -43,6 +56,13 @@ struct DataConfig {
   uint64_t seed = 1;  // shuffling and the synthetic data
   bool operator==(const DataConfig&) const = default;
 };
+
+// The samples val_fraction holds out of `size` for validation (data::split_indices splits so).
+inline int64_t validation_samples(int64_t size, double val_fraction) {
+  return int64_t(std::llround(val_fraction * double(size)));
+}
+// The synthetic test set: an independent draw of a fifth as many samples as the training set.
+inline int64_t synthetic_test_samples(int64_t samples) { return samples / 5; }
 
 struct OptimConfig {
   std::string name = "adamw";  // adamw | sgd
@@ -107,7 +127,8 @@ struct Config {
   bool operator==(const Config&) const = default;
 };
 
-// Reads `path` (an empty path: no file, only the defaults), applies each override
+// Reads `path` (an empty path: no file, only the defaults; a file of more than kMaxConfigBytes,
+// or a device or pipe that gives more, is refused unread), applies each override
 // "key.path=value" (the value parsed as YAML, so `optim.lr=1e-3` and `model.hidden=[64,64]` work)
 // in order, then validates. Throws ConfigError.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});

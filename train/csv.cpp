@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <string_view>
 
@@ -38,9 +39,12 @@ bool blank(std::string_view line) {
 
 }  // namespace
 
-CsvData read_csv(const std::string& path, int label_column, bool header) {
+CsvData read_csv(const std::string& path, int64_t label_column, bool header) {
   MT_CHECK(label_column >= -1, path, ": label_column must be -1 (the last column) or a column ",
            "index from 0, got ", label_column);
+  std::error_code ec;
+  MT_CHECK(std::filesystem::is_regular_file(path, ec) || !std::filesystem::exists(path, ec), path,
+           ": not a regular file; a device or pipe may never end, so it is not read");
   std::ifstream in(path, std::ios::binary);
   MT_CHECK(in, path, ": cannot open: ", std::strerror(errno));
 

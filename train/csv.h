@@ -18,7 +18,8 @@ struct CsvData {
 // label_column counts from 0; -1 means the last column. With `header` the first line is skipped.
 // Throws mt::Error as "file:line:column: ..." for a cell that is not a finite number, a label that
 // is not a non-negative integer, a row with a different number of cells than the first, or a
-// file with no data rows.
-CsvData read_csv(const std::string& path, int label_column = -1, bool header = false);
+// file with no data rows; and, before reading, for a path that is not a regular file (a device or
+// pipe such as /dev/zero has no size, so nothing would bound the read).
+CsvData read_csv(const std::string& path, int64_t label_column = -1, bool header = false);
 
 }  // namespace mt

@@ -11,6 +11,7 @@
 #include "core/cuda/check.h"
 #include "core/cuda/runtime.h"
 #endif
+#include "train/config.h"
 #include "train/csv.h"
 #include "train/idx.h"
 
@@ -34,8 +35,13 @@ Dataset make_synthetic(int64_t samples, int64_t dim, int64_t classes, double noi
                        uint64_t draw) {
   MT_CHECK(samples > 0 && dim > 0 && classes >= 2 && noise >= 0, "make_synthetic: invalid sizes (",
            samples, " samples, dim ", dim, ", ", classes, " classes, noise ", noise, ")");
+  int64_t center_values = 0, feature_values = 0;
+  MT_CHECK(!__builtin_mul_overflow(classes, dim, &center_values) &&
+               !__builtin_mul_overflow(samples, dim, &feature_values),
+           "make_synthetic: ", samples, " samples of ", dim, " features in ", classes,
+           " classes overflow 64 bits");
   Generator centers_rng(seed);
-  std::vector<double> centers(size_t(classes * dim));
+  std::vector<double> centers(static_cast<size_t>(center_values));
   for (auto& c : centers) c = centers_rng.normal();
   Generator g(seed * 0x9e3779b97f4a7c15ull + 0x1234567u + draw);
   Dataset d;
@@ -43,7 +49,7 @@ Dataset make_synthetic(int64_t samples, int64_t dim, int64_t classes, double noi
   d.size = samples;
   d.dim = dim;
   d.classes = classes;
-  d.features.resize(size_t(samples * dim));
+  d.features.resize(size_t(feature_values));
   d.labels.resize(size_t(samples));
   for (int64_t i = 0; i < samples; ++i) {
     const int64_t c = int64_t(g.below(uint64_t(classes)));
@@ -67,13 +73,15 @@ Dataset load_mnist(const std::string& dir, bool test) {
   const std::string prefix = test ? "t10k" : "train";
   const std::string img_path = find_idx(dir, prefix + "-images-idx3-ubyte");
   const std::string lbl_path = find_idx(dir, prefix + "-labels-idx1-ubyte");
-  IdxArray images = read_idx(img_path), labels = read_idx(lbl_path);
-  MT_CHECK(images.shape.size() == 3, img_path, ": expected a 3-D image array, got ",
-           shape_str(images.shape));
-  MT_CHECK(labels.shape.size() == 1, lbl_path, ": expected a 1-D label array, got ",
-           shape_str(labels.shape));
-  MT_CHECK(images.shape[0] == labels.shape[0], "load_mnist: ", images.shape[0], " images but ",
-           labels.shape[0], " labels");
+  // The small labels file first: its count then bounds the images before their data is read.
+  const IdxArray labels = read_idx(lbl_path, [&](const std::vector<int64_t>& shape) {
+    MT_CHECK(shape.size() == 1, lbl_path, ": expected a 1-D label array, got ", shape_str(shape));
+  });
+  const IdxArray images = read_idx(img_path, [&](const std::vector<int64_t>& shape) {
+    MT_CHECK(shape.size() == 3, img_path, ": expected a 3-D image array, got ", shape_str(shape));
+    MT_CHECK(shape[0] == labels.shape[0], img_path, ": the header says ", shape[0],
+             " images, but ", lbl_path, " has ", labels.shape[0], " labels");
+  });
   Dataset d;
   d.name = "mnist";
   d.size = images.shape[0];
@@ -91,7 +99,7 @@ Dataset load_mnist(const std::string& dir, bool test) {
   return d;
 }
 
-Dataset load_csv(const std::string& path, int label_column, bool header) {
+Dataset load_csv(const std::string& path, int64_t label_column, bool header) {
   CsvData c = read_csv(path, label_column, header);
   Dataset d;
   d.name = "csv";
@@ -117,7 +125,7 @@ Split split_indices(int64_t size, double val_fraction, uint64_t seed) {
   for (int64_t i = 0; i < size; ++i) all[size_t(i)] = i;
   Generator g(seed ^ 0x5eedu);
   shuffle(all, g);
-  const auto n_val = size_t(std::llround(val_fraction * double(size)));
+  const auto n_val = size_t(validation_samples(size, val_fraction));
   Split s;
   s.val.assign(all.begin(), all.begin() + long(n_val));
   s.train.assign(all.begin() + long(n_val), all.end());

@@ -37,7 +37,7 @@ Dataset make_synthetic(int64_t samples, int64_t dim, int64_t classes, double noi
 Dataset load_mnist(const std::string& dir, bool test);
 
 // Numeric CSV: every column but the label is a feature.
-Dataset load_csv(const std::string& path, int label_column, bool header);
+Dataset load_csv(const std::string& path, int64_t label_column, bool header);
 
 // Splits [0, size) into a training and a held-out part, after a seeded shuffle.
 struct Split {

@@ -74,7 +74,8 @@ std::string shape_str(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
-IdxArray read_idx(const std::string& path) {
+IdxArray read_idx(const std::string& path,
+                  const std::function<void(const std::vector<int64_t>&)>& check_shape) {
   IdxStream in(path);
   uint8_t magic[4];
   size_t got = in.read(magic, 4);
@@ -101,6 +102,9 @@ IdxArray read_idx(const std::string& path) {
     numel *= d;
     out.shape.push_back(d);
   }
+  MT_CHECK(numel <= kMaxIdxBytes, path, ": shape ", shape_str(out.shape), " is ", numel,
+           " bytes of data, more than the ", kMaxIdxBytes, " (4 GiB) an IDX file may hold");
+  if (check_shape) check_shape(out.shape);
 
   // Grow the buffer as data arrives, so a header lying about its size cannot demand a huge
   // allocation before the file has shown it has the bytes.

@@ -3,9 +3,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <optional>
 #include <string_view>
@@ -22,6 +24,7 @@
 #include "optim/clip.h"
 #include "optim/sgd.h"
 #include "train/checkpoint.h"
+#include "train/memory.h"
 #include "train/metrics.h"
 #include "train/run_dir.h"
 #ifdef MT_WITH_CUDA
@@ -53,11 +56,28 @@ namespace {
 data::Dataset load_data(const DataConfig& d, const ModelConfig& m, bool test) {
   if (d.kind == "synthetic") {
     // The synthetic task's test set is an independent draw from the same clusters.
-    return test ? data::make_synthetic(d.samples / 5, m.input, m.classes, d.noise, d.seed, 1)
+    return test ? data::make_synthetic(synthetic_test_samples(d.samples), m.input, m.classes,
+                                       d.noise, d.seed, 1)
                 : data::make_synthetic(d.samples, m.input, m.classes, d.noise, d.seed, 0);
   }
   if (d.kind == "mnist") return data::load_mnist(test ? d.test_path : d.path, test);
-  return data::load_csv(test ? d.test_path : d.path, int(d.label_column), d.header);
+  return data::load_csv(test ? d.test_path : d.path, d.label_column, d.header);
+}
+
+// Checkpoints, metrics and the curve are first written after training has run a while, so a
+// folder that can be neither created nor written is found now. Nothing is created here: the
+// nearest existing folder on the way to `dir` must be a writable directory.
+void check_writable(const std::string& key, const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path p = fs::absolute(dir.empty() ? fs::path(".") : dir, ec);
+  while (!fs::exists(p, ec) && p.has_relative_path()) p = p.parent_path();
+  if (!fs::is_directory(p, ec))
+    throw ConfigError(detail::concat(key, ": cannot create '", dir.string(), "': '", p.string(),
+                                     "' is not a directory"));
+  if (::access(p.c_str(), W_OK | X_OK) != 0)
+    throw ConfigError(detail::concat(key, ": cannot create or write '", dir.string(), "': '",
+                                     p.string(), "' is not writable: ", std::strerror(errno)));
 }
 
 void check_fits(const data::Dataset& set, const ModelConfig& m) {
@@ -135,6 +155,14 @@ Trainer::Trainer(Config config, Device device, std::shared_ptr<dist::Communicato
   if (!cfg_.precision.deterministic) spdlog::warn("deterministic: false: reductions may use atomics");
   MT_CHECK(device_.is_cpu() || cfg_.precision.compute_dtype != DType::f64,
            "precision.compute_dtype: f64 runs on the CPU only");
+  if (lead()) {
+    check_writable("checkpoint.dir", cfg_.checkpoint.dir);
+    if (!cfg_.logging.metrics.empty())
+      check_writable("logging.metrics", std::filesystem::path(cfg_.logging.metrics).parent_path());
+    if (!cfg_.logging.curve.empty())
+      check_writable("logging.curve", std::filesystem::path(cfg_.logging.curve).parent_path());
+  }
+  check_memory(cfg_, device_, world);
 
   train_set_ = load_data(cfg_.data, m, false);
   check_fits(train_set_, m);
@@ -143,6 +171,10 @@ Trainer::Trainer(Config config, Device device, std::shared_ptr<dist::Communicato
     check_fits(test_set_, m);
   }
   split_ = data::split_indices(train_set_.size, cfg_.data.val_fraction, cfg_.data.seed);
+  if (cfg_.data.val_fraction > 0 && split_.val.empty())
+    throw ConfigError(detail::concat("data.val_fraction: ", cfg_.data.val_fraction,
+                                     " holds out none of the ", train_set_.size, " ",
+                                     train_set_.name, " samples (use 0 for no validation)"));
   if (int64_t(split_.train.size()) < cfg_.optim.batch_size)
     throw ConfigError(detail::concat("optim.batch_size: ", cfg_.optim.batch_size, " is larger than the ",
                                      split_.train.size(), " training samples"));

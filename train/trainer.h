@@ -63,7 +63,10 @@ struct RunSummary {
 class Trainer {
  public:
   // Builds data, model and optimizer from a validated config; mismatches between the config and
-  // the data (feature count, labels outside model.classes) are ConfigErrors.
+  // the data (feature count, labels outside model.classes, too few samples for the batch or the
+  // validation split) are ConfigErrors. So, before anything is loaded or allocated, are a
+  // checkpoint folder (or logging path) that cannot be created or written and a run that cannot
+  // fit in the device's memory (train/memory.h).
   //
   // With a communicator of N > 1 ranks this is rank comm->rank() of a data-parallel job
   // (docs/distributed.md): it reads its shard of every global batch (optim.batch_size is the

@@ -1,0 +1,96 @@
+#include "train/memory.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+
+#ifdef MT_WITH_CUDA
+#include "core/cuda/check.h"
+#include "core/cuda/runtime.h"
+#endif
+
+namespace mt::train {
+
+MemoryEstimate estimate_memory(const Config& c, int world) {
+  const ModelConfig& m = c.model;
+  std::vector<double> widths{double(m.input)};
+  widths.insert(widths.end(), m.hidden.begin(), m.hidden.end());
+  widths.push_back(double(m.classes));
+
+  // In doubles: the sizes are bounded (config.h), but their products are not meant to be formed
+  // exactly here, only compared with what the machine has.
+  double weights = 0, params = 0;
+  for (size_t i = 0; i + 1 < widths.size(); ++i) {
+    weights += widths[i] * widths[i + 1];
+    params += widths[i] * widths[i + 1] + (m.bias ? widths[i + 1] : 0);
+    if (i + 2 < widths.size() && m.norm == "rms_norm") params += widths[i + 1];
+  }
+  const DType compute = c.precision.compute_dtype;
+  const double master = compute == DType::f64 ? 8 : 4;
+  const double state_copies = c.optim.name == "adamw" ? 2 : c.optim.momentum > 0 ? 1 : 0;
+  const bool low_precision = compute == DType::bf16 || compute == DType::f16;
+
+  MemoryEstimate e;
+  e.state = params * master * (2 + state_copies) + (low_precision ? weights * 2 : 0);
+  const double elem = double(dtype_size(compute));
+  const int64_t shard = (c.optim.batch_size + world - 1) / world;
+  const int64_t micro = (shard + c.optim.microbatches - 1) / c.optim.microbatches;
+  double sum_widths = 0, max_width = 0;
+  for (double w : widths) sum_widths += w, max_width = std::max(max_width, w);
+  e.activations = std::max(double(micro) * sum_widths, double(c.eval.batch_size) * max_width) * elem;
+  if (c.data.kind == "synthetic") {
+    const double samples = double(c.data.samples + synthetic_test_samples(c.data.samples));
+    e.data = samples * (double(m.input) * sizeof(float) + sizeof(int64_t));
+  }
+  return e;
+}
+
+double physical_memory_bytes() {
+  return double(::sysconf(_SC_PHYS_PAGES)) * double(::sysconf(_SC_PAGESIZE));
+}
+
+std::string format_bytes(double bytes) {
+  const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  size_t u = 0;
+  while (bytes >= 1024 && u + 1 < std::size(units)) bytes /= 1024, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", bytes, units[u]);
+  return buf;
+}
+
+namespace {
+
+[[noreturn]] void refuse(double need, const std::string& where, const std::string& parts,
+                         double have, const char* what) {
+  throw ConfigError("the run needs at least " + format_bytes(need) + " on " + where + " (" +
+                    parts + "), but " + where + " has " + format_bytes(have) + " of " + what +
+                    "; make model.hidden, model.input, optim.batch_size or data.samples smaller");
+}
+
+}  // namespace
+
+void check_memory(const Config& c, Device device, int world) {
+  const MemoryEstimate e = estimate_memory(c, world);
+  const double host = physical_memory_bytes();
+  const std::string model = "parameters, gradients and " + c.optim.name + " state " +
+                            format_bytes(e.state) + ", activations " + format_bytes(e.activations);
+  const std::string data = "synthetic data " + format_bytes(e.data);
+  if (device.is_cpu()) {
+    const double need = double(world) * (e.state + e.activations + e.data);
+    const std::string ranks = world > 1 ? ", for each of " + std::to_string(world) + " ranks" : "";
+    if (need > host)
+      refuse(need, "cpu", model + (e.data > 0 ? ", " + data : "") + ranks, host, "physical memory");
+    return;
+  }
+#ifdef MT_WITH_CUDA
+  size_t free = 0, total = 0;
+  cuda::set_device(device.index);
+  MT_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  const double need = e.state + e.activations;
+  if (need > double(free)) refuse(need, device.str(), model, double(free), "free memory");
+#endif
+  if (e.data > host) refuse(e.data, "the host", data, host, "physical memory");
+}
+
+}  // namespace mt::train

@@ -1,0 +1,41 @@
+#pragma once
+// What a run needs in memory, worked out from its config before anything is allocated and set
+// against what the device has, so that a model too large for the machine is a ConfigError that
+// names the sizes rather than an allocation failure, or an out-of-memory kill, after start-up.
+//
+// The estimate is a lower bound: parameters, gradients and optimizer state in the parameters'
+// dtype (plus the compute-dtype copy of the weights under bf16 / f16), every layer's output for
+// one microbatch (all are kept for the backward pass) or one evaluation batch, whichever is
+// larger, and the generated data of data.kind synthetic (data files are bounded by their readers
+// and counted by no one here). A run refused by it could not have run; one it lets through may
+// still need more (the allocator's slack, temporaries of the backward pass).
+#include <cstdint>
+#include <string>
+
+#include "core/device.h"
+#include "train/config.h"
+
+namespace mt::train {
+
+struct MemoryEstimate {
+  double state = 0;        // bytes: parameters, gradients, optimizer state, compute-dtype weights
+  double activations = 0;  // bytes: the larger of a microbatch's layer outputs and an eval batch's
+  double data = 0;         // bytes: the synthetic training and test sets, on the host
+};
+
+// For one rank of a job of `world` ranks (each holds the whole model and the whole data).
+MemoryEstimate estimate_memory(const Config& c, int world = 1);
+
+// The host's physical memory: sysconf(_SC_PHYS_PAGES) pages of sysconf(_SC_PAGESIZE) bytes.
+double physical_memory_bytes();
+
+// Throws ConfigError saying what the run needs and what `device` has when it cannot fit: on the
+// CPU the state, activations and data of all `world` ranks (threads of one process) against the
+// physical memory; on a GPU the state and activations against its free memory (cudaMemGetInfo),
+// and the data against the host's.
+void check_memory(const Config& c, Device device, int world = 1);
+
+// "1.5 GiB": a byte count for messages.
+std::string format_bytes(double bytes);
+
+}  // namespace mt::train
