@@ -110,8 +110,10 @@ train f16-overflow precision.compute_dtype=f16 precision.initial_scale=109951162
 cp "$build/runs/train-f16-overflow.log" "$logs/"
 note "  f16-overflow: $(grep -c 'step skipped' "$logs/train-f16-overflow.log") skipped steps; $(grep -m1 -o 'loss scale [0-9e.+]* -> [0-9e.+]*' "$logs/train-f16-overflow.log" || true) ... $(grep -o 'loss scale [0-9e.+]* -> [0-9e.+]*' "$logs/train-f16-overflow.log" | tail -1)"
 for dt in bf16 f16 f16-overflow; do
+  # The overflow run skips its first steps on purpose: it lags f32 early and must end where f32 does.
+  last=(); [[ $dt == f16-overflow ]] && last=(--last)
   check "$dt vs f32" python3 scripts/compare_metrics.py "$build/runs/f32/metrics.jsonl" \
-    "$build/runs/$dt/metrics.jsonl" --tolerance 0.05
+    "$build/runs/$dt/metrics.jsonl" --tolerance 0.05 "${last[@]}"
 done
 # Device memory over a long run (3000 steps): the pool's live bytes at the first and last log.
 train long-f32 precision.compute_dtype=f32 optim.steps=3000 logging.every=500 eval.every=3000 \
