@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <stdexcept>
 #include <sys/wait.h>
 
@@ -90,6 +91,23 @@ TEST(Loader, SameSeedSameOrderAndUnevenLastMicrobatch) {
   EXPECT_NE(a.step_batches(0, kCPU)[0].y.to_vector(), c.step_batches(0, kCPU)[0].y.to_vector());
   EXPECT_NE(a.step_batches(0, kCPU)[0].x.to_vector(), a.step_batches(9, kCPU)[0].x.to_vector());
   EXPECT_THROW(data::microbatch_sizes(3, 4), Error);
+}
+
+// The steps of one epoch take disjoint batches that together hold steps_per_epoch x batch_size
+// different samples: the step number alone says where in the epoch a (resumed) run is.
+TEST(Loader, TheStepsOfAnEpochTakeDisjointBatches) {
+  data::Dataset d = data::make_synthetic(103, 5, 3, 0.5, 7);
+  data::Split split = data::split_indices(d.size, 0.1, 7);
+  for (bool shuffle : {false, true}) {
+    data::Loader loader(d, split.train, 10, 2, shuffle, 3);
+    std::set<std::vector<double>> seen;  // a sample's features identify it (continuous draws)
+    for (int64_t step = 0; step < loader.steps_per_epoch(); ++step)
+      for (const auto& mb : loader.step_batches(step, kCPU)) {
+        const std::vector<double> x = mb.x.to_vector();
+        for (size_t r = 0; r < x.size() / 5; ++r) seen.insert({x.begin() + long(5 * r), x.begin() + long(5 * r + 5)});
+      }
+    EXPECT_EQ(seen.size(), size_t(loader.steps_per_epoch() * 10)) << "shuffle " << shuffle;
+  }
 }
 
 TEST(Loader, SyntheticTestDrawIsIndependentOfTraining) {
