@@ -26,6 +26,7 @@
 #include "train/checkpoint.h"
 #include "train/memory.h"
 #include "train/metrics.h"
+#include "train/models.h"
 #include "train/run_dir.h"
 #ifdef MT_WITH_CUDA
 #include "core/cuda/graph.h"
@@ -186,10 +187,7 @@ Trainer::Trainer(Config config, Device device, std::shared_ptr<parallel::Communi
                                            comm_ ? comm_->rank() : 0, world);
 
   manual_seed(cfg_.seed);  // the model's initialization
-  std::vector<int64_t> widths{m.input};
-  widths.insert(widths.end(), m.hidden.begin(), m.hidden.end());
-  widths.push_back(m.classes);
-  model_ = std::make_shared<nn::MLP>(widths, m.norm, m.activation, m.bias);
+  model_ = std::static_pointer_cast<nn::MLP>(build_model(m));
   if (cfg_.precision.compute_dtype == DType::f64) model_->to(DType::f64);
   model_->to(device_);
   if (cfg_.precision.compute_dtype != DType::f64) model_->set_compute_dtype(cfg_.precision.compute_dtype);
