@@ -56,10 +56,10 @@
 #include "core/cuda/check.h"
 #include "core/cuda/graph.h"
 #include "core/cuda/runtime.h"
-#include "dist/launch.h"
+#include "parallel/launch.h"
 #ifdef MT_WITH_NCCL
-#include "dist/nccl.h"
-#include "dist/reducer.h"
+#include "parallel/nccl.h"
+#include "parallel/reducer.h"
 #endif
 #include "core/rng.h"
 #include "core/tensor.h"
@@ -535,19 +535,19 @@ bool run_size(const Size& s, const std::string& export_dir, double gemm_tflops, 
 
 #ifdef MT_WITH_NCCL
 // `train_step --size large --nproc N`: the step above on each of N GPUs, one process each, joined
-// by NCCL (dist/nccl.h). Per GPU and step the work is the one-GPU step's: 4 microbatches of the
+// by NCCL (parallel/nccl.h). Per GPU and step the work is the one-GPU step's: 4 microbatches of the
 // size's microbatch, so N GPUs process N times the samples. Each rank draws its own batch.
 // Timed, 3 warm-up and N steps each, every step started together (a barrier) from idle GPUs:
 //   local          the step without the all-reduce, on every GPU at once: the one-GPU time
-//   data parallel  the step with dist::GradReducer (buckets all-reduced during the last backward)
+//   data parallel  the step with parallel::GradReducer (buckets all-reduced during the last backward)
 // scaling efficiency = local / data parallel (same per-GPU work). Also timed: one bare NCCL
 // all-reduce of all the gradients as one buffer, and its bus bandwidth 2(N-1)/N · bytes / time.
-bool run_data_parallel(const Size& s, const dist::World& world) {
+bool run_data_parallel(const Size& s, const parallel::World& world) {
   const Device dev = cuda_device(world.local_rank);
   cuda::set_device(dev.index);
-  std::shared_ptr<dist::Communicator> comm;
+  std::shared_ptr<parallel::Communicator> comm;
   if (world.size > 1)
-    comm = dist::make_nccl_communicator(world.rank, world.size, dev.index, world.id_file, world.timeout);
+    comm = parallel::make_nccl_communicator(world.rank, world.size, dev.index, world.id_file, world.timeout);
   manual_seed(kSeed);
   nn::Sequential model = make_model(s);
   manual_seed(kSeed + 1 + uint64_t(world.rank));  // this rank's share of the global batch
@@ -556,8 +556,8 @@ bool run_data_parallel(const Size& s, const dist::World& world) {
   model.set_compute_dtype(DType::bf16);
   const Batch batch{host_batch.x.to(dev), host_batch.y.to(dev)};
   const std::vector<Tensor> params = model.parameters();
-  std::unique_ptr<dist::GradReducer> reducer;
-  if (comm) reducer = std::make_unique<dist::GradReducer>(params, comm);
+  std::unique_ptr<parallel::GradReducer> reducer;
+  if (comm) reducer = std::make_unique<parallel::GradReducer>(params, comm);
   auto optimizer = make_optimizer(model);
   double n_params = 0;
   for (const Tensor& p : params) n_params += double(p.numel());
@@ -709,12 +709,12 @@ int main(int argc, char** argv) {
     return usage(("--size must be small, large or all, got '" + size + "'").c_str());
 
   try {
-    const dist::World world = dist::world_from_env();
+    const parallel::World world = parallel::world_from_env();
     if (nproc > 0 || world.size > 1) {
 #ifdef MT_WITH_NCCL
       if (size == "all") size = "large";
       if (world.size == 1 && nproc > 1)
-        return dist::run_workers(nproc, "/proc/self/exe", {"--size", size});
+        return parallel::run_workers(nproc, "/proc/self/exe", {"--size", size});
       bool ok = true;
       for (const Size& s : kSizes)
         if (size == s.name) ok = run_data_parallel(s, world);

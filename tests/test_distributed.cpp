@@ -26,8 +26,8 @@
 
 #include "core/autograd.h"
 #include "core/rng.h"
-#include "dist/communicator.h"
-#include "dist/reducer.h"
+#include "parallel/communicator.h"
+#include "parallel/reducer.h"
 #include "ops/cross_entropy/cross_entropy.h"
 #include "ops/linear/linear.h"
 #include "ops/rms_norm/rms_norm.h"
@@ -45,7 +45,7 @@ namespace {
 constexpr int64_t D = test::SmallMlp::D, H = test::SmallMlp::H, C = test::SmallMlp::C;
 constexpr int64_t B = 13;  // over 2 ranks: shards of 7 and 6; over 3: 5, 4 and 4
 
-using Comms = std::vector<std::shared_ptr<dist::Communicator>>;
+using Comms = std::vector<std::shared_ptr<parallel::Communicator>>;
 
 using Model = test::SmallMlp;
 
@@ -123,7 +123,7 @@ void run_ranks(const Comms& comms, const std::function<void(int)>& body) {
 
 // One optimizer step on one rank: its k microbatches, each loss divided by the global batch, the
 // reducer armed just before the last backward.
-void rank_step(const Model& m, const data::Loader& loader, int64_t step, dist::GradReducer& reducer) {
+void rank_step(const Model& m, const data::Loader& loader, int64_t step, parallel::GradReducer& reducer) {
   auto mbs = loader.step_batches(step, kCPU);
   for (size_t i = 0; i < mbs.size(); ++i) {
     if (i + 1 == mbs.size()) reducer.prepare_for_last_backward();
@@ -139,14 +139,14 @@ struct Job {
   std::vector<std::unique_ptr<Model>> models;
   Comms comms;
   std::vector<std::unique_ptr<data::Loader>> loaders;
-  std::vector<std::unique_ptr<dist::GradReducer>> reducers;
+  std::vector<std::unique_ptr<parallel::GradReducer>> reducers;
 
   Job(const data::Dataset& d, int n, int64_t k, DType dtype)
-      : models(replicas(n, dtype)), comms(dist::make_local_group(n, 20s)) {
+      : models(replicas(n, dtype)), comms(parallel::make_local_group(n, 20s)) {
     for (int r = 0; r < n; ++r) {
       loaders.push_back(std::make_unique<data::Loader>(d, all_rows(d.size), B, k, true, 5, r, n));
       reducers.push_back(
-          std::make_unique<dist::GradReducer>(models[size_t(r)]->params(), comms[size_t(r)], 256));
+          std::make_unique<parallel::GradReducer>(models[size_t(r)]->params(), comms[size_t(r)], 256));
     }
   }
 };
@@ -184,9 +184,9 @@ void expect_ranks_match_full_batch(DType dtype, double tolerance) {
 }
 
 // A communicator that records which tensor each all_reduce_sum got, in order.
-class RecordingComm final : public dist::Communicator {
+class RecordingComm final : public parallel::Communicator {
  public:
-  RecordingComm() : inner_(dist::make_local_group(1)[0]) {}
+  RecordingComm() : inner_(parallel::make_local_group(1)[0]) {}
   int rank() const override { return 0; }
   int size() const override { return 1; }
   std::vector<const void*> reduced;
@@ -203,7 +203,7 @@ class RecordingComm final : public dist::Communicator {
   void do_abort(const std::string& why) override { inner_->abort(why); }
 
  private:
-  std::shared_ptr<dist::Communicator> inner_;
+  std::shared_ptr<parallel::Communicator> inner_;
 };
 
 }  // namespace
@@ -213,7 +213,7 @@ class RecordingComm final : public dist::Communicator {
 TEST(DistLocalGroup, AllReduceSumsEveryRanksTensor) {
   for (DType dtype : {DType::f32, DType::f64})
     for (int n = 1; n <= 4; ++n) {
-      Comms comms = dist::make_local_group(n, 20s);
+      Comms comms = parallel::make_local_group(n, 20s);
       std::vector<std::vector<double>> got(static_cast<size_t>(n));
       run_ranks(comms, [&](int r) {
         // Rank r holds (r + 1)·(i + 1); the sum is (i + 1)·n(n + 1)/2, exact in any order.
@@ -237,7 +237,7 @@ TEST(DistLocalGroup, AllReduceSumsEveryRanksTensor) {
 // another order would give 1. Every rank gets those same bits.
 TEST(DistLocalGroup, SumsInRankOrderInTheTensorsDtype) {
   const std::vector<float> values{1e8f, 1.0f, -1e8f};
-  Comms comms = dist::make_local_group(3, 20s);
+  Comms comms = parallel::make_local_group(3, 20s);
   std::vector<float> got(3);
   run_ranks(comms, [&](int r) {
     Tensor t = from_vector(std::vector<float>{values[size_t(r)]}, {1}, DType::f32);
@@ -250,7 +250,7 @@ TEST(DistLocalGroup, SumsInRankOrderInTheTensorsDtype) {
 }
 
 TEST(DistLocalGroup, BroadcastAndBarrier) {
-  Comms comms = dist::make_local_group(3, 20s);
+  Comms comms = parallel::make_local_group(3, 20s);
   std::vector<std::vector<double>> got(3);
   run_ranks(comms, [&](int r) {
     Tensor t = full({2, 2}, double(r + 10), DType::f64);
@@ -263,7 +263,7 @@ TEST(DistLocalGroup, BroadcastAndBarrier) {
 }
 
 TEST(DistLocalGroup, ShapeMismatchIsAClearErrorOnEveryRank) {
-  Comms comms = dist::make_local_group(2, 20s);
+  Comms comms = parallel::make_local_group(2, 20s);
   std::vector<std::string> errors(2);
   std::vector<double> after(2);
   run_ranks(comms, [&](int r) {
@@ -285,18 +285,18 @@ TEST(DistLocalGroup, ShapeMismatchIsAClearErrorOnEveryRank) {
 }
 
 TEST(DistLocalGroup, RejectsWhatItCannotReduce) {
-  Comms comms = dist::make_local_group(1);
-  dist::Communicator& c = *comms[0];
+  Comms comms = parallel::make_local_group(1);
+  parallel::Communicator& c = *comms[0];
   test::expect_error([&] { c.all_reduce_sum(zeros({2, 3}).t()); }, {"all_reduce_sum", "contiguous", "strided"});
   test::expect_error([&] { c.all_reduce_sum(zeros({2}, DType::i64)); }, {"all_reduce_sum", "f32 or f64", "i64"});
   test::expect_error([&] { c.broadcast(zeros({2}), 1); }, {"broadcast", "root 1", "group of 1"});
   test::expect_error([&] { c.all_reduce_sum(Tensor()); }, {"undefined"});
   EXPECT_EQ(c.all_reduce_calls(), 0);  // rejected calls are not counted
-  test::expect_error([] { dist::make_local_group(0); }, {"at least one rank"});
+  test::expect_error([] { parallel::make_local_group(0); }, {"at least one rank"});
 }
 
 TEST(DistLocalGroup, AMissingRankMakesTheOthersTimeOut) {
-  Comms comms = dist::make_local_group(3, 200ms);
+  Comms comms = parallel::make_local_group(3, 200ms);
   std::vector<std::string> errors(2);
   const auto start = std::chrono::steady_clock::now();
   std::vector<std::thread> threads;
@@ -304,7 +304,7 @@ TEST(DistLocalGroup, AMissingRankMakesTheOthersTimeOut) {
     threads.emplace_back([&, r] {
       try {
         comms[size_t(r)]->all_reduce_sum(ones({3}));
-      } catch (const dist::DistError& e) {
+      } catch (const parallel::DistError& e) {
         errors[size_t(r)] = e.what();
       }
     });
@@ -318,7 +318,7 @@ TEST(DistLocalGroup, AMissingRankMakesTheOthersTimeOut) {
 }
 
 TEST(DistLocalGroup, AbortWakesTheOthersPromptly) {
-  Comms comms = dist::make_local_group(3, 60s);
+  Comms comms = parallel::make_local_group(3, 60s);
   std::vector<std::string> errors(2);
   const auto start = std::chrono::steady_clock::now();
   std::vector<std::thread> threads;
@@ -326,7 +326,7 @@ TEST(DistLocalGroup, AbortWakesTheOthersPromptly) {
     threads.emplace_back([&, r] {
       try {
         comms[size_t(r)]->all_reduce_sum(ones({3}));
-      } catch (const dist::DistError& e) {
+      } catch (const parallel::DistError& e) {
         errors[size_t(r - 1)] = e.what();
       }
     });
@@ -338,13 +338,13 @@ TEST(DistLocalGroup, AbortWakesTheOthersPromptly) {
     for (const char* part : {"all_reduce_sum", "rank 0 aborted", "loss is NaN at step 7"})
       EXPECT_NE(e.find(part), std::string::npos) << "'" << e << "' lacks '" << part << "'";
   // A later collective fails at once, for the same reason.
-  EXPECT_THROW(comms[1]->barrier(), dist::DistError);
+  EXPECT_THROW(comms[1]->barrier(), parallel::DistError);
 }
 
 // A rank that throws (here before its first collective) must not leave the others waiting, and
 // its error must reach the test's thread rather than end the process.
 TEST(DistThreads, AnExceptionInOneRankReachesTheTestsThread) {
-  Comms comms = dist::make_local_group(3, 60s);
+  Comms comms = parallel::make_local_group(3, 60s);
   const auto start = std::chrono::steady_clock::now();
   test::expect_error(
       [&] {
@@ -363,9 +363,9 @@ TEST(DistReducer, BucketsFollowReverseParameterOrderAndGradsViewThem) {
   manual_seed(1);
   Model m(DType::f32);
   m.W1.set_grad(full({H, D}, 3.0));  // a gradient already there keeps its value
-  Comms comms = dist::make_local_group(1);
+  Comms comms = parallel::make_local_group(1);
   // 256 bytes = 64 f32: b2 + W2 (16 + 45 padded), then w + g + b1, then W1 (54).
-  dist::GradReducer reducer(m.params(), comms[0], 256);
+  parallel::GradReducer reducer(m.params(), comms[0], 256);
   ASSERT_EQ(reducer.num_buckets(), 3);
   const auto& buckets = reducer.buckets();
   EXPECT_EQ(buckets[0].params, (std::vector<size_t>{5, 4}));
@@ -387,7 +387,7 @@ TEST(DistReducer, BucketsFollowReverseParameterOrderAndGradsViewThem) {
   EXPECT_NE(reducer.layout_str().find("bucket 2: 64 elements (256 bytes), parameters 0"),
             std::string::npos) << reducer.layout_str();
   // A parameter larger than a bucket gets one of its own.
-  dist::GradReducer tiny(m.params(), comms[0], 1);
+  parallel::GradReducer tiny(m.params(), comms[0], 1);
   EXPECT_EQ(tiny.num_buckets(), 6);
 }
 
@@ -407,8 +407,8 @@ TEST(DistReducer, OneAllReducePerBucketPerStep) {
   std::vector<std::vector<std::vector<int64_t>>> calls(n);
   run_ranks(comms, [&](int r) {
     const Model& m = *models[size_t(r)];
-    dist::Communicator& comm = *comms[size_t(r)];
-    dist::GradReducer& reducer = *reducers[size_t(r)];
+    parallel::Communicator& comm = *comms[size_t(r)];
+    parallel::GradReducer& reducer = *reducers[size_t(r)];
     for (int64_t step = 0; step < 2; ++step) {
       for (Tensor p : m.params()) p.zero_grad(/*set_to_none=*/false);
       const int64_t before = comm.all_reduce_calls();
@@ -471,7 +471,7 @@ TEST(DistReducer, BucketsAreReducedInIndexOrderDuringTheBackward) {
   Model m(DType::f64);
   auto comm = std::make_shared<RecordingComm>();
   // Reversed for bucketing: w, g, b1, W1, b2, W2, one bucket each.
-  dist::GradReducer reducer({m.W2, m.b2, m.W1, m.b1, m.g, m.w}, comm, 1);
+  parallel::GradReducer reducer({m.W2, m.b2, m.W1, m.b1, m.g, m.w}, comm, 1);
   ASSERT_EQ(reducer.num_buckets(), 6);
   const data::Dataset d = dataset();
   data::Loader loader(d, all_rows(d.size), B, 1, true, 5);
@@ -489,7 +489,7 @@ TEST(DistReducer, BucketsAreReducedInIndexOrderDuringTheBackward) {
   manual_seed(1);
   Model m2(DType::f64);
   auto comm2 = std::make_shared<RecordingComm>();
-  dist::GradReducer forward(m2.params(), comm2, 1);
+  parallel::GradReducer forward(m2.params(), comm2, 1);
   size_t reduced_when_b2_ready = 0;
   bool w1_had_grad = true;
   m2.b2.register_grad_ready_hook([&](const Tensor&) {  // runs after the reducer's own hook
@@ -508,28 +508,28 @@ TEST(DistReducer, BucketsAreReducedInIndexOrderDuringTheBackward) {
 TEST(DistReducer, MisuseIsAClearError) {
   manual_seed(1);
   Model m(DType::f32);
-  Comms comms = dist::make_local_group(1);
-  test::expect_error([&] { dist::GradReducer({}, comms[0]); }, {"no parameters"});
-  test::expect_error([&] { dist::GradReducer(m.params(), nullptr); }, {"no communicator"});
+  Comms comms = parallel::make_local_group(1);
+  test::expect_error([&] { parallel::GradReducer({}, comms[0]); }, {"no parameters"});
+  test::expect_error([&] { parallel::GradReducer(m.params(), nullptr); }, {"no communicator"});
   Tensor f64 = zeros({2}, DType::f64).set_requires_grad();
-  test::expect_error([&] { dist::GradReducer({m.W1, f64}, comms[0]); },
+  test::expect_error([&] { parallel::GradReducer({m.W1, f64}, comms[0]); },
                      {"parameter 1", "f64", "parameter 0", "f32", "one device and gradient dtype"});
-  test::expect_error([&] { dist::GradReducer({m.W1, m.b1, m.W1}, comms[0]); },
+  test::expect_error([&] { parallel::GradReducer({m.W1, m.b1, m.W1}, comms[0]); },
                      {"parameter 2 is the same tensor as parameter 0"});
-  test::expect_error([&] { dist::GradReducer({m.W1, zeros({3})}, comms[0]); },
+  test::expect_error([&] { parallel::GradReducer({m.W1, zeros({3})}, comms[0]); },
                      {"parameter 1", "[3]", "not a leaf that requires grad"});
 
   {
     manual_seed(1);
     Model moved(DType::f32);
-    dist::GradReducer early(moved.params(), comms[0], 256);
+    parallel::GradReducer early(moved.params(), comms[0], 256);
     moved.W2.set_data(moved.W2.to(DType::f64));  // what Module::to does to each parameter
     test::expect_error([&] { early.prepare_for_last_backward(); },
                        {"parameter 4 is now on cpu with f64", "built on cpu for f32",
                         "after moving the model"});
   }
 
-  dist::GradReducer reducer(m.params(), comms[0], 256);
+  parallel::GradReducer reducer(m.params(), comms[0], 256);
   test::expect_error([&] { reducer.finish(); }, {"finish", "prepare_for_last_backward() was not called"});
   reducer.prepare_for_last_backward();
   test::expect_error([&] { reducer.prepare_for_last_backward(); }, {"called again before finish()"});
@@ -545,16 +545,16 @@ TEST(DistReducer, MisuseIsAClearError) {
 TEST(DistReducer, DestroyedReducersHooksAreHarmless) {
   manual_seed(1);
   Model m(DType::f64);
-  Comms comms = dist::make_local_group(1);
+  Comms comms = parallel::make_local_group(1);
   Tensor x = ones({2, D}, DType::f64), y = zeros({2}, DType::i64);
   {
-    dist::GradReducer old(m.params(), comms[0], 256);
+    parallel::GradReducer old(m.params(), comms[0], 256);
     old.prepare_for_last_backward();
   }  // destroyed while armed
   m.loss(x, y, 2.0).backward();
   EXPECT_EQ(comms[0]->all_reduce_calls(), 0);
   const Grads once = grads_of(m);
-  dist::GradReducer reducer(m.params(), comms[0], 256);
+  parallel::GradReducer reducer(m.params(), comms[0], 256);
   EXPECT_EQ(grads_of(m), once);  // the values move into the new buckets
   reducer.prepare_for_last_backward();
   m.loss(x, y, 2.0).backward();

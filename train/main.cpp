@@ -7,7 +7,7 @@
 // Data parallelism (docs/distributed.md): --nproc N on GPUs starts N worker processes of this
 // program, one per GPU, joined through NCCL; on the CPU it runs N ranks as threads of this
 // process, joined by the in-process communicator. A process started by another launcher with
-// RANK / WORLD_SIZE / LOCAL_RANK / MT_DIST_FILE set (dist/launch.h) joins that job instead.
+// RANK / WORLD_SIZE / LOCAL_RANK / MT_DIST_FILE set (parallel/launch.h) joins that job instead.
 //
 // Exit codes: 0 success (also resuming a run that is already complete); 1 a runtime error (bad
 // data file, a failed write, CUDA error); 2 a usage or configuration error, a --resume checkpoint
@@ -21,13 +21,13 @@
 #include <spdlog/spdlog.h>
 
 #include "core/registry.h"
-#include "dist/communicator.h"
-#include "dist/launch.h"
+#include "parallel/communicator.h"
+#include "parallel/launch.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/trainer.h"
 #ifdef MT_WITH_NCCL
-#include "dist/nccl.h"
+#include "parallel/nccl.h"
 #endif
 
 namespace {
@@ -51,7 +51,7 @@ struct UsageError : mt::Error {
 };
 
 // This process as one rank of a job another launcher (or --nproc) started.
-void run_worker(const mt::Config& cfg, const mt::dist::World& world, const std::string& resume) {
+void run_worker(const mt::Config& cfg, const mt::parallel::World& world, const std::string& resume) {
   spdlog::set_pattern("[%H:%M:%S] [rank " + std::to_string(world.rank) + "] %v");
   if (world.rank != 0) spdlog::set_level(spdlog::level::warn);
   const mt::Device device = mt::train::resolve_device(cfg.device);
@@ -60,7 +60,7 @@ void run_worker(const mt::Config& cfg, const mt::dist::World& world, const std::
                           "CPU ranks run `train --nproc N` without RANK");
 #ifdef MT_WITH_NCCL
   const mt::Device mine = mt::cuda_device(world.local_rank);
-  auto comm = mt::dist::make_nccl_communicator(world.rank, world.size, mine.index, world.id_file,
+  auto comm = mt::parallel::make_nccl_communicator(world.rank, world.size, mine.index, world.id_file,
                                                world.timeout);
   try {
     mt::train::Trainer trainer(cfg, mine, comm);
@@ -125,7 +125,7 @@ int main(int argc, char** argv) {
     if (!device.empty()) overrides.push_back("device=" + device);
     mt::Config cfg = mt::load_config(config_path, overrides);
     spdlog::set_pattern("[%H:%M:%S] %v");
-    const mt::dist::World world = mt::dist::world_from_env();
+    const mt::parallel::World world = mt::parallel::world_from_env();
     if (world.size > 1) {
       if (nproc != 1) throw UsageError("--nproc starts a job; this process is already rank " +
                                        std::to_string(world.rank) + " of one (RANK is set)");
@@ -140,7 +140,7 @@ int main(int argc, char** argv) {
       if (mt::cuda_device_count() < nproc)
         throw mt::ConfigError("--nproc " + std::to_string(nproc) + ": only " +
                               std::to_string(mt::cuda_device_count()) + " GPUs are visible");
-      return mt::dist::run_workers(nproc, "/proc/self/exe", worker_args);
+      return mt::parallel::run_workers(nproc, "/proc/self/exe", worker_args);
     }
     mt::train::Trainer trainer(cfg, mt::train::resolve_device(cfg.device));
     if (!resume.empty()) trainer.resume(resume);

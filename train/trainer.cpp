@@ -26,6 +26,7 @@
 #include "train/checkpoint.h"
 #include "train/memory.h"
 #include "train/metrics.h"
+#include "train/models.h"
 #include "train/run_dir.h"
 #ifdef MT_WITH_CUDA
 #include "core/cuda/graph.h"
@@ -146,7 +147,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-Trainer::Trainer(Config config, Device device, std::shared_ptr<dist::Communicator> comm)
+Trainer::Trainer(Config config, Device device, std::shared_ptr<parallel::Communicator> comm)
     : cfg_(std::move(config)), device_(device), comm_(std::move(comm)),
       scaler_(loss_scaler_options(cfg_.precision)), run_id_(random_id()) {
   const int world = comm_ ? comm_->size() : 1;
@@ -186,16 +187,13 @@ Trainer::Trainer(Config config, Device device, std::shared_ptr<dist::Communicato
                                            comm_ ? comm_->rank() : 0, world);
 
   manual_seed(cfg_.seed);  // the model's initialization
-  std::vector<int64_t> widths{m.input};
-  widths.insert(widths.end(), m.hidden.begin(), m.hidden.end());
-  widths.push_back(m.classes);
-  model_ = std::make_shared<nn::MLP>(widths, m.norm, m.activation, m.bias);
+  model_ = std::static_pointer_cast<nn::MLP>(build_model(m));
   if (cfg_.precision.compute_dtype == DType::f64) model_->to(DType::f64);
   model_->to(device_);
   if (cfg_.precision.compute_dtype != DType::f64) model_->set_compute_dtype(cfg_.precision.compute_dtype);
 
   // After the move to the device: the reducer makes each .grad a view of a bucket there.
-  if (world > 1) reducer_ = std::make_unique<dist::GradReducer>(model_->parameters(), comm_);
+  if (world > 1) reducer_ = std::make_unique<parallel::GradReducer>(model_->parameters(), comm_);
 
   const OptimConfig& o = cfg_.optim;
   auto groups = optim::Optimizer::decay_groups(*model_, o.weight_decay);
@@ -586,7 +584,7 @@ RunSummary Trainer::run() {
 
 LocalRun run_local_ranks(const Config& cfg, int nproc, const std::string& resume,
                          const std::function<void(int rank, Trainer&)>& setup) {
-  auto group = dist::make_local_group(nproc);
+  auto group = parallel::make_local_group(nproc);
   std::vector<std::unique_ptr<Trainer>> trainers;
   for (int r = 0; r < nproc; ++r) {
     trainers.push_back(std::make_unique<Trainer>(cfg, kCPU, group[size_t(r)]));
@@ -613,7 +611,7 @@ LocalRun run_local_ranks(const Config& cfg, int nproc, const std::string& resume
     if (!e) continue;
     try {
       std::rethrow_exception(e);
-    } catch (const dist::DistError&) {
+    } catch (const parallel::DistError&) {
       if (!first) first = e;
     } catch (...) {
       std::rethrow_exception(e);

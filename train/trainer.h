@@ -32,8 +32,8 @@
 #include <vector>
 
 #include "core/error.h"
-#include "dist/communicator.h"
-#include "dist/reducer.h"
+#include "parallel/communicator.h"
+#include "parallel/reducer.h"
 #include "nn/modules.h"
 #include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
@@ -71,10 +71,10 @@ class Trainer {
   // With a communicator of N > 1 ranks this is rank comm->rank() of a data-parallel job
   // (docs/distributed.md): it reads its shard of every global batch (optim.batch_size is the
   // global batch, optim.microbatches is per rank), its gradients are all-reduced once per step
-  // after the last microbatch (dist::GradReducer), losses and accuracy are summed over the ranks
+  // after the last microbatch (parallel::GradReducer), losses and accuracy are summed over the ranks
   // for the log, and only rank 0 logs, writes metrics and saves checkpoints. Every rank must be
   // built from the same config and run() together.
-  Trainer(Config config, Device device, std::shared_ptr<dist::Communicator> comm = nullptr);
+  Trainer(Config config, Device device, std::shared_ptr<parallel::Communicator> comm = nullptr);
   ~Trainer();
 
   // Continues the run saved at `path`: a checkpoint file, or a directory's newest checkpoint that
@@ -128,12 +128,12 @@ class Trainer {
   Device device_;
   data::Dataset train_set_, test_set_;
   data::Split split_;
-  std::shared_ptr<dist::Communicator> comm_;  // null: one process, no data parallelism
+  std::shared_ptr<parallel::Communicator> comm_;  // null: one process, no data parallelism
   std::unique_ptr<data::Loader> loader_;
   std::shared_ptr<nn::MLP> model_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<optim::LRSchedule> schedule_;
-  std::unique_ptr<dist::GradReducer> reducer_;  // data parallelism with more than one rank
+  std::unique_ptr<parallel::GradReducer> reducer_;  // data parallelism with more than one rank
   int64_t gradient_all_reduces_ = 0;            // the reducer's collectives in this run
   optim::LossScaler scaler_;  // mode none unless compute_dtype is f16
   int64_t step_ = 0;
@@ -146,7 +146,7 @@ class Trainer {
 };
 
 // A data-parallel job of `nproc` ranks as threads of this process, on the CPU, joined by the
-// in-process communicator (dist::make_local_group). The trainers are built one after another
+// in-process communicator (parallel::make_local_group). The trainers are built one after another
 // (model initialization draws from the one default generator), `setup` is called with each, then
 // all run together. A rank that fails aborts the group, so the others stop instead of waiting for
 // it; its error is rethrown here. Returns the finished trainers and rank 0's summary.

@@ -1,4 +1,4 @@
-#include "dist/nccl.h"
+#include "parallel/nccl.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -17,7 +17,7 @@
 #include "core/cuda/check.h"
 #include "core/cuda/runtime.h"
 
-namespace mt::dist {
+namespace mt::parallel {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -249,4 +249,4 @@ std::shared_ptr<Communicator> make_nccl_communicator(int rank, int size, int dev
   return std::make_shared<NcclCommunicator>(rank, size, device, id_file, timeout);
 }
 
-}  // namespace mt::dist
+}  // namespace mt::parallel

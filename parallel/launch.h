@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-namespace mt::dist {
+namespace mt::parallel {
 
 struct World {
   int rank = 0, size = 1, local_rank = 0;
@@ -34,4 +34,4 @@ World world_from_env();
 // launcher is passed on to the workers the same way (return value 128 + the signal).
 int run_workers(int nproc, const std::string& program, const std::vector<std::string>& args);
 
-}  // namespace mt::dist
+}  // namespace mt::parallel

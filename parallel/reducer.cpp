@@ -1,11 +1,11 @@
-#include "dist/reducer.h"
+#include "parallel/reducer.h"
 
 #include <sstream>
 #include <unordered_map>
 
 #include "core/autograd.h"
 
-namespace mt::dist {
+namespace mt::parallel {
 
 // Everything the hooks touch. Hooks are registered once and cannot be removed, so they hold a
 // weak_ptr to this: once the reducer is gone they find nothing and do nothing.
@@ -174,4 +174,4 @@ std::string GradReducer::layout_str() const {
   return os.str();
 }
 
-}  // namespace mt::dist
+}  // namespace mt::parallel

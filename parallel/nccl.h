@@ -1,6 +1,6 @@
 #pragma once
-// The communicator of GPU data parallelism: NCCL, one process per GPU (dist/communicator.h has
-// the contract; dist/launch.h starts the processes).
+// The communicator of GPU data parallelism: NCCL, one process per GPU (parallel/communicator.h has
+// the contract; parallel/launch.h starts the processes).
 //
 // Rendezvous. NCCL's ranks find each other through a 128-byte unique id that rank 0 creates and
 // every other rank must read before they all call ncclCommInitRank. Here rank 0 writes it to a
@@ -27,12 +27,12 @@
 #include <memory>
 #include <string>
 
-#include "dist/communicator.h"
+#include "parallel/communicator.h"
 
-namespace mt::dist {
+namespace mt::parallel {
 
 std::shared_ptr<Communicator> make_nccl_communicator(int rank, int size, int device,
                                                      const std::string& id_file,
                                                      std::chrono::milliseconds timeout);
 
-}  // namespace mt::dist
+}  // namespace mt::parallel

@@ -38,9 +38,9 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "dist/communicator.h"
+#include "parallel/communicator.h"
 
-namespace mt::dist {
+namespace mt::parallel {
 
 class GradReducer {
  public:
@@ -79,4 +79,4 @@ class GradReducer {
   std::shared_ptr<State> state_;
 };
 
-}  // namespace mt::dist
+}  // namespace mt::parallel

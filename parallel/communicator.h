@@ -38,7 +38,7 @@
 #include "core/error.h"
 #include "core/tensor.h"
 
-namespace mt::dist {
+namespace mt::parallel {
 
 // A collective that cannot complete: a timeout, or another rank aborted the group.
 struct DistError : Error {
@@ -81,4 +81,4 @@ class Communicator {
 std::vector<std::shared_ptr<Communicator>> make_local_group(
     int size, std::chrono::milliseconds timeout = std::chrono::seconds(60));
 
-}  // namespace mt::dist
+}  // namespace mt::parallel

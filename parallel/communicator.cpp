@@ -1,11 +1,11 @@
-#include "dist/communicator.h"
+#include "parallel/communicator.h"
 
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
 #include <sstream>
 
-namespace mt::dist {
+namespace mt::parallel {
 
 static void check_tensor(const Tensor& t, const char* call, int rank) {
   MT_CHECK(t.defined(), "rank ", rank, ": ", call, ": the tensor is undefined");
@@ -209,4 +209,4 @@ std::vector<std::shared_ptr<Communicator>> make_local_group(int size,
   return ranks;
 }
 
-}  // namespace mt::dist
+}  // namespace mt::parallel

@@ -1,4 +1,4 @@
-#include "dist/launch.h"
+#include "parallel/launch.h"
 
 #include <signal.h>
 #include <spawn.h>
@@ -19,7 +19,7 @@
 
 extern char** environ;
 
-namespace mt::dist {
+namespace mt::parallel {
 namespace {
 
 // The signal the launcher received while waiting for its workers (0: none).
@@ -173,4 +173,4 @@ int run_workers(int nproc, const std::string& program, const std::vector<std::st
   return result;
 }
 
-}  // namespace mt::dist
+}  // namespace mt::parallel
