@@ -18,6 +18,26 @@ void Module::visit(Kind kind, bool recurse, const std::string& prefix, F&& f) co
   for (const auto& [name, child] : children_) child->visit(kind, true, prefix + name + ".", f);
 }
 
+namespace {
+thread_local ForwardHook* forward_hook = nullptr;
+}  // namespace
+
+ForwardHookGuard::ForwardHookGuard(ForwardHook hook) : hook_(std::move(hook)), previous_(forward_hook) {
+  forward_hook = &hook_;
+}
+
+ForwardHookGuard::~ForwardHookGuard() { forward_hook = previous_; }
+
+Tensor Module::forward(const Tensor&) {
+  MT_THROW(repr(), ": this module has no one-tensor forward; call the forward it declares");
+}
+
+Tensor Module::operator()(const Tensor& x) {
+  Tensor y = forward(x);
+  if (forward_hook != nullptr) (*forward_hook)(*this, y);
+  return y;
+}
+
 void Module::check_new_name(const std::string& name, const char* what) const {
   MT_CHECK(!name.empty() && name.find('.') == std::string::npos, repr(), ": ", what, " name '",
            name, "' must be non-empty and contain no '.' (dots separate the levels of a name)");
@@ -78,6 +98,15 @@ std::vector<std::pair<std::string, Tensor>> Module::named_buffers(bool recurse) 
 std::vector<std::shared_ptr<Module>> Module::children() const {
   std::vector<std::shared_ptr<Module>> out;
   for (const auto& entry : children_) out.push_back(entry.second);
+  return out;
+}
+
+std::vector<std::pair<std::string, std::shared_ptr<Module>>> Module::named_modules() const {
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> out;
+  for (const auto& [name, child] : children_) {
+    out.emplace_back(name, child);
+    for (auto& [sub, m] : child->named_modules()) out.emplace_back(name + "." + sub, std::move(m));
+  }
   return out;
 }
 

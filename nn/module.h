@@ -23,6 +23,7 @@
 // pass between two microbatches must leave the accumulated .grad alone), and to(...) changes
 // each parameter in place (Tensor::set_data), so optimizers holding the handles keep working.
 #include <concepts>
+#include <functional>
 #include <iosfwd>
 #include <memory>
 #include <string>
@@ -47,8 +48,11 @@ class Module {
   Module(const Module&) = delete;
   Module& operator=(const Module&) = delete;
 
-  virtual Tensor forward(const Tensor& x) = 0;
-  Tensor operator()(const Tensor& x) { return forward(x); }
+  // One tensor in, one out. A module whose forward takes other arguments (two tensors, a struct)
+  // declares its own and leaves this one, which then throws, as torch.nn.Module's does.
+  virtual Tensor forward(const Tensor& x);
+  // forward(x), then the thread's forward hook, if one is set (ForwardHookGuard below).
+  Tensor operator()(const Tensor& x);
 
   // One line describing this module alone, e.g. "Linear(in_features=32, out_features=8,
   // bias=true)"; operator<< prints the whole tree, as PyTorch's repr does.
@@ -80,6 +84,9 @@ class Module {
   const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& named_children() const {
     return children_;
   }
+  // Every descendant under its dotted name ("layers", "layers.0", ...), parents before children;
+  // the module itself is not listed.
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_modules() const;
 
   // ---- mode, placement, gradients -------------------------------------------------------
   // Sets the flag on this module and every descendant. Gradients are not touched.
@@ -122,6 +129,22 @@ class Module {
   std::vector<std::pair<std::string, Tensor>> buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   bool training_ = true;
+};
+
+// A function called with each module and its output after every Module::operator() on this
+// thread while a ForwardHookGuard holds it (the innermost module finishes, and is seen, first).
+// The trainer's non-finite forensics uses it to name the first module whose output is NaN or inf.
+using ForwardHook = std::function<void(const Module& module, const Tensor& output)>;
+class ForwardHookGuard {
+ public:
+  explicit ForwardHookGuard(ForwardHook hook);
+  ~ForwardHookGuard();  // restores the hook that was set before
+  ForwardHookGuard(const ForwardHookGuard&) = delete;
+  ForwardHookGuard& operator=(const ForwardHookGuard&) = delete;
+
+ private:
+  ForwardHook hook_;
+  ForwardHook* previous_;
 };
 
 // Prints the module tree: "Sequential(\n  (0): Linear(...)\n  ...\n)".

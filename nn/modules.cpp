@@ -72,7 +72,7 @@ void Sequential::push_back(const AnyModule& module) {
 Tensor Sequential::forward(const Tensor& x) {
   MT_CHECK(size() > 0, "Sequential: forward through an empty Sequential");
   Tensor y = x;
-  for (const auto& [name, child] : named_children()) y = child->forward(y);
+  for (const auto& [name, child] : named_children()) y = (*child)(y);  // through operator(), so a forward hook sees each layer
   return y;
 }
 

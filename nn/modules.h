@@ -93,7 +93,7 @@ class MLP : public Module {
  public:
   explicit MLP(const std::vector<int64_t>& widths, const std::string& norm = "rms_norm",
                const std::string& activation = "scaled_silu", bool bias = true);
-  Tensor forward(const Tensor& x) override { return layers->forward(x); }
+  Tensor forward(const Tensor& x) override { return (*layers)(x); }
   std::string repr() const override { return "MLP"; }
 
   std::shared_ptr<Sequential> layers;

@@ -245,8 +245,8 @@ TEST(TrainerDefaultConfig, ReachesTheStatedAccuracy) {
                            {"device=cpu", "checkpoint.dir=" + (dir / "run")});
   train::Trainer t(cfg, kCPU);
   train::RunSummary s = t.run();
-  EXPECT_GE(s.test_accuracy, 0.95);
-  EXPECT_GE(s.val_accuracy, 0.95);
+  EXPECT_GE(s.test_metrics.at("accuracy"), 0.95);
+  EXPECT_GE(s.val_metrics.at("accuracy"), 0.95);
   EXPECT_TRUE(fs::exists(dir / "run/curve.svg"));
   EXPECT_TRUE(fs::exists(dir / "run/metrics.jsonl"));
 }
@@ -405,7 +405,7 @@ TEST(DistTrainer, CpuRanksTrainLikeOneRankWithTheSameGlobalBatch) {
     for (const auto& t : run.ranks) EXPECT_EQ(params_of(*t), params_of(*run.ranks[0]));  // replicas equal
     // The logged loss is summed in f32 (per rank, then over ranks): f32 rounding, not f64's.
     EXPECT_NEAR(s.train_loss, ref.train_loss, 1e-6 * std::abs(ref.train_loss));
-    EXPECT_NEAR(s.val_accuracy, ref.val_accuracy, 1e-12);
+    EXPECT_NEAR(s.val_metrics.at("accuracy"), ref.val_metrics.at("accuracy"), 1e-12);
     // Rank 0 alone wrote the checkpoints and the metrics; one gradient all-reduce per step and
     // bucket (this model fits in one bucket), with k = 2 microbatches per rank.
     EXPECT_TRUE(fs::exists(d / "ckpt/step-000024.safetensors"));

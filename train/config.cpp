@@ -359,6 +359,7 @@ const std::string kMaxWidthText = "must be at most " + std::to_string(kMaxWidth)
 const std::string kMaxSamplesText = "must be at most " + std::to_string(kMaxSamples);
 
 void read_model(Section s, ModelConfig& m) {
+  s.choice("kind", m.kind, {"mlp"});
   s.get("input", m.input);
   s.require("input", m.input, m.input >= 1, "must be at least 1");
   s.require("input", m.input, m.input <= kMaxWidth, kMaxWidthText);
@@ -716,6 +717,7 @@ std::string to_yaml(const Config& c) {
   y << "seed: " << c.seed << "\n"
     << "device: " << quote(c.device) << "\n"
     << "model:\n"
+    << "  kind: " << quote(c.model.kind) << "\n"
     << "  input: " << c.model.input << "\n"
     << "  hidden: " << ints(c.model.hidden) << "\n"
     << "  classes: " << c.model.classes << "\n"

@@ -33,7 +33,10 @@ inline constexpr size_t kMaxLayers = 1024;               // entries of model.hid
 inline constexpr int64_t kMaxSamples = int64_t(1) << 32;  // data.samples, optim/eval.batch_size
 inline constexpr size_t kMaxConfigBytes = size_t(16) << 20;  // a config file: 16 MiB
 
+// The model the `train` program builds (train/models.h). A trainer given a model of its own still
+// reads input and classes here: they shape the synthetic data.
 struct ModelConfig {
+  std::string kind = "mlp";                // mlp (the only kind so far)
   int64_t input = 32;                        // features per sample
   std::vector<int64_t> hidden = {128, 128};  // hidden layer widths; empty = a linear model
   int64_t classes = 8;

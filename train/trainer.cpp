@@ -11,7 +11,6 @@
 #include <filesystem>
 #include <optional>
 #include <string_view>
-#include <thread>
 
 #include <spdlog/spdlog.h>
 
@@ -19,30 +18,22 @@
 #include "core/autograd.h"
 #include "core/registry.h"
 #include "core/rng.h"
-#include "ops/cross_entropy/cross_entropy.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"
 #include "optim/sgd.h"
 #include "train/checkpoint.h"
+#include "train/evaluate.h"
+#include "train/forensics.h"
 #include "train/memory.h"
 #include "train/metrics.h"
 #include "train/models.h"
 #include "train/run_dir.h"
+#include "train/step_graph.h"
 #ifdef MT_WITH_CUDA
-#include "core/cuda/graph.h"
 #include "core/cuda/runtime.h"
 #endif
 
 namespace mt::train {
-
-#ifdef MT_WITH_CUDA
-struct Trainer::StepGraph {
-  std::vector<data::Loader::Microbatch> inputs;  // each step's batch is copied into these
-  cuda::Graph graph;
-};
-#else
-struct Trainer::StepGraph {};
-#endif
 
 Device resolve_device(const std::string& spec) {
   if (spec == "auto") return cuda_available() ? cuda_device(0) : kCPU;
@@ -81,6 +72,7 @@ void check_writable(const std::string& key, const std::filesystem::path& dir) {
                                      p.string(), "' is not writable: ", std::strerror(errno)));
 }
 
+// The config's model must fit its data.
 void check_fits(const data::Dataset& set, const ModelConfig& m) {
   if (set.size == 0) return;
   if (set.dim != m.input)
@@ -90,29 +82,15 @@ void check_fits(const data::Dataset& set, const ModelConfig& m) {
     if (y < 0 || y >= m.classes)
       throw ConfigError(detail::concat("model.classes: is ", m.classes, " but the ", set.name,
                                        " data has label ", y));
+}
+
+void check_finite(const data::Dataset& set) {
   // One NaN or inf feature would turn every parameter into NaN in the first step that draws it.
   for (size_t i = 0; i < set.features.size(); ++i)
     if (!std::isfinite(set.features[i]))
       throw NonFiniteError(detail::concat("the ", set.name, " data: sample ", i / size_t(set.dim),
                                           ", feature ", i % size_t(set.dim), " is ",
                                           set.features[i]));
-}
-
-// "3 of 64 values, e.g. nan" when `t` holds NaN or inf values; empty when it is all finite.
-std::string non_finite_values(const Tensor& t) {
-  const std::vector<double> v = t.to_vector();
-  int64_t count = 0;
-  double first = 0;
-  for (double x : v)
-    if (!std::isfinite(x) && count++ == 0) first = x;
-  return count == 0 ? "" : detail::concat(count, " of ", v.size(), " values, e.g. ", first);
-}
-
-// The first tensor of `state` that holds a NaN or inf, as "name (3 of 64 values, e.g. nan)".
-std::string first_non_finite(const nn::StateDict& state) {
-  for (const auto& [name, t] : state)
-    if (std::string bad = non_finite_values(t); !bad.empty()) return name + " (" + bad + ")";
-  return "";
 }
 
 // f16 is the one compute dtype whose range needs loss scaling; bf16 has fp32's exponent range.
@@ -126,17 +104,11 @@ optim::LossScalerOptions loss_scaler_options(const PrecisionConfig& p) {
 // The loss scaler's state travels in the optimizer file under this prefix.
 constexpr std::string_view kScalerPrefix = "loss_scaler.";
 
-// Rows whose largest logit is at the target (first on ties). Reads the logits back to the host:
-// called only at logged steps and in evaluation.
-int64_t count_correct(const Tensor& logits, const Tensor& targets) {
-  const std::vector<double> l = logits.detach().to_vector(), t = targets.to_vector();
-  const size_t C = size_t(logits.size(1));
-  int64_t correct = 0;
-  for (size_t r = 0; r < t.size(); ++r) {
-    const auto row = l.begin() + long(r * C);
-    correct += std::max_element(row, row + long(C)) - row == long(t[r]);
-  }
-  return correct;
+// " | val_accuracy 0.9730" for each metric, for the log.
+std::string metrics_text(const Metrics& metrics, const std::string& prefix) {
+  std::string out;
+  for (const auto& [name, v] : metrics) out += fmt::format(" | {}{} {:.4f}", prefix, name, v);
+  return out;
 }
 
 bool is_terminal() { return ::isatty(::fileno(stdout)) == 1; }
@@ -148,8 +120,17 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 Trainer::Trainer(Config config, Device device, std::shared_ptr<parallel::Communicator> comm)
-    : cfg_(std::move(config)), device_(device), comm_(std::move(comm)),
-      scaler_(loss_scaler_options(cfg_.precision)), run_id_(random_id()) {
+    : Trainer(std::move(config), nullptr, classification(), device, std::move(comm)) {}
+
+// A null `model` (the convenience constructor) stands for the config's own, built here once the
+// data is known to fit it and the run to fit in memory.
+Trainer::Trainer(Config config, std::shared_ptr<nn::Module> model, std::shared_ptr<Task> task,
+                 Device device, std::shared_ptr<parallel::Communicator> comm,
+                 std::optional<Datasets> data)
+    : cfg_(std::move(config)), device_(device), comm_(std::move(comm)), model_(std::move(model)),
+      task_(std::move(task)), scaler_(loss_scaler_options(cfg_.precision)), run_id_(random_id()) {
+  MT_CHECK(task_, "Trainer: the task is null");
+  const bool config_model = model_ == nullptr;
   const int world = comm_ ? comm_->size() : 1;
   const ModelConfig& m = cfg_.model;
   set_deterministic(cfg_.precision.deterministic);
@@ -163,13 +144,20 @@ Trainer::Trainer(Config config, Device device, std::shared_ptr<parallel::Communi
     if (!cfg_.logging.curve.empty())
       check_writable("logging.curve", std::filesystem::path(cfg_.logging.curve).parent_path());
   }
-  check_memory(cfg_, device_, world);
+  // The estimate is the config's model's; a model handed in is already allocated.
+  if (config_model) check_memory(cfg_, device_, world);
 
-  train_set_ = load_data(cfg_.data, m, false);
-  check_fits(train_set_, m);
-  if (cfg_.data.kind == "synthetic" || !cfg_.data.test_path.empty()) {
-    test_set_ = load_data(cfg_.data, m, true);
-    check_fits(test_set_, m);
+  if (data) {
+    train_set_ = std::move(data->train);
+    test_set_ = std::move(data->test);
+  } else {
+    train_set_ = load_data(cfg_.data, m, false);
+    if (cfg_.data.kind == "synthetic" || !cfg_.data.test_path.empty())
+      test_set_ = load_data(cfg_.data, m, true);
+  }
+  for (const data::Dataset* set : {&train_set_, &test_set_}) {
+    if (config_model) check_fits(*set, m);
+    check_finite(*set);
   }
   split_ = data::split_indices(train_set_.size, cfg_.data.val_fraction, cfg_.data.seed);
   if (cfg_.data.val_fraction > 0 && split_.val.empty())
@@ -186,8 +174,10 @@ Trainer::Trainer(Config config, Device device, std::shared_ptr<parallel::Communi
                                            cfg_.optim.microbatches, cfg_.data.shuffle, cfg_.data.seed,
                                            comm_ ? comm_->rank() : 0, world);
 
-  manual_seed(cfg_.seed);  // the model's initialization
-  model_ = std::static_pointer_cast<nn::MLP>(build_model(m));
+  if (config_model) {
+    manual_seed(cfg_.seed);  // the model's initialization
+    model_ = build_model(m);
+  }
   if (cfg_.precision.compute_dtype == DType::f64) model_->to(DType::f64);
   model_->to(device_);
   if (cfg_.precision.compute_dtype != DType::f64) model_->set_compute_dtype(cfg_.precision.compute_dtype);
@@ -250,74 +240,32 @@ std::string Trainer::save(int64_t step) {
                          {{"config", to_yaml(cfg_)}}, cfg_.checkpoint.keep_last);
 }
 
-// Where the non-finite loss or gradient norm of `step` (from 1) came from, looked for before the
-// update, in the order a NaN spreads: a parameter; else an activation, found by replaying the
-// step's forward pass one layer at a time; else a gradient (the backward pass); else the loss.
-std::string Trainer::find_non_finite(int64_t step) {
-  const nn::StateDict named = model_->named_parameters();
-  if (std::string bad = first_non_finite(named); !bad.empty())
-    return "non-finite parameter " + bad;
-  NoGradGuard no_grad;
-  for (const auto& mb : loader_->step_batches(step - 1, device_)) {
-    Tensor h = mb.x.to(cfg_.precision.compute_dtype);
-    if (std::string bad = non_finite_values(h); !bad.empty())
-      return detail::concat("non-finite input in ", dtype_name(h.dtype()), " (", bad, ")");
-    // The layers under the names their parameters have: layers.0, layers.1, ...
-    for (const auto& [name, layer] : model_->layers->named_children()) {
-      h = (*layer)(h);
-      if (std::string bad = non_finite_values(h); !bad.empty())
-        return "non-finite activation: the output of layers." + name + " " + layer->repr() +
-               " (" + bad + ")";
-    }
-  }
-  for (const auto& [name, p] : named)
-    if (p.grad().defined())
-      if (std::string bad = non_finite_values(p.grad()); !bad.empty())
-        return "non-finite gradient in " + name + " (" + bad + ")";
-  return "non-finite loss (every parameter, activation and gradient of this step is finite)";
-}
-
-Trainer::Eval Trainer::evaluate(const data::Dataset& set, const std::vector<int64_t>& indices) {
-  NoGradGuard no_grad;
-  model_->eval();  // a flag only: accumulated gradients are left alone
-  double loss_sum = 0;
-  int64_t correct = 0;
-  const int64_t bs = cfg_.eval.batch_size;
-  for (size_t begin = 0; begin < indices.size(); begin += size_t(bs)) {
-    std::vector<int64_t> rows(indices.begin() + long(begin),
-                              indices.begin() + long(std::min(indices.size(), begin + size_t(bs))));
-    auto [x, y] = set.gather(rows, device_);
-    Tensor logits = (*model_)(x.to(cfg_.precision.compute_dtype));
-    loss_sum += cross_entropy(logits, y, -100, 1.0).item();
-    correct += count_correct(logits, y);
-  }
-  model_->train();
-  const double n = double(std::max<size_t>(indices.size(), 1));
-  return {loss_sum / n, double(correct) / n};
-}
-
 void Trainer::microbatch_passes(const std::vector<data::Loader::Microbatch>& batches,
-                                const Tensor& loss_sum, int64_t* correct) {
+                                const Tensor& loss_sum, Metrics* metrics) {
   const int64_t before = comm_ ? comm_->all_reduce_calls() : 0;
-  // count_correct reads logits back, behind the last step's collectives on the stream: wait for
-  // those with a bound first, so that a dead peer is an error rather than a hang in the read.
-  if (correct != nullptr && comm_) comm_->synchronize();
-  for (size_t i = 0; i < batches.size(); ++i) {
-    const auto& mb = batches[i];
-    Tensor logits = (*model_)(mb.x.to(cfg_.precision.compute_dtype));
+  // Metrics read values back, behind the last step's collectives on the stream: wait for those
+  // with a bound first, so that a dead peer is an error rather than a hang in the read.
+  if (metrics != nullptr && comm_) comm_->synchronize();
+  const std::vector<Batch> task_batches = this->task_batches(batches);
+  for (size_t i = 0; i < task_batches.size(); ++i) {
     // Normalized by the whole step's sample count (over all ranks): k backward passes on each of
     // N ranks add up to the full batch.
-    Tensor loss = cross_entropy(logits, mb.y, -100, double(cfg_.optim.batch_size));
+    Tensor loss = task_->loss(*model_, task_batches[i], double(cfg_.optim.batch_size), metrics);
     // Data parallel: the last backward all-reduces each gradient bucket as soon as it is final.
     if (reducer_ && i + 1 == batches.size()) reducer_->prepare_for_last_backward();
     loss.backward(scaler_.seed_for(loss));  // f16: the gradients come out times the scale
     add_into(loss_sum, loss.detach().to(DType::f32));
-    if (correct != nullptr) *correct += count_correct(logits, mb.y);
   }
   if (reducer_) {
     reducer_->finish();
     gradient_all_reduces_ += comm_->all_reduce_calls() - before;
   }
+}
+
+std::vector<Batch> Trainer::task_batches(const std::vector<data::Loader::Microbatch>& batches) const {
+  std::vector<Batch> out;
+  for (const auto& mb : batches) out.push_back({mb.x.to(cfg_.precision.compute_dtype), mb.y});
+  return out;
 }
 
 double Trainer::sum_over_ranks(double value) {
@@ -328,54 +276,17 @@ double Trainer::sum_over_ranks(double value) {
   return t.item();
 }
 
-std::string Trainer::graph_blocker() const {
-  if (!device_.is_cuda()) return "the device is " + device_.str() + ", and CUDA graphs need a GPU";
-  if (!optimizer_->capturable())
-    return "optimizer " + cfg_.optim.name + " keeps its per-step values on the host (adamw does not)";
-  if (scaler_.enabled()) return "f16 loss scaling decides on the host whether each step is applied";
-  if (step_callback_) return "a step callback is set, and it runs between the backward and the update";
-  if (reducer_) return "data parallelism all-reduces on a stream of its own, outside the graph";
-  return "";
-}
-
-bool Trainer::capture_step(const Tensor& loss_sum, const Tensor& grad_norm) {
-#ifdef MT_WITH_CUDA
-  const std::vector<Tensor> params = model_->parameters();
-  const double max_norm = cfg_.optim.clip_norm > 0 ? cfg_.optim.clip_norm : INFINITY;
-  std::vector<data::Loader::Microbatch> inputs = loader_->step_batches(step_, device_);
-  try {
-    // apply_step() records the update prepare_step() laid out in the previous (eager) step: the
-    // same parameters, state and device scalars, which is all a replay needs.
-    cuda::Graph graph = cuda::Graph::capture(device_.index, [&] {
-      microbatch_passes(inputs, loss_sum, nullptr);
-      grad_norm.copy_(optim::clip_grad_norm_(params, max_norm));
-      optimizer_->apply_step();
-      optimizer_->zero_grad(/*set_to_none=*/false);
-    });
-    if (lead()) spdlog::info("cuda_graph: step {} captured ({} nodes); replayed on every step not logged or saved",
-                 step_ + 1, graph.num_nodes());
-    graph_ = std::make_unique<StepGraph>(StepGraph{std::move(inputs), std::move(graph)});
-    return true;
-  } catch (const Error& e) {
-    spdlog::warn("cuda_graph: {}; every step runs eagerly", e.what());
-    return false;
-  }
-#else
-  (void)loss_sum, (void)grad_norm;
-  return false;
-#endif
-}
-
-void Trainer::replay_step() {
-#ifdef MT_WITH_CUDA
-  const auto batches = loader_->step_batches(step_, device_);
-  for (size_t i = 0; i < batches.size(); ++i) {
-    graph_->inputs[i].x.copy_(batches[i].x);
-    graph_->inputs[i].y.copy_(batches[i].y);
-  }
-  optimizer_->prepare_step();  // this step's lr and bias corrections, to the device
-  graph_->graph.replay();
-#endif
+Metrics Trainer::sum_over_ranks(Metrics metrics) {
+  if (!comm_ || comm_->size() == 1 || metrics.empty()) return metrics;
+  std::vector<double> values;  // in the map's (name) order, the same on every rank
+  for (const auto& [name, v] : metrics) values.push_back(v);
+  const Tensor t = from_vector(values, {int64_t(values.size())}, DType::f64).to(device_);
+  comm_->all_reduce_sum(t);
+  comm_->synchronize();
+  const std::vector<double> sums = t.to_vector();
+  size_t i = 0;
+  for (auto& [name, v] : metrics) v = sums[i++];
+  return metrics;
 }
 
 RunSummary Trainer::run() {
@@ -449,7 +360,7 @@ RunSummary Trainer::run() {
     const double lr = schedule_->lr_at(step_);
     optimizer_->set_lr(lr);
 
-    int64_t correct = 0;
+    Metrics step_metrics;  // filled on logged steps
     double loss = 0, gn = 0;
     // A step that is neither logged nor saved reads nothing back before its update: under
     // cuda_graph it is a replay (the first such step after an eager one is captured).
@@ -459,7 +370,7 @@ RunSummary Trainer::run() {
     if (use_graph && quiet && graph_) {
       replay_step();
     } else {
-      microbatch_passes(loader_->step_batches(step_, device_), loss_sum, log_now ? &correct : nullptr);
+      microbatch_passes(loader_->step_batches(step_, device_), loss_sum, log_now ? &step_metrics : nullptr);
       if (step_callback_) step_callback_(step_ + 1, *this);
       const double scale = scaler_.scale();
       if (comm_ && scaler_.enabled()) comm_->synchronize();  // the scaler reads a flag back
@@ -485,7 +396,8 @@ RunSummary Trainer::run() {
         gn = grad_norm.item();
         if (!std::isfinite(loss) || !std::isfinite(gn))
           throw NonFiniteError(detail::concat(
-              "step ", step_ + 1, ": ", find_non_finite(step_ + 1), "; loss ", loss,
+              "step ", step_ + 1, ": ", find_non_finite(*model_, *task_, task_batches(loader_->step_batches(step_, device_)),
+                              double(o.batch_size)), "; loss ", loss,
               ", gradient norm ", gn,
               step_ > last_check ? detail::concat(" (the first check since step ", last_check,
                                                   "; logging.every=1 checks every step)")
@@ -513,15 +425,21 @@ RunSummary Trainer::run() {
     if (log_now) {
       const double secs = seconds_since(window_start);
       const double sps = double(window_steps * o.batch_size) / secs;
-      const double acc = sum_over_ranks(double(correct)) / double(o.batch_size);
+      Metrics means = sum_over_ranks(step_metrics);
+      std::string shown;  // " | accuracy 0.973" for each of the task's metrics
+      for (auto& [name, v] : means) {
+        v /= double(o.batch_size);
+        shown += fmt::format(" | {} {:.3f}", name, v);
+      }
       if (tty) std::printf("\r");
       if (lead())
-        spdlog::info("step {:>5}/{} | loss {:.4f} | acc {:.3f} | grad_norm {:.3f} | lr {:.2e} | "
+        spdlog::info("step {:>5}/{} | loss {:.4f}{} | grad_norm {:.3f} | lr {:.2e} | "
                      "{:.0f} samples/s | {:.2f} ms/step",
-                     step_ + 1, o.steps, loss, acc, gn, lr, sps, 1e3 * secs / double(window_steps));
-      nlohmann::json record = {{"step", step_ + 1}, {"loss", loss}, {"accuracy", acc},
-                               {"grad_norm", gn}, {"lr", lr}, {"samples_per_s", sps},
+                     step_ + 1, o.steps, loss, shown, gn, lr, sps, 1e3 * secs / double(window_steps));
+      nlohmann::json record = {{"step", step_ + 1}, {"loss", loss}, {"grad_norm", gn}, {"lr", lr},
+                               {"samples_per_s", sps},
                                {"ms_per_step", 1e3 * secs / double(window_steps)}};
+      for (const auto& [name, v] : means) record[name] = v;
       if (scaler_.enabled()) {
         record["loss_scale"] = scaler_.scale();
         record["skipped_steps"] = scaler_.skipped_steps();
@@ -539,14 +457,16 @@ RunSummary Trainer::run() {
     }
     if (eval_now && !split_.val.empty()) {
       if (comm_) comm_->synchronize();  // evaluation reads values back
-      Eval e = evaluate(train_set_, split_.val);
+      Evaluation e = evaluate(*model_, *task_, train_set_, split_.val, cfg_.eval.batch_size, device_, dt);
       if (metrics) {
-        spdlog::info("step {:>5}/{} | val_loss {:.4f} | val_accuracy {:.4f}", step_ + 1, o.steps,
-                     e.loss, e.accuracy);
-        metrics->write({{"step", step_ + 1}, {"val_loss", e.loss}, {"val_accuracy", e.accuracy}});
+        spdlog::info("step {:>5}/{} | val_loss {:.4f}{}", step_ + 1, o.steps, e.loss,
+                     metrics_text(e.metrics, "val_"));
+        nlohmann::json record = {{"step", step_ + 1}, {"val_loss", e.loss}};
+        for (const auto& [name, v] : e.metrics) record["val_" + name] = v;
+        metrics->write(record);
       }
       summary.val_loss = e.loss;
-      summary.val_accuracy = e.accuracy;
+      summary.val_metrics = e.metrics;
     }
     if (save_now) {
       // A NaN the loss never saw (behind a ReLU, say, or in the optimizer's state) stops here.
@@ -566,59 +486,23 @@ RunSummary Trainer::run() {
   if (test_set_.size > 0) {
     std::vector<int64_t> all(static_cast<size_t>(test_set_.size));
     for (int64_t i = 0; i < test_set_.size; ++i) all[size_t(i)] = i;
-    Eval e = evaluate(test_set_, all);
+    Evaluation e = evaluate(*model_, *task_, test_set_, all, cfg_.eval.batch_size, device_, dt);
     if (metrics) {
-      spdlog::info("test: loss {:.4f} | accuracy {:.4f} ({} samples)", e.loss, e.accuracy, test_set_.size);
-      metrics->write({{"step", step_}, {"test_loss", e.loss}, {"test_accuracy", e.accuracy}});
+      spdlog::info("test: loss {:.4f}{} ({} samples)", e.loss, metrics_text(e.metrics, ""),
+                   test_set_.size);
+      nlohmann::json record = {{"step", step_}, {"test_loss", e.loss}};
+      for (const auto& [name, v] : e.metrics) record["test_" + name] = v;
+      metrics->write(record);
     }
     summary.test_loss = e.loss;
-    summary.test_accuracy = e.accuracy;
+    summary.test_metrics = e.metrics;
   }
   if (!metrics) return summary;
   write_curve_svg(curve_path(cfg_), read_curves(metrics->path()),
-                  "minitrain: " + train_set_.name + " MLP, " + dtype_name(dt));
+                  "minitrain: " + train_set_.name + " " + model_->repr() + ", " + dtype_name(dt));
   spdlog::info("done: {} steps; metrics {}; curve {}; checkpoint {}", summary.steps, metrics->path(),
                curve_path(cfg_), summary.checkpoint.empty() ? "(none)" : summary.checkpoint);
   return summary;
-}
-
-LocalRun run_local_ranks(const Config& cfg, int nproc, const std::string& resume,
-                         const std::function<void(int rank, Trainer&)>& setup) {
-  auto group = parallel::make_local_group(nproc);
-  std::vector<std::unique_ptr<Trainer>> trainers;
-  for (int r = 0; r < nproc; ++r) {
-    trainers.push_back(std::make_unique<Trainer>(cfg, kCPU, group[size_t(r)]));
-    if (!resume.empty()) trainers.back()->resume(resume);
-    if (setup) setup(r, *trainers.back());
-  }
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(nproc));
-  RunSummary summary;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < nproc; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        RunSummary s = trainers[size_t(r)]->run();
-        if (r == 0) summary = s;
-      } catch (const std::exception& e) {
-        errors[size_t(r)] = std::current_exception();
-        group[size_t(r)]->abort(e.what());
-      }
-    });
-  for (std::thread& t : threads) t.join();
-  // The rank that failed first threw its own error; the others, DistErrors about it.
-  std::exception_ptr first;
-  for (const std::exception_ptr& e : errors) {
-    if (!e) continue;
-    try {
-      std::rethrow_exception(e);
-    } catch (const parallel::DistError&) {
-      if (!first) first = e;
-    } catch (...) {
-      std::rethrow_exception(e);
-    }
-  }
-  if (first) std::rethrow_exception(first);
-  return {std::move(trainers), summary};
 }
 
 }  // namespace mt::train

@@ -1,11 +1,13 @@
 #pragma once
-// The trainer behind `train --config configs/mlp.yaml`.
+// The trainer behind `train --config configs/mlp.yaml`, and behind any program that trains a model
+// of its own: it takes any nn::Module and a Task (train/task.h) that owns the forward pass and the
+// loss; the trainer owns the loop below.
 //
-// One optimizer step, as DESIGN.md describes it:
+// One optimizer step:
 //   1. the loader hands out the step's batch of B samples as k microbatches (a pure function of
 //      the seed and the step, so a resumed run sees the same batches);
-//   2. for each microbatch: forward, cross_entropy with normalizer = B (the whole step's count,
-//      never the microbatch's own), backward — gradients accumulate (+=) in fp32 .grad;
+//   2. for each microbatch: the task's loss with normalizer = B (the whole step's count, never the
+//      microbatch's own), backward — gradients accumulate (+=) in fp32 .grad;
 //   3. f16 only: divide the gradients by the loss scale and check them for inf/NaN; an overflow
 //      skips step 4 (the scale halves; docs/precision.md);
 //   4. clip the global gradient norm, optimizer step, learning-rate schedule; then zero_grad.
@@ -13,12 +15,12 @@
 // non-finite loss or gradient norm found then stops the run (exit code 3) before anything is
 // saved, so the last checkpoint on disk is always a good one.
 // That check runs before the update, so the message can name where the NaN or inf came from: the
-// first non-finite parameter, activation (the step's forward pass is replayed layer by layer) or
-// gradient. Data is checked when it is loaded, and the state once more before each save.
+// first non-finite parameter, activation (the step's loss is replayed with a forward hook that
+// names the first module whose output is non-finite; train/forensics.h) or gradient. Data is checked when it is loaded, and the state once more before each save.
 //
 // cuda_graph: true records steps 2-4 (microbatches, clipping, the update, zero_grad) in one CUDA
 // graph (core/cuda/graph.h) after the run's first step, and replays it on every step that is not
-// logged or saved: the batch is copied into the graph's input buffers, AdamW's prepare_step()
+// logged or saved (train/step_graph.cpp): the batch is copied into the graph's input buffers, AdamW's prepare_step()
 // hands this step's lr and bias corrections to the device, one launch does the rest. Logged and
 // saved steps run eagerly (the same kernels, so the same numbers): they read logits for the
 // accuracy and check for NaN before the update. .grad stays allocated (zero_grad without
@@ -28,18 +30,20 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
 #include "parallel/communicator.h"
 #include "parallel/reducer.h"
-#include "nn/modules.h"
+#include "nn/module.h"
 #include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
 #include "train/config.h"
 #include "train/data.h"
+#include "train/task.h"
 
 namespace mt::train {
 
@@ -55,18 +59,28 @@ Device resolve_device(const std::string& spec);
 struct RunSummary {
   int64_t steps = 0;
   double train_loss = 0;  // the last logged step's
-  double val_loss = 0, val_accuracy = 0;
-  double test_loss = 0, test_accuracy = 0;  // when there is a test set
+  double val_loss = 0;
+  Metrics val_metrics;  // the task's, e.g. {"accuracy": 0.97}
+  double test_loss = 0;  // when there is a test set
+  Metrics test_metrics;
   std::string checkpoint;  // the last one written
+};
+
+// Data a program hands the trainer instead of the config's data section. A test set of size 0
+// means none; the validation split is still data.val_fraction of `train`.
+struct Datasets {
+  data::Dataset train, test;
 };
 
 class Trainer {
  public:
-  // Builds data, model and optimizer from a validated config; mismatches between the config and
-  // the data (feature count, labels outside model.classes, too few samples for the batch or the
-  // validation split) are ConfigErrors. So, before anything is loaded or allocated, are a
-  // checkpoint folder (or logging path) that cannot be created or written and a run that cannot
-  // fit in the device's memory (train/memory.h).
+  // Trains `model` with `task`, with the optimizer, precision, data, logging and checkpoint
+  // sections of a validated config. The trainer moves the model to `device` (f64 when
+  // precision.compute_dtype is f64) and calls its set_compute_dtype; the model's own
+  // initialization is the caller's. Data comes from `data` when given, else from the config (its
+  // model.input and model.classes shape the synthetic data). Too few samples for the batch or
+  // the validation split, and NaN or inf in the data, are errors; so, before anything is loaded,
+  // is a checkpoint folder (or logging path) that cannot be created or written.
   //
   // With a communicator of N > 1 ranks this is rank comm->rank() of a data-parallel job
   // (docs/distributed.md): it reads its shard of every global batch (optim.batch_size is the
@@ -74,6 +88,13 @@ class Trainer {
   // after the last microbatch (parallel::GradReducer), losses and accuracy are summed over the ranks
   // for the log, and only rank 0 logs, writes metrics and saves checkpoints. Every rank must be
   // built from the same config and run() together.
+  Trainer(Config config, std::shared_ptr<nn::Module> model, std::shared_ptr<Task> task,
+          Device device, std::shared_ptr<parallel::Communicator> comm = nullptr,
+          std::optional<Datasets> data = std::nullopt);
+  // The config's own model (train::build_model, initialized from config.seed) and the
+  // classification task: `train --config`. Mismatches between the model section and the data
+  // (feature count, labels outside model.classes) are ConfigErrors, and so, before anything is
+  // allocated, is a run that cannot fit in the device's memory (train/memory.h).
   Trainer(Config config, Device device, std::shared_ptr<parallel::Communicator> comm = nullptr);
   ~Trainer();
 
@@ -98,24 +119,23 @@ class Trainer {
   }
 
   nn::Module& model() { return *model_; }
+  Task& task() { return *task_; }
   optim::Optimizer& optimizer() { return *optimizer_; }
   const optim::LossScaler& loss_scaler() const { return scaler_; }
   int64_t step() const { return step_; }
 
  private:
-  struct Eval {
-    double loss, accuracy;
-  };
-  Eval evaluate(const data::Dataset& set, const std::vector<int64_t>& indices);
-  std::string find_non_finite(int64_t step);
-  // The sum over the ranks of a host value (the value itself on one rank). A collective.
+  // The sum over the ranks of host values (the values themselves on one rank). A collective.
   double sum_over_ranks(double value);
+  Metrics sum_over_ranks(Metrics metrics);
+  // The loader's microbatches as the task sees them: x in the compute dtype.
+  std::vector<Batch> task_batches(const std::vector<data::Loader::Microbatch>& batches) const;
   bool lead() const { return comm_ == nullptr || comm_->rank() == 0; }
   std::string save(int64_t step);
-  // Forward, loss and backward of each microbatch; the losses are added into loss_sum, and when
-  // `correct` is given, the count of correctly classified samples into it (a host read).
+  // The task's loss and its backward for each microbatch; the losses are added into loss_sum, and
+  // when `metrics` is given, the task's metric sums into it (a host read).
   void microbatch_passes(const std::vector<data::Loader::Microbatch>& batches, const Tensor& loss_sum,
-                         int64_t* correct);
+                         Metrics* metrics);
   // Why this run's step cannot be captured in a CUDA graph; empty if it can.
   std::string graph_blocker() const;
   // Records the step in a CUDA graph, with this step's batch in its input buffers; false (after a
@@ -130,7 +150,8 @@ class Trainer {
   data::Split split_;
   std::shared_ptr<parallel::Communicator> comm_;  // null: one process, no data parallelism
   std::unique_ptr<data::Loader> loader_;
-  std::shared_ptr<nn::MLP> model_;
+  std::shared_ptr<nn::Module> model_;
+  std::shared_ptr<Task> task_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<optim::LRSchedule> schedule_;
   std::unique_ptr<parallel::GradReducer> reducer_;  // data parallelism with more than one rank
@@ -146,14 +167,18 @@ class Trainer {
 };
 
 // A data-parallel job of `nproc` ranks as threads of this process, on the CPU, joined by the
-// in-process communicator (parallel::make_local_group). The trainers are built one after another
-// (model initialization draws from the one default generator), `setup` is called with each, then
-// all run together. A rank that fails aborts the group, so the others stop instead of waiting for
-// it; its error is rethrown here. Returns the finished trainers and rank 0's summary.
+// in-process communicator (parallel::make_local_group); train/local_ranks.cpp. The trainers are
+// built one after another by `make_rank` (model initialization draws from the one default
+// generator), then all run together. A rank that fails aborts the group, so the others stop
+// instead of waiting for it; its error is rethrown here. Returns the finished trainers and rank
+// 0's summary.
 struct LocalRun {
   std::vector<std::unique_ptr<Trainer>> ranks;
   RunSummary summary;  // rank 0's
 };
+using MakeRank = std::function<std::unique_ptr<Trainer>(std::shared_ptr<parallel::Communicator>)>;
+LocalRun run_local_ranks(int nproc, const MakeRank& make_rank);
+// The config's model on every rank, each resumed from `resume` if given, then `setup` with each.
 LocalRun run_local_ranks(const Config& cfg, int nproc, const std::string& resume = "",
                          const std::function<void(int rank, Trainer&)>& setup = {});
 

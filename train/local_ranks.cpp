@@ -1,0 +1,55 @@
+// run_local_ranks: a data-parallel job as threads of one process, on the CPU (train/trainer.h).
+#include <exception>
+#include <thread>
+
+#include "parallel/communicator.h"
+#include "train/trainer.h"
+
+namespace mt::train {
+
+LocalRun run_local_ranks(int nproc, const MakeRank& make_rank) {
+  auto group = parallel::make_local_group(nproc);
+  std::vector<std::unique_ptr<Trainer>> trainers;
+  for (int r = 0; r < nproc; ++r) trainers.push_back(make_rank(group[size_t(r)]));
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(nproc));
+  RunSummary summary;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < nproc; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        RunSummary s = trainers[size_t(r)]->run();
+        if (r == 0) summary = s;
+      } catch (const std::exception& e) {
+        errors[size_t(r)] = std::current_exception();
+        group[size_t(r)]->abort(e.what());
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  // The rank that failed first threw its own error; the others, DistErrors about it.
+  std::exception_ptr first;
+  for (const std::exception_ptr& e : errors) {
+    if (!e) continue;
+    try {
+      std::rethrow_exception(e);
+    } catch (const parallel::DistError&) {
+      if (!first) first = e;
+    } catch (...) {
+      std::rethrow_exception(e);
+    }
+  }
+  if (first) std::rethrow_exception(first);
+  return {std::move(trainers), summary};
+}
+
+LocalRun run_local_ranks(const Config& cfg, int nproc, const std::string& resume,
+                         const std::function<void(int rank, Trainer&)>& setup) {
+  return run_local_ranks(nproc, [&](std::shared_ptr<parallel::Communicator> comm) {
+    const int rank = comm->rank();
+    auto t = std::make_unique<Trainer>(cfg, kCPU, std::move(comm));
+    if (!resume.empty()) t->resume(resume);
+    if (setup) setup(rank, *t);
+    return t;
+  });
+}
+
+}  // namespace mt::train
