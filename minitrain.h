@@ -33,6 +33,11 @@
 #include "optim/schedule.h"
 #include "optim/sgd.h"
 
+// parallel: data parallelism (CPU threads, NCCL on GPUs).
+#include "parallel/communicator.h"
+#include "parallel/launch.h"
+#include "parallel/reducer.h"
+
 // train: the config, the trainer and its checkpoints.
 #include "train/checkpoint.h"
 #include "train/config.h"
