@@ -2,7 +2,7 @@
 
 #include "core/error.h"
 #ifdef MT_WITH_CUDA
-#include "ops/elementwise/elementwise_cuda.h"
+#include "core/cuda/tensor_ops.h"
 #include "core/cuda/runtime.h"
 #endif
 

@@ -14,7 +14,7 @@
 #ifdef MT_WITH_CUDA
 #include "core/cuda/runtime.h"
 #include "core/cuda/tensor_copy_cuda.h"
-#include "ops/elementwise/elementwise_cuda.h"
+#include "core/cuda/tensor_ops.h"
 #endif
 
 namespace mt {

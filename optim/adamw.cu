@@ -29,7 +29,9 @@
 #include <cstdint>
 
 #include "core/cuda/check.h"
+#include "core/cuda/reduce.cuh"
 #include "core/cuda/runtime.h"
+#include "core/cuda/vec.cuh"
 
 namespace mt::cuda {
 namespace {
@@ -82,14 +84,6 @@ __device__ __forceinline__ int find_tensor(const int* first_block, int num, int 
   return lo;
 }
 
-__device__ __forceinline__ void to_lowp(__nv_bfloat16& d, float x) { d = __float2bfloat16_rn(x); }
-__device__ __forceinline__ void to_lowp(__half& d, float x) { d = __float2half_rn(x); }
-
-template <class Low>
-struct alignas(4 * sizeof(Low)) Low4 {
-  Low v[4];
-};
-
 __device__ __forceinline__ void adamw_update(float& p, float g, float& m, float& v, float decay,
                                              const Hyper& h) {
   m = h.b1 * m + (1.f - h.b1) * g;
@@ -131,9 +125,10 @@ __global__ void __launch_bounds__(kThreads)
       *reinterpret_cast<float4*>(t.m + i) = m;
       *reinterpret_cast<float4*>(t.v + i) = v;
       if (lowp != nullptr) {
-        Low4<Low> l;
-        to_lowp(l.v[0], p.x), to_lowp(l.v[1], p.y), to_lowp(l.v[2], p.z), to_lowp(l.v[3], p.w);
-        *reinterpret_cast<Low4<Low>*>(lowp + i) = l;
+        Pack<Low, 4> l;
+        l.v[0] = from_float<Low>(p.x), l.v[1] = from_float<Low>(p.y);
+        l.v[2] = from_float<Low>(p.z), l.v[3] = from_float<Low>(p.w);
+        *reinterpret_cast<Pack<Low, 4>*>(lowp + i) = l;
       }
     }
     i = end4 + threadIdx.x;  // the last end - end4 (< 4) elements
@@ -142,23 +137,8 @@ __global__ void __launch_bounds__(kThreads)
     float p = t.param[i], m = t.m[i], v = t.v[i];
     adamw_update(p, t.grad[i] * gs, m, v, decay, h);
     t.param[i] = p, t.m[i] = m, t.v[i] = v;
-    if (lowp != nullptr) to_lowp(lowp[i], p);
+    if (lowp != nullptr) lowp[i] = from_float<Low>(p);
   }
-}
-
-// Sum over the block in a fixed order (butterfly in each warp, then warp 0 over the warp totals);
-// valid in thread 0.
-__device__ float block_sum(float v) {
-  __shared__ float warp_total[32];
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) warp_total[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    v = lane < int(blockDim.x >> 5) ? warp_total[lane] : 0.f;
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  }
-  return v;
 }
 
 __global__ void __launch_bounds__(kThreads)

@@ -4,6 +4,7 @@
 #include "nn/module.h"
 #ifdef MT_WITH_CUDA
 #include "core/cuda/runtime.h"
+#include "core/cuda/tensor_ops.h"
 #include "ops/elementwise/elementwise_cuda.h"
 #endif
 

@@ -3,12 +3,10 @@
 // copy_strided: one thread per output element (grid-stride). The output index is decomposed into
 // coordinates with the shape, and the input offset rebuilt with the strides: up to 8 dimensions,
 // passed by value in a small struct so the launch needs no device-side metadata buffer.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include "core/cuda/check.h"
 #include "core/cuda/runtime.h"
 #include "core/cuda/tensor_copy_cuda.h"
+#include "core/cuda/vec.cuh"
 
 namespace mt::cuda {
 namespace {
@@ -25,8 +23,8 @@ __device__ inline double load(const void* p, DType t, int64_t i) {
   switch (t) {
     case DType::f64: return static_cast<const double*>(p)[i];
     case DType::f32: return static_cast<const float*>(p)[i];
-    case DType::bf16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-    case DType::f16: return __half2float(static_cast<const __half*>(p)[i]);
+    case DType::bf16: return to_float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case DType::f16: return to_float(static_cast<const __half*>(p)[i]);
     case DType::i32: return static_cast<const int32_t*>(p)[i];
     case DType::i64: return double(static_cast<const int64_t*>(p)[i]);
   }
@@ -38,8 +36,8 @@ __device__ inline void store(void* p, DType t, int64_t i, double v) {
     case DType::f64: static_cast<double*>(p)[i] = v; break;
     case DType::f32: static_cast<float*>(p)[i] = float(v); break;
     // Through float, so the rounding matches the CPU's float_to_bf16 / float_to_f16.
-    case DType::bf16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(float(v)); break;
-    case DType::f16: static_cast<__half*>(p)[i] = __float2half_rn(float(v)); break;
+    case DType::bf16: static_cast<__nv_bfloat16*>(p)[i] = from_float<__nv_bfloat16>(float(v)); break;
+    case DType::f16: static_cast<__half*>(p)[i] = from_float<__half>(float(v)); break;
     case DType::i32: static_cast<int32_t*>(p)[i] = int32_t(v); break;
     case DType::i64: static_cast<int64_t*>(p)[i] = int64_t(v); break;
   }

@@ -32,25 +32,13 @@
 
 #include "core/cuda/check.h"
 #include "core/cuda/glue.h"
+#include "core/cuda/reduce.cuh"
+#include "core/cuda/vec.cuh"
 #include "core/registry.h"
 #include "ops/cross_entropy/cross_entropy.h"
 
 namespace mt::cuda {
 namespace {
-
-template <class T, int V>
-struct alignas(sizeof(T) * V) Pack {
-  T v[V];
-};
-
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-
-template <class T> __device__ __forceinline__ T from_float(float x);
-template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
 
 // Adds exp(x) to the running (m, s) where s = sum exp(x_i - m). x == m is special-cased so that
 // -inf and +inf logits never form inf - inf: while m is -inf the 1s counted are later multiplied
@@ -129,16 +117,8 @@ __global__ void loss_kernel(const T* logits, const int64_t* targets, const float
     }
     acc += lse[r] - to_float(logits[r * C + t]);
   }
-  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-  __shared__ float warp_total[kLossThreads / 32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) warp_total[warp] = acc;
-  __syncthreads();  // also orders every atomicMin before thread 0 reads first_bad
-  if (warp == 0) {
-    acc = warp_total[lane];
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    if (lane == 0) loss[0] = acc / normalizer;
-  }
+  acc = block_sum(acc);  // its barrier also orders every atomicMin before thread 0 reads first_bad
+  if (threadIdx.x == 0) loss[0] = acc / normalizer;
   if (threadIdx.x == 0 && first_bad != ~0ull) {
     loss[0] = __int_as_float(0x7fc00000);  // NaN: a loss missing a row's term is no loss
     if (bad_target != nullptr) {

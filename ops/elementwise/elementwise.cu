@@ -1,160 +1,33 @@
-// Elementwise CUDA kernels: fill, cast, add, mul, scale, axpy, sum_to_f32, count_nonfinite,
-// argmax_rows.
+// Elementwise CUDA kernels: add, mul, scale (maps, core/cuda/map.cuh), sum_to_f32 and
+// count_nonfinite.
 //
-// Grids. Every map (fill .. axpy, count_nonfinite) is grid-stride: 256 threads a block, at most
-// 2048 blocks, each thread moving one 16-byte pack (8 bf16/f16, 4 f32, 2 f64) per step when every
-// pointer is 16-byte aligned, else one element; the last n % pack elements are a scalar tail.
-// These ops are pure bandwidth: the floor is (bytes read + bytes written) / copy bandwidth.
+// Grids. Every kernel is grid-stride: 256 threads a block, at most 2048 blocks, each thread
+// moving one 16-byte pack (8 bf16/f16, 4 f32, 2 f64) per step when every pointer is 16-byte
+// aligned, else one element; the last n % pack elements are a scalar tail.
 //
 // Precision. bf16/f16 values are widened to fp32, combined, and rounded once on store; f64 stays
-// f64. Accumulation rules: fill/cast/add/mul/scale store ('='); axpy adds into y ('+=', in the
-// dtype of y, through fp32); sum_to_f32 stores or adds one fp32 total into *out.
+// f64. add/mul/scale store ('='); sum_to_f32 stores or adds one fp32 total into *out.
 //
 // Determinism. sum_to_f32 is two passes: pass 1 has a grid fixed by n and the pointer's
 // alignment (not by the GPU), each block writes its fp32 partial; pass 2 is one block that adds
 // the partials in index order. No atomics, so the bits are the same on every run.
 #include "ops/elementwise/elementwise_cuda.h"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <cmath>
 #include <cstdint>
-#include <cstring>
-#include <type_traits>
 
 #include "core/cuda/check.h"
 #include "core/cuda/glue.h"
+#include "core/cuda/map.cuh"
+#include "core/cuda/reduce.cuh"
 #include "core/cuda/runtime.h"
+#include "core/cuda/tensor_ops.h"
+#include "core/cuda/vec.cuh"
 #include "core/registry.h"
 #include "ops/elementwise/elementwise.h"
 
 namespace mt::cuda {
 namespace {
-
-constexpr int kThreads = 256;
-constexpr int64_t kMaxBlocks = 2048;
-
-// V elements moved as one aligned load / store.
-template <class T, int V>
-struct alignas(sizeof(T) * V) Pack {
-  T v[V];
-};
-
-// The type arithmetic happens in: f64 for f64, fp32 for everything else.
-template <class T>
-using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
-
-template <class D, class S>
-__device__ __forceinline__ D convert(S x) {
-  if constexpr (std::is_same_v<D, S>) {
-    return x;
-  } else if constexpr (std::is_same_v<S, __nv_bfloat16>) {
-    return convert<D>(__bfloat162float(x));  // exact in float, then to D
-  } else if constexpr (std::is_same_v<S, __half>) {
-    return convert<D>(__half2float(x));
-  } else if constexpr (std::is_same_v<D, __nv_bfloat16>) {
-    if constexpr (std::is_same_v<S, double>) return __double2bfloat16(x);  // one rounding
-    else return __float2bfloat16_rn(float(x));
-  } else if constexpr (std::is_same_v<D, __half>) {
-    if constexpr (std::is_same_v<S, double>) return __double2half(x);
-    else return __float2half_rn(float(x));
-  } else {
-    return D(x);  // among float, double, int32, int64: C++ conversion (round to nearest)
-  }
-}
-
-template <class T>
-__device__ __forceinline__ Acc<T> widen(T x) { return convert<Acc<T>>(x); }
-
-// Blocks for a grid-stride loop over `work` items.
-inline unsigned blocks_for(int64_t work) {
-  int64_t b = (work + kThreads - 1) / kThreads;
-  return unsigned(b < 1 ? 1 : (b > kMaxBlocks ? kMaxBlocks : b));
-}
-
-inline bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
-
-// Calls f(T{}) with T the CUDA type of a floating dtype.
-template <class F>
-void dispatch_float(DType dt, const char* op, F&& f) {
-  switch (dt) {
-    case DType::f32: f(float{}); return;
-    case DType::bf16: f(__nv_bfloat16{}); return;
-    case DType::f16: f(__half{}); return;
-    case DType::f64: f(double{}); return;
-    default: MT_THROW(op, ": unsupported dtype ", dtype_name(dt), " (expected f32, bf16, f16, f64)");
-  }
-}
-
-// Sum over the block (blockDim.x a multiple of 32, at most 1024), in a fixed order: a butterfly
-// inside each warp, then warp 0 over the warp totals. The result is valid in thread 0. Called at
-// most once per kernel (the shared buffer is not re-synchronized).
-__device__ float block_sum(float v) {
-  __shared__ float warp_total[32];
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) warp_total[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    v = lane < int(blockDim.x >> 5) ? warp_total[lane] : 0.f;
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  }
-  return v;
-}
-
-// ---- fill: writes a bit pattern U (uint16/32/64) ------------------------------------------------
-
-template <class U, int V>
-__global__ void fill_kernel(U* p, U bits, int64_t n) {
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t nv = n / V;
-  Pack<U, V> pack;
-#pragma unroll
-  for (int j = 0; j < V; ++j) pack.v[j] = bits;
-  for (int64_t i = tid; i < nv; i += stride) reinterpret_cast<Pack<U, V>*>(p)[i] = pack;
-  for (int64_t i = nv * V + tid; i < n; i += stride) p[i] = bits;
-}
-
-template <class U>
-void launch_fill(void* p, U bits, int64_t n, cudaStream_t s) {
-  constexpr int V = 16 / sizeof(U);
-  if (aligned(p, 16)) fill_kernel<U, V><<<blocks_for(n / V), kThreads, 0, s>>>(static_cast<U*>(p), bits, n);
-  else fill_kernel<U, 1><<<blocks_for(n), kThreads, 0, s>>>(static_cast<U*>(p), bits, n);
-  MT_CUDA_CHECK_LAUNCH();
-}
-
-// ---- cast ---------------------------------------------------------------------------------------
-
-template <class S, class D, int V>
-__global__ void cast_kernel(const S* src, D* dst, int64_t n) {
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t nv = n / V;
-  for (int64_t i = tid; i < nv; i += stride) {
-    const Pack<S, V> in = reinterpret_cast<const Pack<S, V>*>(src)[i];
-    Pack<D, V> out;
-#pragma unroll
-    for (int j = 0; j < V; ++j) out.v[j] = convert<D>(in.v[j]);
-    reinterpret_cast<Pack<D, V>*>(dst)[i] = out;
-  }
-  for (int64_t i = nv * V + tid; i < n; i += stride) dst[i] = convert<D>(src[i]);
-}
-
-template <class S, class D>
-void launch_cast(const void* src, void* dst, int64_t n, cudaStream_t s) {
-  constexpr int V = 16 / (sizeof(S) > sizeof(D) ? sizeof(S) : sizeof(D));
-  auto* in = static_cast<const S*>(src);
-  auto* out = static_cast<D*>(dst);
-  if (aligned(src, sizeof(S) * V) && aligned(dst, sizeof(D) * V))
-    cast_kernel<S, D, V><<<blocks_for(n / V), kThreads, 0, s>>>(in, out, n);
-  else
-    cast_kernel<S, D, 1><<<blocks_for(n), kThreads, 0, s>>>(in, out, n);
-  MT_CUDA_CHECK_LAUNCH();
-}
-
-// ---- add / mul / scale / axpy: out[i] = op(a[i], b[i]), or op(a[i], a[i]) when kUnary -----------
 
 struct AddOp {
   template <class T> __device__ T operator()(T a, T b) const { return convert<T>(widen(a) + widen(b)); }
@@ -162,60 +35,11 @@ struct AddOp {
 struct MulOp {
   template <class T> __device__ T operator()(T a, T b) const { return convert<T>(widen(a) * widen(b)); }
 };
-// a = x, b = y: returns y + alpha * x.
-struct AxpyOp {
-  float alpha;
-  template <class T> __device__ T operator()(T x, T y) const {
-    return convert<T>(widen(y) + Acc<T>(alpha) * widen(x));
-  }
-};
 // Unary, a = x: returns alpha * x.
 struct ScaleOp {
   float alpha;
   template <class T> __device__ T operator()(T x, T) const { return convert<T>(Acc<T>(alpha) * widen(x)); }
 };
-
-template <class T, int V, bool kUnary, class Op>
-__global__ void map_kernel(const T* a, const T* b, T* out, int64_t n, Op op) {
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t nv = n / V;
-  for (int64_t i = tid; i < nv; i += stride) {
-    const Pack<T, V> x = reinterpret_cast<const Pack<T, V>*>(a)[i];
-    Pack<T, V> y;
-    if constexpr (kUnary) y = x;
-    else y = reinterpret_cast<const Pack<T, V>*>(b)[i];
-    Pack<T, V> z;
-#pragma unroll
-    for (int j = 0; j < V; ++j) z.v[j] = op(x.v[j], y.v[j]);
-    reinterpret_cast<Pack<T, V>*>(out)[i] = z;
-  }
-  for (int64_t i = nv * V + tid; i < n; i += stride) out[i] = op(a[i], kUnary ? a[i] : b[i]);
-}
-
-// b == nullptr selects the unary kernel (op sees a[i] twice and reads it once).
-template <class Op>
-void launch_map(const char* name, const void* a, const void* b, void* out, int64_t n, DType dt,
-                Op op, cudaStream_t s) {
-  if (n <= 0) return;
-  dispatch_float(dt, name, [&](auto tag) {
-    using T = decltype(tag);
-    constexpr int V = 16 / sizeof(T);
-    auto* pa = static_cast<const T*>(a);
-    auto* pb = static_cast<const T*>(b);
-    auto* po = static_cast<T*>(out);
-    const bool vec = aligned(a, 16) && aligned(b, 16) && aligned(out, 16);  // nullptr is aligned
-    const unsigned blocks = vec ? blocks_for(n / V) : blocks_for(n);
-    if (b == nullptr) {
-      if (vec) map_kernel<T, V, true><<<blocks, kThreads, 0, s>>>(pa, pb, po, n, op);
-      else map_kernel<T, 1, true><<<blocks, kThreads, 0, s>>>(pa, pb, po, n, op);
-    } else {
-      if (vec) map_kernel<T, V, false><<<blocks, kThreads, 0, s>>>(pa, pb, po, n, op);
-      else map_kernel<T, 1, false><<<blocks, kThreads, 0, s>>>(pa, pb, po, n, op);
-    }
-    MT_CUDA_CHECK_LAUNCH();
-  });
-}
 
 // ---- sum_to_f32 ---------------------------------------------------------------------------------
 
@@ -262,80 +86,7 @@ __global__ void nonfinite_kernel(const T* x, int64_t n, int* flag) {
   if (__syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
 }
 
-// ---- argmax_rows --------------------------------------------------------------------------------
-
-// Is (va, ia) a better argmax candidate than (vb, ib)? NaN beats numbers, larger beats smaller,
-// and on a tie the smaller index wins, so the answer does not depend on the reduction order.
-template <class A>
-__device__ __forceinline__ bool better(A va, int64_t ia, A vb, int64_t ib) {
-  const bool na = va != va, nb = vb != vb;
-  if (na != nb) return na;
-  if (!na && va != vb) return va > vb;
-  return ia < ib;
-}
-
-template <class T>
-__global__ void argmax_rows_kernel(const T* x, int64_t C, int64_t* out) {
-  using A = Acc<T>;
-  const T* row = x + int64_t(blockIdx.x) * C;
-  A best = -INFINITY;
-  int64_t best_i = INT64_MAX;  // any real element (even -inf) beats this on the index tie-break
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-    const A v = widen(row[c]);
-    if (better(v, c, best, best_i)) best = v, best_i = c;
-  }
-  auto warp_reduce = [&] {
-    for (int o = 16; o > 0; o >>= 1) {
-      const A v = __shfl_xor_sync(0xffffffffu, best, o);
-      const int64_t i = __shfl_xor_sync(0xffffffffu, best_i, o);
-      if (better(v, i, best, best_i)) best = v, best_i = i;
-    }
-  };
-  warp_reduce();
-  __shared__ A warp_v[32];
-  __shared__ int64_t warp_i[32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) warp_v[warp] = best, warp_i[warp] = best_i;
-  __syncthreads();
-  if (warp == 0) {
-    best = lane < int(blockDim.x >> 5) ? warp_v[lane] : A(-INFINITY);
-    best_i = lane < int(blockDim.x >> 5) ? warp_i[lane] : INT64_MAX;
-    warp_reduce();
-    if (lane == 0) out[blockIdx.x] = best_i;
-  }
-}
-
 }  // namespace
-
-void fill(void* p, double value, int64_t n, DType dt, cudaStream_t s) {
-  if (n <= 0) return;
-  switch (dt) {
-    case DType::f64: { uint64_t u; std::memcpy(&u, &value, 8); launch_fill<uint64_t>(p, u, n, s); return; }
-    case DType::i64: launch_fill<uint64_t>(p, uint64_t(int64_t(value)), n, s); return;
-    case DType::f32: launch_fill<uint32_t>(p, float_bits(float(value)), n, s); return;
-    case DType::i32: launch_fill<uint32_t>(p, uint32_t(int32_t(value)), n, s); return;
-    case DType::bf16: launch_fill<uint16_t>(p, float_to_bf16(float(value)).bits, n, s); return;
-    case DType::f16: launch_fill<uint16_t>(p, float_to_f16(float(value)).bits, n, s); return;
-  }
-  MT_THROW("fill: unknown dtype ", int(dt));
-}
-
-void cast(const void* src, DType src_dt, void* dst, DType dst_dt, int64_t n, cudaStream_t s) {
-  if (n <= 0) return;
-  if (src_dt == dst_dt) {
-    MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_t(n) * dtype_size(src_dt), cudaMemcpyDeviceToDevice, s));
-    return;
-  }
-  auto with_dst = [&](auto src_tag) {
-    using S = decltype(src_tag);
-    dispatch_float(dst_dt, "cast", [&](auto dst_tag) { launch_cast<S, decltype(dst_tag)>(src, dst, n, s); });
-  };
-  switch (src_dt) {
-    case DType::i32: with_dst(int32_t{}); return;
-    case DType::i64: with_dst(int64_t{}); return;
-    default: dispatch_float(src_dt, "cast", with_dst);
-  }
-}
 
 void add(const void* a, const void* b, void* out, int64_t n, DType dt, cudaStream_t s) {
   launch_map("add", a, b, out, n, dt, AddOp{}, s);
@@ -347,10 +98,6 @@ void mul(const void* a, const void* b, void* out, int64_t n, DType dt, cudaStrea
 
 void scale(const void* x, float alpha, void* out, int64_t n, DType dt, cudaStream_t s) {
   launch_map("scale", x, nullptr, out, n, dt, ScaleOp{alpha}, s);
-}
-
-void axpy(float alpha, const void* x, void* y, int64_t n, DType dt, cudaStream_t s) {
-  launch_map("axpy", x, y, y, n, dt, AxpyOp{alpha}, s);
 }
 
 void sum_to_f32(const void* x, int64_t n, DType dt, float* out, bool accumulate, cudaStream_t s) {
@@ -366,10 +113,10 @@ void sum_to_f32(const void* x, int64_t n, DType dt, float* out, bool accumulate,
     using T = decltype(tag);
     constexpr int V = 16 / sizeof(T);
     const bool vec = aligned(x, 16);
-    const unsigned blocks = vec ? blocks_for(n / V) : blocks_for(n);  // fixed by n and alignment
+    const unsigned blocks = vec ? map_blocks(n / V) : map_blocks(n);  // fixed by n and alignment
     auto* partials = static_cast<float*>(mt::cuda::alloc(blocks * sizeof(float), dev));
-    if (vec) sum_partials_kernel<T, V><<<blocks, kThreads, 0, s>>>(static_cast<const T*>(x), n, partials);
-    else sum_partials_kernel<T, 1><<<blocks, kThreads, 0, s>>>(static_cast<const T*>(x), n, partials);
+    if (vec) sum_partials_kernel<T, V><<<blocks, kMapThreads, 0, s>>>(static_cast<const T*>(x), n, partials);
+    else sum_partials_kernel<T, 1><<<blocks, kMapThreads, 0, s>>>(static_cast<const T*>(x), n, partials);
     MT_CUDA_CHECK_LAUNCH();
     sum_final_kernel<<<1, 1024, 0, s>>>(partials, int(blocks), out, accumulate);
     MT_CUDA_CHECK_LAUNCH();
@@ -383,20 +130,8 @@ void count_nonfinite(const void* x, int64_t n, DType dt, int* flag, cudaStream_t
     using T = decltype(tag);
     constexpr int V = 16 / sizeof(T);
     auto* p = static_cast<const T*>(x);
-    if (aligned(x, 16)) nonfinite_kernel<T, V><<<blocks_for(n / V), kThreads, 0, s>>>(p, n, flag);
-    else nonfinite_kernel<T, 1><<<blocks_for(n), kThreads, 0, s>>>(p, n, flag);
-    MT_CUDA_CHECK_LAUNCH();
-  });
-}
-
-void argmax_rows(const void* x, int64_t rows, int64_t C, DType dt, int64_t* out, cudaStream_t s) {
-  if (rows <= 0) return;
-  MT_CHECK(C >= 1, "argmax_rows: need at least one column, got C = ", C);
-  MT_CHECK(rows <= INT32_MAX, "argmax_rows: ", rows, " rows exceed one block per row");
-  const int threads = C >= 2048 ? 256 : 32;  // a lone warp for the usual handful of classes
-  dispatch_float(dt, "argmax_rows", [&](auto tag) {
-    using T = decltype(tag);
-    argmax_rows_kernel<T><<<unsigned(rows), threads, 0, s>>>(static_cast<const T*>(x), C, out);
+    if (aligned(x, 16)) nonfinite_kernel<T, V><<<map_blocks(n / V), kMapThreads, 0, s>>>(p, n, flag);
+    else nonfinite_kernel<T, 1><<<map_blocks(n), kMapThreads, 0, s>>>(p, n, flag);
     MT_CUDA_CHECK_LAUNCH();
   });
 }

@@ -39,6 +39,7 @@
 #include "core/cuda/check.h"
 #include "core/cuda/glue.h"
 #include "core/cuda/runtime.h"
+#include "core/cuda/vec.cuh"
 #include "core/registry.h"
 #include "ops/linear/linear.h"
 
@@ -159,16 +160,10 @@ void lt_matmul(const Gemm& g, const void* A, const void* B, void* D, float alpha
 
 // ---- small kernels -----------------------------------------------------------------------------
 
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ void store(__nv_bfloat16& d, float x) { d = __float2bfloat16_rn(x); }
-__device__ __forceinline__ void store(__half& d, float x) { d = __float2half_rn(x); }
-
 template <class T>
 __global__ void cast_bias_kernel(const float* bias, T* out, int64_t N) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < N) store(out[i], bias[i]);
+  if (i < N) out[i] = from_float<T>(bias[i]);
 }
 
 constexpr int kColBlock = 32;  // columns per block (one warp across)

@@ -50,7 +50,9 @@
 
 #include "core/cuda/check.h"
 #include "core/cuda/glue.h"
+#include "core/cuda/reduce.cuh"
 #include "core/cuda/runtime.h"
+#include "core/cuda/vec.cuh"
 #include "core/registry.h"
 #include "ops/rms_norm/rms_norm.h"
 
@@ -66,27 +68,6 @@ constexpr int kReduceSlices = 32;    // and 32 slices of the partial rows summed
 constexpr size_t kDefaultSharedBytes = 48 * 1024;  // more needs an explicit opt-in per kernel
 
 static_assert(kRmsNormMaxD == int64_t(kElems) * kMaxBlock);
-
-// V elements moved as one access: 16 bytes when V = 16 / sizeof(T).
-template <class T, int V>
-struct alignas(sizeof(T) * V) Pack {
-  T v[V];
-};
-
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-
-template <class T>
-__device__ __forceinline__ T from_float(float v);
-template <>
-__device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-template <>
-__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
 
 // The weights of columns col .. col + V - 1 (col a multiple of V), 16 bytes at a time when V
 // allows. The weight is tiny and read by every row: these loads hit L1.
@@ -122,7 +103,7 @@ __device__ __forceinline__ void store_to(float* dst, const float (&v)[V]) {
 // memory, where every thread adds the warp totals in warp order. The second barrier lets the
 // next row reuse the scratch.
 __device__ float team_sum(float v, int team_size) {
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  v = warp_sum(v);
   if (team_size == 32) return v;
   __shared__ float warp_totals[kMaxBlock / 32];
   if (threadIdx.x % 32 == 0) warp_totals[threadIdx.x / 32] = v;

@@ -45,7 +45,9 @@
 
 #include "core/cuda/check.h"
 #include "core/cuda/glue.h"
+#include "core/cuda/reduce.cuh"
 #include "core/cuda/runtime.h"
+#include "core/cuda/vec.cuh"
 #include "core/registry.h"
 #include "ops/scaled_silu/scaled_silu.h"
 
@@ -57,46 +59,10 @@ constexpr int kMaxGrid = 1 << 20;           // 2^28 threads: thread indices fit 
 constexpr int kBackwardBlocksPerSm = 4;     // 4 x 256 threads: half an SM, 64 registers each
 constexpr int kReduceThreads = 1024;
 
-// V elements moved as one access: 16 bytes when V = 16 / sizeof(T).
-template <class T, int V>
-struct alignas(sizeof(T) * V) Pack {
-  T v[V];
-};
-
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-
-template <class T>
-__device__ __forceinline__ T from_float(float v);
-template <>
-__device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-template <>
-__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
-
 __device__ __forceinline__ float sigmoid(float x) { return __fdividef(1.0f, 1.0f + __expf(-x)); }
 
 // d/dx (x s) = s + x s (1 - s), written as s (1 + x (1 - s)): one multiply fewer.
 __device__ __forceinline__ float silu_grad(float x, float s) { return s * (1.0f + x * (1.0f - s)); }
-
-// Sum over the block in a fixed order: a butterfly inside each warp, then warp 0 adds the warp
-// totals in warp order. The same inputs give the same bits. The result is valid in thread 0.
-__device__ float block_sum(float v) {
-  __shared__ float warp_totals[32];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  if (lane == 0) warp_totals[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    v = lane < int(blockDim.x / 32) ? warp_totals[lane] : 0.0f;
-    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  }
-  return v;
-}
 
 // At most kMaxGrid blocks, so a thread's index fits in 32 bits.
 __device__ __forceinline__ int thread_index() { return blockIdx.x * blockDim.x + threadIdx.x; }

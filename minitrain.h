@@ -1,0 +1,44 @@
+#pragma once
+// minitrain's public API in one include, for programs built against the library:
+//
+//   #include "minitrain.h"   // with target_link_libraries(app PRIVATE minitrain::minitrain)
+//
+// Each area's headers can also be included one by one ("core/tensor.h", "nn/modules.h", ...);
+// docs/library.md lists the areas and what links what.
+
+// core: tensors, autograd, the random generator, the op registry.
+#include "core/autograd.h"
+#include "core/error.h"
+#include "core/registry.h"
+#include "core/rng.h"
+#include "core/tensor.h"
+
+// ops: the differentiable operations.
+#include "ops/cross_entropy/cross_entropy.h"
+#include "ops/elementwise/elementwise.h"
+#include "ops/linear/linear.h"
+#include "ops/rms_norm/rms_norm.h"
+#include "ops/scaled_silu/scaled_silu.h"
+
+// nn: modules and initialization.
+#include "nn/init.h"
+#include "nn/module.h"
+#include "nn/modules.h"
+
+// optim: optimizers, clipping, schedules, loss scaling.
+#include "optim/adamw.h"
+#include "optim/clip.h"
+#include "optim/loss_scaler.h"
+#include "optim/optimizer.h"
+#include "optim/schedule.h"
+#include "optim/sgd.h"
+
+// parallel: data parallelism (CPU threads, NCCL on GPUs).
+#include "parallel/communicator.h"
+#include "parallel/launch.h"
+#include "parallel/reducer.h"
+
+// train: the config, the trainer and its checkpoints.
+#include "train/checkpoint.h"
+#include "train/config.h"
+#include "train/trainer.h"
