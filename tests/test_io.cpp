@@ -17,7 +17,7 @@
 #include "train/csv.h"
 #include "train/data.h"
 #include "train/idx.h"
-#include "train/safetensors.h"
+#include "core/safetensors.h"
 #include "tests/temp_dir.h"
 
 namespace fs = std::filesystem;
