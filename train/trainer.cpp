@@ -54,17 +54,6 @@ Device resolve_device(const std::string& spec) {
 
 namespace {
 
-data::Dataset load_data(const DataConfig& d, const ModelConfig& m, bool test) {
-  if (d.kind == "synthetic") {
-    // The synthetic task's test set is an independent draw from the same clusters.
-    return test ? data::make_synthetic(synthetic_test_samples(d.samples), m.input, m.classes,
-                                       d.noise, d.seed, 1)
-                : data::make_synthetic(d.samples, m.input, m.classes, d.noise, d.seed, 0);
-  }
-  if (d.kind == "mnist") return data::load_mnist(test ? d.test_path : d.path, test);
-  return data::load_csv(test ? d.test_path : d.path, d.label_column, d.header);
-}
-
 // Checkpoints, metrics and the curve are first written after training has run a while, so a
 // folder that can be neither created nor written is found now. Nothing is created here: the
 // nearest existing folder on the way to `dir` must be a writable directory.
@@ -165,10 +154,10 @@ Trainer::Trainer(Config config, Device device, std::shared_ptr<parallel::Communi
   }
   check_memory(cfg_, device_, world);
 
-  train_set_ = load_data(cfg_.data, m, false);
+  train_set_ = data::load_dataset(cfg_.data, m, false);
   check_fits(train_set_, m);
-  if (cfg_.data.kind == "synthetic" || !cfg_.data.test_path.empty()) {
-    test_set_ = load_data(cfg_.data, m, true);
+  if (data::has_test_set(cfg_.data)) {
+    test_set_ = data::load_dataset(cfg_.data, m, true);
     check_fits(test_set_, m);
   }
   split_ = data::split_indices(train_set_.size, cfg_.data.val_fraction, cfg_.data.seed);
