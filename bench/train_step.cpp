@@ -64,10 +64,10 @@
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "nn/modules.h"
+#include "nn/serialize.h"
 #include "ops/cross_entropy/cross_entropy.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"
-#include "train/safetensors.h"
 
 namespace {
 
@@ -341,18 +341,6 @@ void print_breakdown(nn::Sequential& model, optim::AdamW& optimizer, const std::
 
 // ---- export ------------------------------------------------------------------------------------
 
-void write_tensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& named) {
-  std::vector<StEntry> entries;
-  for (const auto& [name, t] : named) {
-    const Tensor c = t.detach().to(kCPU).contiguous();
-    StEntry e{name, c.dtype(), c.shape(), {}};
-    const auto* p = static_cast<const uint8_t*>(c.data_ptr());
-    e.data.assign(p, p + c.nbytes());
-    entries.push_back(std::move(e));
-  }
-  write_safetensors(path, entries, {{"format", "minitrain-train-step-1"}});
-}
-
 void write_text(const std::string& path, const std::string& text) {
   FILE* f = std::fopen(path.c_str(), "w");
   MT_CHECK(f != nullptr, "train_step: cannot open '", path, "' for writing: ", std::strerror(errno));
@@ -441,8 +429,9 @@ bool run_size(const Size& s, const std::string& export_dir, double gemm_tflops, 
   };
   if (!export_dir.empty()) {
     const std::string base = (std::filesystem::path(export_dir) / s.name).string();
-    write_tensors(base + "_init.safetensors", init);
-    write_tensors(base + "_batch.safetensors", {{"x", host_batch.x}, {"y", host_batch.y}});
+    const nn::Metadata format = {{"format", "minitrain-train-step-1"}};
+    nn::save_tensors(base + "_init.safetensors", init, format);
+    nn::save_tensors(base + "_batch.safetensors", {{"x", host_batch.x}, {"y", host_batch.y}}, format);
     std::string text;
     for (double l : eager_losses) text += num("%.9g", l) + "\n";
     write_text(base + "_losses.txt", text);

@@ -9,7 +9,7 @@
 
 #include "core/error.h"
 #include "fuzz/input_file.h"
-#include "train/safetensors.h"
+#include "core/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static mt::fuzz::InputFile file;

@@ -17,7 +17,7 @@
 #include "train/csv.h"
 #include "train/data.h"
 #include "train/idx.h"
-#include "train/safetensors.h"
+#include "core/safetensors.h"
 #include "tests/temp_dir.h"
 
 namespace fs = std::filesystem;
@@ -575,6 +575,21 @@ TEST(Csv, ReadsNumbersAndLabels) {
   EXPECT_EQ(h.labels, (std::vector<int64_t>{7, 0}));
 }
 
+// Features only (`train predict`'s input): every cell is a feature, a single column too.
+TEST(Csv, ReadsFeaturesWithoutALabelColumn) {
+  TempDir dir;
+  const std::string path = (dir / "x.csv");
+  write_text(path, "a,b\n\n1.5,2\n-3,4e2\n");
+  const CsvData d = read_csv(path, kNoLabelColumn, true);
+  EXPECT_EQ(d.rows, 2);
+  EXPECT_EQ(d.cols, 2);
+  EXPECT_EQ(d.first_line, 3);
+  EXPECT_EQ(d.features, (std::vector<float>{1.5f, 2, -3, 4e2f}));
+  EXPECT_TRUE(d.labels.empty());
+  write_text(path, "7\n8\n");
+  EXPECT_EQ(read_csv(path, kNoLabelColumn, false).features, (std::vector<float>{7, 8}));
+}
+
 TEST(Csv, MalformedFilesNameLineAndColumn) {
   TempDir dir;
   const std::string path = (dir / "f.csv");
@@ -597,7 +612,8 @@ TEST(Csv, MalformedFilesNameLineAndColumn) {
       {"1,2,0\n", 3, false, "f.csv:1:1: label_column 3 is out of range: the row has 3 cells"},
       // Not column 0, as it was once an int on the way here.
       {"1,2,0\n", int64_t(1) << 32, false, "f.csv:1:1: label_column 4294967296 is out of range"},
-      {"1,2,0\n", -2, false, "f.csv: label_column must be -1"},
+      {"1,2,0\n", -3, false, "f.csv: label_column must be -1"},
+      {"1,2\n3\n", kNoLabelColumn, false, "f.csv:2:2: row has 1 cells, expected 2 as on line 1"},
       {"5\n", -1, false, "f.csv:1:1: need a label and at least one feature"},
       {"", -1, false, "f.csv:1:1: no data rows (the file is empty)"},
       {"\n  \n", -1, false, "f.csv:2:1: no data rows"},

@@ -37,7 +37,7 @@
 #include "train/data.h"
 #include "train/memory.h"
 #include "train/run_dir.h"
-#include "train/safetensors.h"
+#include "core/safetensors.h"
 #include "train/trainer.h"
 
 extern char** environ;

@@ -1,7 +1,5 @@
 #include "train/checkpoint.h"
 
-#include <zlib.h>
-
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
@@ -11,7 +9,8 @@
 
 #include <spdlog/spdlog.h>
 
-#include "train/safetensors.h"
+#include "core/safetensors.h"
+#include "nn/serialize.h"
 
 namespace fs = std::filesystem;
 
@@ -20,99 +19,6 @@ namespace {
 
 constexpr const char* kFormat = "minitrain-checkpoint-2";
 constexpr const char* kLegacyFormat = "minitrain-checkpoint-1";  // no ids, no checksums
-const std::string kCrcPrefix = "crc32.";
-const std::string kMetadataCrc = "crc32.__metadata__";
-
-std::vector<StEntry> to_entries(const NamedTensors& tensors) {
-  std::vector<StEntry> entries;
-  for (const auto& [name, t] : tensors) {
-    Tensor c = t.detach().to(kCPU).contiguous();
-    StEntry e{name, c.dtype(), c.shape(), {}};
-    const auto* p = static_cast<const uint8_t*>(c.data_ptr());
-    e.data.assign(p, p + c.nbytes());
-    entries.push_back(std::move(e));
-  }
-  return entries;
-}
-
-NamedTensors from_file(const StFile& f) {
-  NamedTensors out;
-  for (const StEntry& e : f.entries) {
-    Tensor t = empty(e.shape, e.dtype);
-    if (!e.data.empty()) std::memcpy(t.data_ptr(), e.data.data(), e.data.size());
-    out.emplace_back(e.name, t);
-  }
-  return out;
-}
-
-// ---- checksums ----
-
-// CRC-32 over a sequence of fields, each length-prefixed so that no two sequences share a stream.
-class Crc {
- public:
-  Crc& add(const void* p, size_t n) {
-    const uint64_t len = n;
-    crc_ = crc32_z(crc_, reinterpret_cast<const Bytef*>(&len), sizeof len);
-    crc_ = crc32_z(crc_, static_cast<const Bytef*>(p), n);
-    return *this;
-  }
-  Crc& add(const std::string& s) { return add(s.data(), s.size()); }
-  std::string hex() const {
-    char buf[16];
-    std::snprintf(buf, sizeof buf, "%08lx", static_cast<unsigned long>(crc_));
-    return buf;
-  }
-
- private:
-  uLong crc_ = crc32_z(0, nullptr, 0);
-};
-
-std::string tensor_crc(const StEntry& e) {
-  Crc c;
-  c.add(e.name).add(std::string(dtype_name(e.dtype))).add(e.shape.data(), e.shape.size() * 8);
-  return c.add(e.data.data(), e.data.size()).hex();
-}
-
-std::string metadata_crc(const std::map<std::string, std::string>& metadata) {
-  Crc c;
-  for (const auto& [key, value] : metadata)
-    if (key != kMetadataCrc) c.add(key).add(value);
-  return c.hex();
-}
-
-// The metadata a file is saved with: `base` plus the tensors' checksums and the metadata's own.
-std::map<std::string, std::string> sealed(std::map<std::string, std::string> base,
-                                          const std::vector<StEntry>& entries) {
-  for (const StEntry& e : entries) base[kCrcPrefix + e.name] = tensor_crc(e);
-  base[kMetadataCrc] = metadata_crc(base);
-  return base;
-}
-
-// Every checksum of a format 2 file matches, and every tensor has one.
-void verify(const StFile& f) {
-  auto stored = f.metadata.find(kMetadataCrc);
-  MT_CHECK(stored != f.metadata.end(), f.path, ": damaged: metadata has no '", kMetadataCrc, "'");
-  const std::string meta = metadata_crc(f.metadata);
-  MT_CHECK(stored->second == meta, f.path, ": damaged: the metadata fails its checksum (stored ",
-           stored->second, ", computed ", meta, ")");
-  size_t listed = 0;
-  for (const auto& [key, value] : f.metadata)
-    if (key.starts_with(kCrcPrefix) && key != kMetadataCrc) {
-      ++listed;
-      const std::string name = key.substr(kCrcPrefix.size());
-      MT_CHECK(f.contains(name), f.path, ": damaged: tensor '", name,
-               "' has a checksum but is not in the file");
-    }
-  for (const StEntry& e : f.entries) {
-    auto it = f.metadata.find(kCrcPrefix + e.name);
-    MT_CHECK(it != f.metadata.end(), f.path, ": damaged: tensor '", e.name, "' has no checksum");
-    const std::string crc = tensor_crc(e);
-    MT_CHECK(it->second == crc, f.path, ": damaged: tensor '", e.name,
-             "' fails its checksum (stored ", it->second, ", computed ", crc, ")");
-  }
-  MT_CHECK(listed == f.entries.size(), f.path, ": damaged: ", listed, " tensor checksums for ",
-           f.entries.size(), " tensors");
-}
 
 // ---- names ----
 
@@ -197,8 +103,8 @@ Checkpoint load_file(const std::string& model_path) {
                  "cannot be verified, loading it as it is",
                  model_path);
   } else {
-    verify(model);
-    verify(optim);
+    verify_checksums(model);
+    verify_checksums(optim);
     MT_CHECK(meta_at(model, "run_id") == meta_at(optim, "run_id") &&
                  meta_at(model, "checkpoint_id") == meta_at(optim, "checkpoint_id"),
              model_path, " and ", optim_path,
@@ -216,9 +122,9 @@ Checkpoint load_file(const std::string& model_path) {
     MT_CHECK(named == c.step, model_path, ": its name says step ", named, " but its metadata says ",
              c.step);
   if (!legacy) c.run_id = meta_at(model, "run_id");
-  c.model = from_file(model);
-  c.optimizer = from_file(optim);
-  c.metadata = model.metadata;
+  c.model = nn::tensors_of(model);
+  c.optimizer = nn::tensors_of(optim);
+  c.metadata = without_checksums(model.metadata);
   return c;
 }
 
@@ -265,7 +171,7 @@ std::string save_checkpoint(const std::string& dir, const std::string& run_id, i
                             const std::map<std::string, std::string>& metadata, int64_t keep_last) {
   for (const auto& [key, _] : metadata)
     MT_CHECK(key != "format" && key != "step" && key != "run_id" && key != "checkpoint_id" &&
-                 !key.starts_with(kCrcPrefix),
+                 !key.starts_with(kChecksumPrefix),
              "checkpoint: metadata key '", key, "' is reserved");
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -277,9 +183,8 @@ std::string save_checkpoint(const std::string& dir, const std::string& run_id, i
                                                   {"checkpoint_id", random_id()}};
   std::map<std::string, std::string> model_meta = metadata;
   model_meta.insert(ids.begin(), ids.end());
-  const std::vector<StEntry> optim_entries = to_entries(optimizer), model_entries = to_entries(model);
-  write_safetensors(optim_path_for(model_path), optim_entries, sealed(ids, optim_entries));
-  write_safetensors(model_path, model_entries, sealed(model_meta, model_entries));
+  nn::save_tensors(optim_path_for(model_path), optimizer, ids);
+  nn::save_tensors(model_path, model, model_meta);
 
   // Newest first, this run's beyond the newest keep_last go (reading headers only when some may).
   const std::vector<std::string> all = list_checkpoints(dir);

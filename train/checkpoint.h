@@ -1,6 +1,7 @@
 #pragma once
-// Training checkpoints: two safetensors files per saved step, so the model file is exactly what
-// PyTorch's `model.load_state_dict(safetensors.torch.load_file(path))` expects:
+// Training checkpoints: two files per saved step, each one nn::save_tensors wrote (nn/serialize.h:
+// safetensors with checksums), so the model file is exactly what nn::load and PyTorch's
+// `model.load_state_dict(safetensors.torch.load_file(path))` expect:
 //
 //   <dir>/step-000300.safetensors        model parameters under their dotted names
 //                                        (metadata: the config as YAML, and the keys below)
@@ -12,7 +13,7 @@
 //   run_id         the run that wrote it: pruning only ever removes the current run's checkpoints
 //   checkpoint_id  random, one per saved step: proves a model and an optimizer file belong together
 //   crc32.<name>   CRC-32 of a tensor's name, dtype, shape and bytes, 8 hex digits
-//   crc32.__metadata__  CRC-32 of every other metadata key and value
+//   crc32.__metadata__  CRC-32 of every other metadata key and value (core/safetensors.h)
 // and loading verifies all of them, so a bit flipped anywhere (or two tensors swapped) is an
 // error naming the file and the tensor. Format 1 files (before checksums) still load, with a
 // warning that they cannot be verified.
@@ -48,7 +49,7 @@ struct Checkpoint {
   int64_t step = 0;  // optimizer steps completed
   std::string run_id;  // empty for a format 1 checkpoint
   NamedTensors model, optimizer;
-  std::map<std::string, std::string> metadata;  // the model file's
+  std::map<std::string, std::string> metadata;  // the model file's, without the checksums
 };
 
 // Saves step `step` of run `run_id` into `dir`, then prunes that run's checkpoints to the newest

@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -40,8 +41,9 @@ bool blank(std::string_view line) {
 }  // namespace
 
 CsvData read_csv(const std::string& path, int64_t label_column, bool header) {
-  MT_CHECK(label_column >= -1, path, ": label_column must be -1 (the last column) or a column ",
-           "index from 0, got ", label_column);
+  MT_CHECK(label_column >= kNoLabelColumn, path, ": label_column must be -1 (the last column) or ",
+           "a column index from 0, got ", label_column);
+  const bool labelled = label_column != kNoLabelColumn;
   std::error_code ec;
   MT_CHECK(std::filesystem::is_regular_file(path, ec) || !std::filesystem::exists(path, ec), path,
            ": not a regular file; a device or pipe may never end, so it is not read");
@@ -53,7 +55,7 @@ CsvData read_csv(const std::string& path, int64_t label_column, bool header) {
   std::vector<Cell> cells;
   int64_t lineno = 0;
   int64_t first_line = 0;  // the first data row; it fixes the number of cells per row
-  size_t width = 0, label = 0;
+  size_t width = 0, label = SIZE_MAX;  // SIZE_MAX: no label column
   while (std::getline(in, line)) {
     ++lineno;
     if (!line.empty() && line.back() == '\r') line.pop_back();
@@ -65,11 +67,13 @@ CsvData read_csv(const std::string& path, int64_t label_column, bool header) {
     if (first_line == 0) {
       first_line = lineno;
       width = cells.size();
-      MT_CHECK(width >= 2, at, "1: need a label and at least one feature, but the row has ", width,
-               " cell");
-      MT_CHECK(label_column < int64_t(width), at, "1: label_column ", label_column,
-               " is out of range: the row has ", width, " cells (columns 0..", width - 1, ")");
-      label = label_column < 0 ? width - 1 : size_t(label_column);
+      if (labelled) {
+        MT_CHECK(width >= 2, at, "1: need a label and at least one feature, but the row has ",
+                 width, " cell");
+        MT_CHECK(label_column < int64_t(width), at, "1: label_column ", label_column,
+                 " is out of range: the row has ", width, " cells (columns 0..", width - 1, ")");
+        label = label_column < 0 ? width - 1 : size_t(label_column);
+      }
     }
     if (cells.size() != width) {
       const size_t col = cells.size() > width ? cells[width].column : line.size() + 1;
@@ -103,7 +107,8 @@ CsvData read_csv(const std::string& path, int64_t label_column, bool header) {
   MT_CHECK(lineno > 0, path, ":1:1: no data rows (the file is empty)");
   MT_CHECK(out.rows > 0, path, ":", lineno, ":1: no data rows",
            header ? " after the header line" : "");
-  out.cols = int64_t(width) - 1;
+  out.cols = int64_t(width) - (labelled ? 1 : 0);
+  out.first_line = first_line;
   return out;
 }
 

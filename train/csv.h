@@ -13,9 +13,14 @@ struct CsvData {
   std::vector<int64_t> labels;  // rows
   int64_t rows = 0;
   int64_t cols = 0;  // feature columns
+  int64_t first_line = 0;  // the line of the first data row, from 1 (after a header, blank lines)
 };
 
-// label_column counts from 0; -1 means the last column. With `header` the first line is skipped.
+// A label_column for a file of features only (the input of `train predict`): labels stay empty.
+inline constexpr int64_t kNoLabelColumn = -2;
+
+// label_column counts from 0; -1 means the last column, kNoLabelColumn none. With `header` the
+// first line is skipped.
 // Throws mt::Error as "file:line:column: ..." for a cell that is not a finite number, a label that
 // is not a non-negative integer, a row with a different number of cells than the first, or a
 // file with no data rows; and, before reading, for a path that is not a regular file (a device or

@@ -116,6 +116,18 @@ Dataset load_csv(const std::string& path, int64_t label_column, bool header) {
   return d;
 }
 
+Dataset load_dataset(const DataConfig& d, const ModelConfig& m, bool test) {
+  if (d.kind == "synthetic") {
+    return test ? make_synthetic(synthetic_test_samples(d.samples), m.input, m.classes, d.noise,
+                                 d.seed, 1)
+                : make_synthetic(d.samples, m.input, m.classes, d.noise, d.seed, 0);
+  }
+  if (d.kind == "mnist") return load_mnist(test ? d.test_path : d.path, test);
+  return load_csv(test ? d.test_path : d.path, d.label_column, d.header);
+}
+
+bool has_test_set(const DataConfig& d) { return d.kind == "synthetic" || !d.test_path.empty(); }
+
 static void shuffle(std::vector<int64_t>& v, Generator& g) {
   for (size_t i = v.size(); i > 1; --i) std::swap(v[i - 1], v[g.below(i)]);
 }

@@ -12,6 +12,11 @@
 
 #include "core/tensor.h"
 
+namespace mt {
+struct DataConfig;
+struct ModelConfig;
+}  // namespace mt
+
 namespace mt::data {
 
 struct Dataset {
@@ -38,6 +43,14 @@ Dataset load_mnist(const std::string& dir, bool test);
 
 // Numeric CSV: every column but the label is a feature.
 Dataset load_csv(const std::string& path, int64_t label_column, bool header);
+
+// The data a config's `data` section names: the training set, or with `test` the test set
+// (the synthetic task's is an independent draw from the same clusters; for files, data.test_path).
+// Whatever a loader applies (MNIST's normalization, say) is applied the same for every caller:
+// training, `train eval` and `train predict` see the same features.
+Dataset load_dataset(const DataConfig& d, const ModelConfig& m, bool test);
+// Whether there is a test set: always for the synthetic task, for files only with data.test_path.
+bool has_test_set(const DataConfig& d);
 
 // Splits [0, size) into a training and a held-out part, after a seeded shuffle.
 struct Split {

@@ -2,7 +2,11 @@
 //
 //   train --config FILE [--set key.path=value]... [--device auto|cpu|cuda[:N]] [--resume CKPT]
 //         [--nproc N]
+//   train eval --checkpoint CKPT [--split test|val] [--set data.key=value]... [--device DEVICE]
+//   train predict --checkpoint CKPT --input X.csv --output P.csv [--set ...]... [--device DEVICE]
 //   train --list-ops | --help | --version
+//
+// eval and predict use a saved model (train/inference.h; docs/config.md, "Using a saved model").
 //
 // Data parallelism (docs/distributed.md): --nproc N on GPUs starts N worker processes of this
 // program, one per GPU, joined through NCCL; on the CPU it runs N ranks as threads of this
@@ -12,7 +16,8 @@
 // Exit codes: 0 success (also resuming a run that is already complete); 1 a runtime error (bad
 // data file, a failed write, CUDA error); 2 a usage or configuration error, a --resume checkpoint
 // that is missing, damaged or does not fit, or a checkpoint.dir that another run holds or has
-// files in (nothing is written); 3 a non-finite loss or gradient.
+// files in (nothing is written); for eval and predict also a checkpoint or an input file they
+// cannot use; 3 a non-finite loss or gradient.
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -25,6 +30,7 @@
 #include "parallel/launch.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
+#include "train/inference.h"
 #include "train/trainer.h"
 #ifdef MT_WITH_NCCL
 #include "parallel/nccl.h"
@@ -35,6 +41,8 @@ namespace {
 const char* kUsage =
     "usage: train --config FILE [--set key.path=value]... [--device auto|cpu|cuda[:N]]\n"
     "             [--resume CHECKPOINT]\n"
+    "       train eval --checkpoint CKPT [--split test|val] [--set data.KEY=VALUE]...\n"
+    "       train predict --checkpoint CKPT --input X.csv --output P.csv [--set ...]...\n"
     "       train --list-ops | --help | --version\n"
     "\n"
     "  --config FILE      the run's YAML config (docs/config.md lists every key)\n"
@@ -44,7 +52,14 @@ const char* kUsage =
     "  --resume PATH      continue a run from a checkpoint file or its directory\n"
     "  --nproc N          data parallel over N ranks: N GPUs (one process each, NCCL), or on\n"
     "                     the CPU N threads; optim.batch_size stays the global batch\n"
-    "  --list-ops         print the registered ops and their kernels\n";
+    "  --list-ops         print the registered ops and their kernels\n"
+    "\n"
+    "  eval               print a saved model's test loss and accuracy as its run printed them\n"
+    "                     (--split val: on the run's validation split)\n"
+    "  predict            write the predicted class and class probabilities of each row of a\n"
+    "                     CSV of features (no label column) as a CSV: class,p0,p1,...\n"
+    "  --checkpoint CKPT  a model file (step-N.safetensors) or a checkpoint directory (its\n"
+    "                     newest intact checkpoint); --set may change data.*, eval.*, device\n";
 
 struct UsageError : mt::Error {
   using mt::Error::Error;
@@ -77,6 +92,48 @@ void run_worker(const mt::Config& cfg, const mt::parallel::World& world, const s
 #endif
 }
 
+// `train eval ...` and `train predict ...`: argv[1] is the subcommand.
+int inference_command(int argc, char** argv) {
+  const std::string command = argv[1];
+  std::string checkpoint, split = "test", input, output;
+  std::vector<std::string> overrides;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw UsageError(command + ": " + a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--help" || a == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else if (a == "--checkpoint") {
+      checkpoint = value();
+    } else if (a == "--set") {
+      overrides.push_back(value());
+    } else if (a == "--device") {
+      overrides.push_back("device=" + value());
+    } else if (a == "--split" && command == "eval") {
+      split = value();
+    } else if ((a == "--input" || a == "--output") && command == "predict") {
+      (a == "--input" ? input : output) = value();
+    } else {
+      throw UsageError(command + ": unknown argument '" + a + "'");
+    }
+  }
+  if (checkpoint.empty()) throw UsageError(command + ": --checkpoint CKPT is required");
+  spdlog::set_pattern("[%H:%M:%S] %v");
+  if (command == "eval") {
+    std::puts(mt::train::format_evaluation(
+                  mt::train::evaluate_checkpoint(checkpoint, overrides, split)).c_str());
+    return 0;
+  }
+  if (input.empty() || output.empty())
+    throw UsageError("predict: --input X.csv and --output P.csv are required");
+  const int64_t rows = mt::train::predict_csv(checkpoint, input, output, overrides);
+  std::printf("predict: %lld rows -> %s\n", static_cast<long long>(rows), output.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -85,6 +142,8 @@ int main(int argc, char** argv) {
   int nproc = 1;
   bool have_config = false;
   try {
+    if (argc > 1 && (std::strcmp(argv[1], "eval") == 0 || std::strcmp(argv[1], "predict") == 0))
+      return inference_command(argc, argv);
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
       auto value = [&]() -> std::string {
@@ -151,6 +210,9 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const mt::ConfigError& e) {
     std::fprintf(stderr, "train: config error: %s\n", e.what());
+    return 2;
+  } catch (const mt::train::InferenceError& e) {
+    std::fprintf(stderr, "train: %s\n", e.what());
     return 2;
   } catch (const mt::train::CheckpointError& e) {
     std::fprintf(stderr, "train: cannot resume: %s\n", e.what());

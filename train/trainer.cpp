@@ -45,17 +45,6 @@ Device resolve_device(const std::string& spec) {
 
 namespace {
 
-data::Dataset load_data(const DataConfig& d, const ModelConfig& m, bool test) {
-  if (d.kind == "synthetic") {
-    // The synthetic task's test set is an independent draw from the same clusters.
-    return test ? data::make_synthetic(synthetic_test_samples(d.samples), m.input, m.classes,
-                                       d.noise, d.seed, 1)
-                : data::make_synthetic(d.samples, m.input, m.classes, d.noise, d.seed, 0);
-  }
-  if (d.kind == "mnist") return data::load_mnist(test ? d.test_path : d.path, test);
-  return data::load_csv(test ? d.test_path : d.path, d.label_column, d.header);
-}
-
 // Checkpoints, metrics and the curve are first written after training has run a while, so a
 // folder that can be neither created nor written is found now. Nothing is created here: the
 // nearest existing folder on the way to `dir` must be a writable directory.
@@ -151,9 +140,8 @@ Trainer::Trainer(Config config, std::shared_ptr<nn::Module> model, std::shared_p
     train_set_ = std::move(data->train);
     test_set_ = std::move(data->test);
   } else {
-    train_set_ = load_data(cfg_.data, m, false);
-    if (cfg_.data.kind == "synthetic" || !cfg_.data.test_path.empty())
-      test_set_ = load_data(cfg_.data, m, true);
+    train_set_ = data::load_dataset(cfg_.data, m, false);
+    if (data::has_test_set(cfg_.data)) test_set_ = data::load_dataset(cfg_.data, m, true);
   }
   for (const data::Dataset* set : {&train_set_, &test_set_}) {
     if (config_model) check_fits(*set, m);

@@ -1,5 +1,5 @@
 #pragma once
-// Checkpoints in the safetensors format, so PyTorch and numpy can open what we save:
+// The safetensors file format, so PyTorch and numpy can open what we save:
 //
 //   [8 bytes: N, little-endian u64] [N bytes: JSON header, space-padded] [tensor bytes]
 //
@@ -7,9 +7,13 @@
 // counted from the first byte after the header, plus an optional "__metadata__" object of
 // string -> string. The tensors' bytes follow back to back, in entry order, little-endian.
 //
-// Writing is atomic (temp file, fsync, rename), so a crash mid-save never costs the last good
-// checkpoint. Reading trusts nothing: every length and offset is checked against the file before
-// it is used, and anything inconsistent is an mt::Error naming the file.
+// Writing is atomic (temp file, fsync, rename, directory fsync), so a crash mid-save never costs
+// the file it replaces. Reading trusts nothing: every length and offset is checked against the
+// file before it is used, and anything inconsistent is an mt::Error naming the file.
+//
+// A well-formed file can still hold flipped bits. The checksums below, kept in the metadata where
+// other readers ignore them, catch those: every file minitrain writes carries them
+// (nn::save_tensors, nn/serialize.h). This layer handles bytes only; Tensors are nn's business.
 #include <cstdint>
 #include <map>
 #include <string>
@@ -48,5 +52,24 @@ StFile read_safetensors(const std::string& path);
 // The `__metadata__` of a safetensors file, validated like read_safetensors but without reading
 // the tensors' bytes: for looking at many checkpoints cheaply.
 std::map<std::string, std::string> read_safetensors_metadata(const std::string& path);
+
+// ---- checksums ----
+// Metadata keys of a file that carries checksums (8 hex digits each):
+//   crc32.<name>        CRC-32 of a tensor's name, dtype, shape and bytes
+//   crc32.__metadata__  CRC-32 of every other metadata key and value
+// With both, a bit flipped anywhere in the file, or two same-shape tensors swapped, is found.
+inline constexpr const char* kChecksumPrefix = "crc32.";
+
+// `metadata` plus the checksums of `entries` and then of the metadata itself: what to write the
+// entries with. `metadata` must not already use the prefix (mt::Error naming the key).
+std::map<std::string, std::string> seal_metadata(std::map<std::string, std::string> metadata,
+                                                 const std::vector<StEntry>& entries);
+
+// Every checksum of `f` matches and every tensor has one; otherwise an mt::Error as
+// "<path>: damaged: tensor 'w' fails its checksum (stored ..., computed ...)".
+void verify_checksums(const StFile& f);
+
+// `metadata` without the checksum keys: what the writer passed to seal_metadata.
+std::map<std::string, std::string> without_checksums(std::map<std::string, std::string> metadata);
 
 }  // namespace mt

@@ -1,8 +1,9 @@
-#include "train/safetensors.h"
+#include "core/safetensors.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -336,6 +337,90 @@ const StEntry& StFile::at(const std::string& name) const {
 bool StFile::contains(const std::string& name) const {
   return std::any_of(entries.begin(), entries.end(),
                      [&](const StEntry& e) { return e.name == name; });
+}
+
+// ---- checksums ----
+
+namespace {
+
+const std::string kMetadataCrc = std::string(kChecksumPrefix) + "__metadata__";
+
+// CRC-32 over a sequence of fields, each length-prefixed so that no two sequences share a stream.
+class Crc {
+ public:
+  Crc& add(const void* p, size_t n) {
+    const uint64_t len = n;
+    crc_ = crc32_z(crc_, reinterpret_cast<const Bytef*>(&len), sizeof len);
+    crc_ = crc32_z(crc_, static_cast<const Bytef*>(p), n);
+    return *this;
+  }
+  Crc& add(const std::string& s) { return add(s.data(), s.size()); }
+  std::string hex() const {
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "%08lx", static_cast<unsigned long>(crc_));
+    return buf;
+  }
+
+ private:
+  uLong crc_ = crc32_z(0, nullptr, 0);
+};
+
+std::string tensor_crc(const StEntry& e) {
+  Crc c;
+  c.add(e.name).add(std::string(dtype_name(e.dtype))).add(e.shape.data(), e.shape.size() * 8);
+  return c.add(e.data.data(), e.data.size()).hex();
+}
+
+std::string metadata_crc(const std::map<std::string, std::string>& metadata) {
+  Crc c;
+  for (const auto& [key, value] : metadata)
+    if (key != kMetadataCrc) c.add(key).add(value);
+  return c.hex();
+}
+
+bool is_checksum_key(const std::string& key) { return key.starts_with(kChecksumPrefix); }
+
+}  // namespace
+
+std::map<std::string, std::string> seal_metadata(std::map<std::string, std::string> metadata,
+                                                 const std::vector<StEntry>& entries) {
+  for (const auto& [key, _] : metadata)
+    MT_CHECK(!is_checksum_key(key), "safetensors: metadata key '", key, "' is reserved (the '",
+             kChecksumPrefix, "' keys hold the file's checksums)");
+  for (const StEntry& e : entries) metadata[kChecksumPrefix + e.name] = tensor_crc(e);
+  metadata[kMetadataCrc] = metadata_crc(metadata);
+  return metadata;
+}
+
+void verify_checksums(const StFile& f) {
+  auto stored = f.metadata.find(kMetadataCrc);
+  MT_CHECK(stored != f.metadata.end(), f.path, ": damaged: metadata has no '", kMetadataCrc,
+           "' (a file minitrain wrote always has it)");
+  const std::string meta = metadata_crc(f.metadata);
+  MT_CHECK(stored->second == meta, f.path, ": damaged: the metadata fails its checksum (stored ",
+           stored->second, ", computed ", meta, ")");
+  size_t listed = 0;
+  for (const auto& [key, value] : f.metadata)
+    if (is_checksum_key(key) && key != kMetadataCrc) {
+      ++listed;
+      const std::string name = key.substr(std::strlen(kChecksumPrefix));
+      MT_CHECK(f.contains(name), f.path, ": damaged: tensor '", name,
+               "' has a checksum but is not in the file");
+    }
+  for (const StEntry& e : f.entries) {
+    auto it = f.metadata.find(kChecksumPrefix + e.name);
+    MT_CHECK(it != f.metadata.end(), f.path, ": damaged: tensor '", e.name, "' has no checksum");
+    const std::string crc = tensor_crc(e);
+    MT_CHECK(it->second == crc, f.path, ": damaged: tensor '", e.name,
+             "' fails its checksum (stored ", it->second, ", computed ", crc, ")");
+  }
+  MT_CHECK(listed == f.entries.size(), f.path, ": damaged: ", listed, " tensor checksums for ",
+           f.entries.size(), " tensors");
+}
+
+std::map<std::string, std::string> without_checksums(std::map<std::string, std::string> metadata) {
+  std::erase_if(metadata, [](const auto& kv) { return is_checksum_key(kv.first); });
+  return metadata;
 }
 
 }  // namespace mt

@@ -1,0 +1,202 @@
+#include "train/inference.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "core/autograd.h"
+#include "core/registry.h"
+#include "nn/serialize.h"
+#include "ops/cross_entropy/cross_entropy.h"
+#include "train/checkpoint.h"
+#include "train/csv.h"
+#include "train/data.h"
+#include "train/models.h"
+#include "train/trainer.h"
+
+namespace mt::train {
+namespace {
+
+// The keys an override may set: what to run on and which data, never the model.
+void check_overrides(const std::vector<std::string>& overrides) {
+  for (const std::string& o : overrides) {
+    const std::string key = o.substr(0, o.find('='));
+    if (!key.starts_with("data.") && !key.starts_with("eval.") && key != "device")
+      throw ConfigError("--set " + o + ": a saved model takes overrides of data.*, eval.* and " +
+                        "device only (the model and its training are the checkpoint's)");
+  }
+}
+
+// The model file of `checkpoint`: itself, or a directory's newest intact checkpoint.
+std::string model_file(const std::string& checkpoint) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(checkpoint, ec)) return checkpoint;
+  try {
+    return load_checkpoint(checkpoint).path;
+  } catch (const CheckpointError& e) {
+    throw InferenceError(e.what());
+  }
+}
+
+// The logits of `x` [n, input] f32, in the run's compute dtype, without a graph.
+Tensor forward(const SavedModel& m, const Tensor& x) {
+  return (*m.model)(x.to(m.config.precision.compute_dtype));
+}
+
+// The row's largest logit, the first on ties (as the trainer counts accuracy).
+size_t argmax(const double* row, size_t n) { return size_t(std::max_element(row, row + n) - row); }
+
+// Writes `text` to `path` through a temp file beside it, synced, then renamed over `path`.
+void write_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  FILE* f = std::fopen(tmp.c_str(), "wb");
+  MT_CHECK(f != nullptr, path, ": cannot create ", tmp, ": ", std::strerror(errno));
+  const bool written = std::fwrite(text.data(), 1, text.size(), f) == text.size() &&
+                       std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
+  const int err = errno;
+  const bool closed = std::fclose(f) == 0;
+  if (!written || !closed || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(written && closed ? errno : err);
+    std::remove(tmp.c_str());
+    MT_THROW(path, ": cannot write: ", why);
+  }
+}
+
+}  // namespace
+
+SavedModel load_saved_model(const std::string& checkpoint, const std::vector<std::string>& overrides) {
+  check_overrides(overrides);
+  SavedModel m;
+  m.path = model_file(checkpoint);
+  nn::TensorFile file;
+  try {
+    file = nn::load_tensors(m.path);
+  } catch (const Error& e) {
+    throw InferenceError(e.what());
+  }
+  auto config = file.metadata.find("config");
+  if (config == file.metadata.end())
+    throw InferenceError(m.path + ": has no 'config' in its metadata: not a model file `train` saved");
+  m.config = parse_config(config->second, m.path + " (its config)", overrides);
+  const Config& c = m.config;
+  m.device = resolve_device(c.device);
+  set_deterministic(c.precision.deterministic);
+  // Placed as the trainer places it, so the arithmetic is the run's.
+  m.model = build_model(c.model);
+  if (c.precision.compute_dtype == DType::f64) m.model->to(DType::f64);
+  m.model->to(m.device);
+  if (c.precision.compute_dtype != DType::f64) m.model->set_compute_dtype(c.precision.compute_dtype);
+  try {
+    m.model->load_state_dict(file.tensors);
+  } catch (const Error& e) {
+    throw InferenceError(m.path + ": does not fit the model its config describes: " + e.what());
+  }
+  m.model->eval();
+  return m;
+}
+
+Evaluation evaluate_checkpoint(const std::string& checkpoint, const std::vector<std::string>& overrides,
+                               const std::string& split) {
+  if (split != "test" && split != "val")
+    throw ConfigError("--split: expected test or val, got '" + split + "'");
+  const SavedModel m = load_saved_model(checkpoint, overrides);
+  const Config& c = m.config;
+  if (split == "test" && !data::has_test_set(c.data))
+    throw ConfigError("data.test_path: the run has no test set; give one with --set "
+                      "data.test_path=FILE, or evaluate the validation split with --split val");
+  const data::Dataset set = data::load_dataset(c.data, c.model, split == "test");
+  std::vector<int64_t> rows;
+  if (split == "test") {
+    for (int64_t i = 0; i < set.size; ++i) rows.push_back(i);
+  } else {
+    rows = data::split_indices(set.size, c.data.val_fraction, c.data.seed).val;
+    if (rows.empty())
+      throw ConfigError(detail::concat("data.val_fraction: ", c.data.val_fraction,
+                                       " holds out none of the ", set.size, " samples"));
+  }
+  if (set.dim != c.model.input)
+    throw ConfigError(detail::concat("model.input: the checkpoint's model takes ", c.model.input,
+                                     " features but the ", split, " data (", set.name, ") has ",
+                                     set.dim));
+  for (int64_t y : set.labels)
+    if (y < 0 || y >= c.model.classes)
+      throw ConfigError(detail::concat("model.classes: the checkpoint's model has ", c.model.classes,
+                                       " classes but the ", split, " data has label ", y));
+
+  // The trainer's evaluation: per batch the summed loss and the correct count, then the means.
+  NoGradGuard no_grad;
+  double loss_sum = 0;
+  int64_t correct = 0;
+  const size_t bs = size_t(c.eval.batch_size), C = size_t(c.model.classes);
+  for (size_t begin = 0; begin < rows.size(); begin += bs) {
+    const std::vector<int64_t> batch(rows.begin() + long(begin),
+                                     rows.begin() + long(std::min(rows.size(), begin + bs)));
+    auto [x, y] = set.gather(batch, m.device);
+    const Tensor logits = forward(m, x);
+    loss_sum += cross_entropy(logits, y, -100, 1.0).item();
+    const std::vector<double> l = logits.to_vector(), t = y.to_vector();
+    for (size_t r = 0; r < t.size(); ++r) correct += argmax(&l[r * C], C) == size_t(t[r]);
+  }
+  const double n = double(rows.size());
+  return {split, loss_sum / n, double(correct) / n, int64_t(rows.size())};
+}
+
+std::string format_evaluation(const Evaluation& e) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "%s: loss %.4f | accuracy %.4f (%lld samples)", e.split.c_str(),
+                e.loss, e.accuracy, static_cast<long long>(e.samples));
+  return buf;
+}
+
+int64_t predict_csv(const std::string& checkpoint, const std::string& input,
+                    const std::string& output, const std::vector<std::string>& overrides) {
+  const SavedModel m = load_saved_model(checkpoint, overrides);
+  const ModelConfig& mc = m.config.model;
+  CsvData in;
+  try {
+    in = read_csv(input, kNoLabelColumn, m.config.data.header);
+  } catch (const Error& e) {
+    throw InferenceError(e.what());
+  }
+  if (in.cols != mc.input)
+    throw InferenceError(detail::concat(input, ":", in.first_line, ": the row has ", in.cols,
+                                        " features, but the model takes ", mc.input,
+                                        " (model.input; the input has no label column)"));
+
+  const size_t C = size_t(mc.classes), D = size_t(in.cols), bs = size_t(m.config.eval.batch_size);
+  std::string text = "class";
+  for (size_t k = 0; k < C; ++k) text += ",p" + std::to_string(k);
+  text += "\n";
+  NoGradGuard no_grad;
+  char cell[32];
+  for (size_t begin = 0; begin < size_t(in.rows); begin += bs) {
+    const size_t n = std::min(size_t(in.rows) - begin, bs);
+    const std::vector<float> rows(in.features.begin() + long(begin * D),
+                                  in.features.begin() + long((begin + n) * D));
+    const std::vector<double> l =
+        forward(m, from_vector(rows, {int64_t(n), int64_t(D)}).to(m.device)).to_vector();
+    for (size_t r = 0; r < n; ++r) {
+      const double* row = &l[r * C];
+      const size_t best = argmax(row, C);
+      // Softmax, shifted by the largest logit so that exp never overflows.
+      double sum = 0;
+      for (size_t k = 0; k < C; ++k) sum += std::exp(row[k] - row[best]);
+      text += std::to_string(best);
+      for (size_t k = 0; k < C; ++k) {
+        std::snprintf(cell, sizeof cell, ",%.9g", std::exp(row[k] - row[best]) / sum);
+        text += cell;
+      }
+      text += "\n";
+    }
+  }
+  write_atomically(output, text);
+  return in.rows;
+}
+
+}  // namespace mt::train

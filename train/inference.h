@@ -1,0 +1,73 @@
+#pragma once
+// Using a trained model without writing C++: `train eval` and `train predict` (train/main.cpp)
+// are these functions.
+//
+// A checkpoint's model file is an nn::save file whose metadata holds the run's config as YAML
+// (train/checkpoint.h); that config rebuilds the model (build_model) and names the data, so a
+// model file alone is enough. The data goes through the training run's own loaders
+// (data::load_dataset), so it gets whatever they applied (MNIST's normalization, say).
+//
+//   train eval --checkpoint runs/mlp/step-000300.safetensors
+//   test: loss 0.1234 | accuracy 0.9688 (4000 samples)      <- the line the training run printed
+//
+//   train predict --checkpoint runs/mlp --input x.csv --output p.csv
+//   p.csv:  class,p0,p1,...,p7         one row per input row: the predicted class (the largest
+//           3,0.00124,...,0.0312        logit, the first on ties) and the softmax probabilities
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "nn/module.h"
+#include "train/config.h"
+
+namespace mt::train {
+
+// A checkpoint or an input file that `train eval` / `train predict` cannot use (missing, damaged,
+// not a model file, the wrong width): `train` exits with code 2, having written nothing.
+struct InferenceError : Error {
+  using Error::Error;
+};
+
+// A model as its training run left it, ready for inference.
+struct SavedModel {
+  std::string path;  // the model file it came from
+  Config config;     // the one stored in it, with the overrides applied
+  Device device;     // config.device, resolved
+  std::shared_ptr<nn::Module> model;  // on `device`, in eval mode, in the run's compute dtype
+};
+
+// Loads a model file, or a checkpoint directory's newest intact checkpoint (as --resume does),
+// verifying every checksum. `overrides` ("key.path=value", as --set) may change only data.*,
+// eval.* and device: the model is the checkpoint's (anything else is a ConfigError).
+SavedModel load_saved_model(const std::string& checkpoint,
+                            const std::vector<std::string>& overrides = {});
+
+struct Evaluation {
+  std::string split;  // "test" or "val"
+  double loss = 0, accuracy = 0;
+  int64_t samples = 0;
+};
+
+// Mean cross-entropy and accuracy on `split`: "test" (the config's test set) or "val" (the
+// validation part of the training data, split as the run split it). Computed as the trainer
+// does (batches of eval.batch_size, the run's device and compute dtype), so on the data of the run
+// it reproduces the run's numbers. A ConfigError when the split does not exist or the data does
+// not fit the model.
+Evaluation evaluate_checkpoint(const std::string& checkpoint,
+                               const std::vector<std::string>& overrides = {},
+                               const std::string& split = "test");
+
+// "test: loss 0.1234 | accuracy 0.9688 (4000 samples)": the format of the training run's line.
+std::string format_evaluation(const Evaluation& e);
+
+// Reads `input` (features only, model.input numbers a row; a header line when data.header says
+// so), and writes `output` as "class,p0,...,p{C-1}" and one row per sample, probabilities to 9
+// significant digits (a float's round trip). The output is written to a temp file and renamed
+// into place: it appears whole or not at all. An input that cannot be read or has the wrong
+// width is an InferenceError naming the file and line. Returns the number of rows written.
+int64_t predict_csv(const std::string& checkpoint, const std::string& input,
+                    const std::string& output, const std::vector<std::string>& overrides = {});
+
+}  // namespace mt::train
