@@ -74,15 +74,15 @@ TEST(Inference, EvaluateReproducesTheRunsTestAndValidationNumbers) {
     TempDir dir;
     const Config cfg = tiny_config(dir, {std::string("precision.compute_dtype=") + dtype});
     train::RunSummary s = train::Trainer(cfg, kCPU).run();
-    const train::Evaluation test = train::evaluate_checkpoint(s.checkpoint);
+    const train::CheckpointEvaluation test = train::evaluate_checkpoint(s.checkpoint);
     EXPECT_EQ(test.loss, s.test_loss);  // exactly: the same arithmetic on the same data
-    EXPECT_EQ(test.accuracy, s.test_accuracy);
+    EXPECT_EQ(test.metrics.at("accuracy"), s.test_metrics.at("accuracy"));
     EXPECT_EQ(test.samples, 120);
-    const train::Evaluation val = train::evaluate_checkpoint(dir / "ck", {}, "val");  // the newest
+    const train::CheckpointEvaluation val = train::evaluate_checkpoint(dir / "ck", {}, "val");  // the newest
     EXPECT_EQ(val.loss, s.val_loss);
-    EXPECT_EQ(val.accuracy, s.val_accuracy);
+    EXPECT_EQ(val.metrics.at("accuracy"), s.val_metrics.at("accuracy"));
     EXPECT_EQ(val.samples, 60);
-    EXPECT_GT(test.accuracy, 0.25);  // learned something: not a fresh model
+    EXPECT_GT(test.metrics.at("accuracy"), 0.25);  // learned something: not a fresh model
   }
 }
 
@@ -91,9 +91,11 @@ TEST(Inference, EvaluateTakesOtherDataAndRefusesWhatDoesNotFit) {
   const Config cfg = tiny_config(dir);
   const std::string ckpt = train::Trainer(cfg, kCPU).run().checkpoint;
   // A larger test draw of the same task (a fifth of data.samples).
-  const train::Evaluation other = train::evaluate_checkpoint(ckpt, {"data.samples=1000"});
+  const train::CheckpointEvaluation other = train::evaluate_checkpoint(ckpt, {"data.samples=1000"});
   EXPECT_EQ(other.samples, 200);
-  EXPECT_EQ(train::format_evaluation({"test", 0.123449, 0.5, 7}),
+  train::CheckpointEvaluation e;
+  e.loss = 0.123449, e.metrics = {{"accuracy", 0.5}}, e.split = "test", e.samples = 7;
+  EXPECT_EQ(train::format_evaluation(e),
             "test: loss 0.1234 | accuracy 0.5000 (7 samples)");
 
   const std::string csv = dir / "d.csv";
@@ -173,7 +175,7 @@ TEST(Inference, PredictAgreesWithEvaluate) {
     ++rows;
   }
   EXPECT_EQ(rows, 120);
-  EXPECT_EQ(double(correct) / 120.0, s.test_accuracy);
+  EXPECT_EQ(double(correct) / 120.0, s.test_metrics.at("accuracy"));
 }
 
 // A row of the wrong width stops predict before anything is written, naming the file and line.

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include <spdlog/fmt/fmt.h>
+
 #include "core/autograd.h"
 
 namespace mt::train {
@@ -23,6 +25,12 @@ Evaluation evaluate(nn::Module& model, Task& task, const data::Dataset& set,
   e.loss /= n;
   for (auto& [name, sum] : e.metrics) sum /= n;
   return e;
+}
+
+std::string metrics_text(const Metrics& metrics, const std::string& prefix) {
+  std::string out;
+  for (const auto& [name, v] : metrics) out += fmt::format(" | {}{} {:.4f}", prefix, name, v);
+  return out;
 }
 
 }  // namespace mt::train

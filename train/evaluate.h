@@ -1,6 +1,7 @@
 #pragma once
 // Evaluation: a task's mean loss and metrics over some rows of a dataset, without gradients.
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "nn/module.h"
@@ -19,5 +20,8 @@ struct Evaluation {
 Evaluation evaluate(nn::Module& model, Task& task, const data::Dataset& set,
                     const std::vector<int64_t>& rows, int64_t batch_size, Device device,
                     DType compute_dtype);
+
+// " | val_accuracy 0.9730" for each metric (prefix "val_"), as the log prints them.
+std::string metrics_text(const Metrics& metrics, const std::string& prefix);
 
 }  // namespace mt::train

@@ -10,14 +10,16 @@
 #include <cstring>
 #include <filesystem>
 
+#include <spdlog/fmt/fmt.h>
+
 #include "core/autograd.h"
 #include "core/registry.h"
 #include "nn/serialize.h"
-#include "ops/cross_entropy/cross_entropy.h"
 #include "train/checkpoint.h"
 #include "train/csv.h"
 #include "train/data.h"
 #include "train/models.h"
+#include "train/task.h"
 #include "train/trainer.h"
 
 namespace mt::train {
@@ -101,7 +103,7 @@ SavedModel load_saved_model(const std::string& checkpoint, const std::vector<std
   return m;
 }
 
-Evaluation evaluate_checkpoint(const std::string& checkpoint, const std::vector<std::string>& overrides,
+CheckpointEvaluation evaluate_checkpoint(const std::string& checkpoint, const std::vector<std::string>& overrides,
                                const std::string& split) {
   if (split != "test" && split != "val")
     throw ConfigError("--split: expected test or val, got '" + split + "'");
@@ -129,29 +131,17 @@ Evaluation evaluate_checkpoint(const std::string& checkpoint, const std::vector<
       throw ConfigError(detail::concat("model.classes: the checkpoint's model has ", c.model.classes,
                                        " classes but the ", split, " data has label ", y));
 
-  // The trainer's evaluation: per batch the summed loss and the correct count, then the means.
-  NoGradGuard no_grad;
-  double loss_sum = 0;
-  int64_t correct = 0;
-  const size_t bs = size_t(c.eval.batch_size), C = size_t(c.model.classes);
-  for (size_t begin = 0; begin < rows.size(); begin += bs) {
-    const std::vector<int64_t> batch(rows.begin() + long(begin),
-                                     rows.begin() + long(std::min(rows.size(), begin + bs)));
-    auto [x, y] = set.gather(batch, m.device);
-    const Tensor logits = forward(m, x);
-    loss_sum += cross_entropy(logits, y, -100, 1.0).item();
-    const std::vector<double> l = logits.to_vector(), t = y.to_vector();
-    for (size_t r = 0; r < t.size(); ++r) correct += argmax(&l[r * C], C) == size_t(t[r]);
-  }
-  const double n = double(rows.size());
-  return {split, loss_sum / n, double(correct) / n, int64_t(rows.size())};
+  CheckpointEvaluation e;
+  static_cast<Evaluation&>(e) = evaluate(*m.model, *classification(), set, rows, c.eval.batch_size,
+                                         m.device, c.precision.compute_dtype);
+  e.split = split;
+  e.samples = int64_t(rows.size());
+  return e;
 }
 
-std::string format_evaluation(const Evaluation& e) {
-  char buf[160];
-  std::snprintf(buf, sizeof buf, "%s: loss %.4f | accuracy %.4f (%lld samples)", e.split.c_str(),
-                e.loss, e.accuracy, static_cast<long long>(e.samples));
-  return buf;
+std::string format_evaluation(const CheckpointEvaluation& e) {
+  return fmt::format("{}: loss {:.4f}{} ({} samples)", e.split, e.loss, metrics_text(e.metrics, ""),
+                     e.samples);
 }
 
 int64_t predict_csv(const std::string& checkpoint, const std::string& input,

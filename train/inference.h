@@ -21,6 +21,7 @@
 #include "core/error.h"
 #include "nn/module.h"
 #include "train/config.h"
+#include "train/evaluate.h"
 
 namespace mt::train {
 
@@ -44,23 +45,22 @@ struct SavedModel {
 SavedModel load_saved_model(const std::string& checkpoint,
                             const std::vector<std::string>& overrides = {});
 
-struct Evaluation {
+struct CheckpointEvaluation : Evaluation {  // the mean loss and the mean "accuracy"
   std::string split;  // "test" or "val"
-  double loss = 0, accuracy = 0;
   int64_t samples = 0;
 };
 
-// Mean cross-entropy and accuracy on `split`: "test" (the config's test set) or "val" (the
+// Mean cross-entropy and accuracy (the classification task) on `split`: "test" (the config's test set) or "val" (the
 // validation part of the training data, split as the run split it). Computed as the trainer
-// does (batches of eval.batch_size, the run's device and compute dtype), so on the data of the run
+// does (train::evaluate: batches of eval.batch_size, the run's device and compute dtype), so on the data of the run
 // it reproduces the run's numbers. A ConfigError when the split does not exist or the data does
 // not fit the model.
-Evaluation evaluate_checkpoint(const std::string& checkpoint,
+CheckpointEvaluation evaluate_checkpoint(const std::string& checkpoint,
                                const std::vector<std::string>& overrides = {},
                                const std::string& split = "test");
 
 // "test: loss 0.1234 | accuracy 0.9688 (4000 samples)": the format of the training run's line.
-std::string format_evaluation(const Evaluation& e);
+std::string format_evaluation(const CheckpointEvaluation& e);
 
 // Reads `input` (features only, model.input numbers a row; a header line when data.header says
 // so), and writes `output` as "class,p0,...,p{C-1}" and one row per sample, probabilities to 9

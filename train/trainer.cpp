@@ -93,13 +93,6 @@ optim::LossScalerOptions loss_scaler_options(const PrecisionConfig& p) {
 // The loss scaler's state travels in the optimizer file under this prefix.
 constexpr std::string_view kScalerPrefix = "loss_scaler.";
 
-// " | val_accuracy 0.9730" for each metric, for the log.
-std::string metrics_text(const Metrics& metrics, const std::string& prefix) {
-  std::string out;
-  for (const auto& [name, v] : metrics) out += fmt::format(" | {}{} {:.4f}", prefix, name, v);
-  return out;
-}
-
 bool is_terminal() { return ::isatty(::fileno(stdout)) == 1; }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
