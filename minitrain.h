@@ -24,6 +24,7 @@
 #include "nn/init.h"
 #include "nn/module.h"
 #include "nn/modules.h"
+#include "nn/serialize.h"
 
 // optim: optimizers, clipping, schedules, loss scaling.
 #include "optim/adamw.h"
@@ -41,4 +42,8 @@
 // train: the config, the trainer and its checkpoints.
 #include "train/checkpoint.h"
 #include "train/config.h"
+#include "train/data.h"
+#include "train/inference.h"
+#include "train/models.h"
+#include "train/task.h"
 #include "train/trainer.h"

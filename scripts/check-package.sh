@@ -40,6 +40,7 @@ cmake -S examples/consumer -B "$tmp/consumer" "${generator[@]}" -DCMAKE_PREFIX_P
   -DCMAKE_BUILD_TYPE=Release >"$tmp/consumer.log" 2>&1 || { cat "$tmp/consumer.log"; fail "consumer configure"; }
 cmake --build "$tmp/consumer" -j "$(nproc)" >>"$tmp/consumer.log" 2>&1 || { cat "$tmp/consumer.log"; fail "consumer build"; }
 "$tmp/consumer/consumer_train" || fail "consumer_train"
+"$tmp/consumer/consumer_residual" || fail "consumer_residual"
 
 # op:Phase:Device for each MT_REGISTER_KERNEL in the sources.
 kernels=()

@@ -128,6 +128,21 @@ check "bf16 eager vs bf16 cuda_graph, final weights" python3 scripts/same_weight
   "$build/runs/bf16/step-000300.safetensors" "$build/runs/bf16-graph/step-000300.safetensors"
 note "  $(grep -m1 -o 'cuda_graph: .*' "$build/runs/train-bf16-graph.log")"
 
+# A user's own model through the installed package (examples/consumer): a residual network
+# trained by the trainer on the GPU in bf16 with the step replayed as a CUDA graph, resumed
+# bitwise, saved and loaded.
+rm -rf "$build/prefix" "$build/consumer"
+if cmake --install "$build" --prefix "$build/prefix" >"$logs/consumer.log" 2>&1 &&
+   cmake -S examples/consumer -B "$build/consumer" -DCMAKE_PREFIX_PATH="$(cd "$build" && pwd)/prefix" \
+     -DCMAKE_BUILD_TYPE=Release >>"$logs/consumer.log" 2>&1 &&
+   cmake --build "$build/consumer" -j "$(nproc)" >>"$logs/consumer.log" 2>&1; then
+  check "user model (consumer_residual, cuda bf16 cuda_graph)" bash -c \
+    "set -o pipefail; '$build/consumer/consumer_residual' --device cuda --dtype bf16 --graph 2>&1 | grep -E 'consumer_residual|cuda_graph'"
+else
+  tail -20 "$logs/consumer.log"
+  fail "consumer build against the installed package"
+fi
+
 # Last, as it takes longest: the whole train step beside PyTorch.
 if [[ -x $build/train_step ]]; then
   timeout 240 bash scripts/bench-train-step.sh "$build" "$build/train-step" >"$logs/train_step.log" 2>&1
