@@ -9,7 +9,7 @@
 //
 // The normalizer is explicit so a microbatch can divide by the whole optimizer step's count of
 // targets, not its own: Σ_k (x_k / N) over microbatches is the full-batch mean, while
-// Σ_k (x_k / n_k) is not (DESIGN.md, "Gradient-accumulation microbatches").
+// Σ_k (x_k / n_k) is not (docs/README.md, the microbatch lesson).
 // Saved: logits (an input) and lse (one float per row); softmax is recomputed in backward.
 #include <cstdint>
 
