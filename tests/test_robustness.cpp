@@ -31,6 +31,7 @@
 
 #include "tests/expect_error.h"
 #include "tests/log_capture.h"
+#include "tests/bit_flip.h"
 #include "tests/temp_dir.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
@@ -47,6 +48,8 @@ using mt::test::TempDir;
 namespace fs = std::filesystem;
 
 namespace {
+
+using mt::test::flip_bit;
 
 // ---- numerical faults ---------------------------------------------------------------------
 
@@ -722,16 +725,6 @@ TEST(WriteFailures, AFailedCheckpointStopsTheRunAndKeepsTheEarlierOnes) {
 }
 
 // ---- checkpoint integrity -----------------------------------------------------------------
-
-void flip_bit(const std::string& path, uint64_t bit) {
-  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-  f.seekg(std::streamoff(bit / 8));
-  char c = 0;
-  f.read(&c, 1);
-  c = char(c ^ (1 << (bit % 8)));
-  f.seekp(std::streamoff(bit / 8));
-  f.write(&c, 1);
-}
 
 uint64_t header_end(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

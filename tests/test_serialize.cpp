@@ -11,10 +11,13 @@
 #include "nn/modules.h"
 #include "nn/serialize.h"
 #include "tests/expect_error.h"
+#include "tests/bit_flip.h"
 #include "tests/temp_dir.h"
 
 namespace mt {
 namespace {
+
+using mt::test::flip_bit;
 
 using test::TempDir;
 
@@ -43,16 +46,6 @@ void expect_same_state(const nn::Module& a, const nn::Module& b) {
     EXPECT_EQ(sa[i].first, sb[i].first);
     EXPECT_TRUE(same_bytes(sa[i].second, sb[i].second)) << sa[i].first;
   }
-}
-
-void flip_bit(const std::string& path, uint64_t bit) {
-  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-  f.seekg(std::streamoff(bit / 8));
-  char c = 0;
-  f.read(&c, 1);
-  c = char(c ^ (1 << (bit % 8)));
-  f.seekp(std::streamoff(bit / 8));
-  f.write(&c, 1);
 }
 
 TEST(Serialize, RoundTripsBitExactlyInF32AndF64) {

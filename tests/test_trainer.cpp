@@ -22,10 +22,12 @@
 #include "train/metrics.h"
 #include "train/trainer.h"
 #include "tests/log_capture.h"
+#include "tests/max_rel_diff.h"
 #include "tests/temp_dir.h"
 
 using namespace mt;
 using mt::test::TempDir;
+using mt::test::max_rel_diff;
 namespace fs = std::filesystem;
 
 namespace {
@@ -45,19 +47,6 @@ std::vector<std::vector<double>> params_of(train::Trainer& t) {
   std::vector<std::vector<double>> out;
   for (auto& p : t.model().parameters()) out.push_back(p.to_vector());
   return out;
-}
-
-double max_rel_diff(const std::vector<std::vector<double>>& a, const std::vector<std::vector<double>>& b) {
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    double scale = 1e-30, err = 0;
-    for (size_t j = 0; j < a[i].size(); ++j) {
-      scale = std::max(scale, std::abs(a[i][j]));
-      err = std::max(err, std::abs(a[i][j] - b[i][j]));
-    }
-    worst = std::max(worst, err / scale);
-  }
-  return worst;
 }
 
 int run_train(const std::string& args) {

@@ -12,6 +12,7 @@
 #include "nn/modules.h"
 #include "ops/cross_entropy/cross_entropy.h"
 #include "ops/elementwise/elementwise.h"
+#include "tests/max_rel_diff.h"
 #include "tests/temp_dir.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
@@ -125,20 +126,7 @@ Grads full_batch_grads(const Config& cfg, uint64_t seed) {
   return out;
 }
 
-// The largest |a - b| of each tensor relative to the tensor's largest |b|.
-double max_rel_diff(const Grads& a, const Grads& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double worst = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    double scale_ = 1e-300, err = 0;
-    for (size_t j = 0; j < b[i].size(); ++j) {
-      scale_ = std::max(scale_, std::abs(b[i][j]));
-      err = std::max(err, std::abs(a[i][j] - b[i][j]));
-    }
-    worst = std::max(worst, err / scale_);
-  }
-  return worst;
-}
+using test::max_rel_diff;
 
 TEST(UserModel, MicrobatchGradientsEqualTheFullBatch) {
   for (int64_t k : {1, 3}) {
