@@ -1,6 +1,5 @@
 #include "core/safetensors.h"
 
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -14,6 +13,8 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
+
+#include "core/atomic_file.h"
 
 namespace mt {
 namespace {
@@ -102,57 +103,6 @@ std::string build_header(const std::string& path, const std::vector<StEntry>& en
   return text;
 }
 
-// The temp file a save writes into; removed again unless the save got as far as renaming it.
-class TempFile {
- public:
-  TempFile(const std::string& target)
-      : path_(target + ".tmp." + std::to_string(::getpid())), f_(std::fopen(path_.c_str(), "wb")) {
-    MT_CHECK(f_, target, ": cannot create temp file ", path_, ": ", os_error());
-  }
-  ~TempFile() {
-    if (f_) std::fclose(f_);
-    if (!renamed_) std::remove(path_.c_str());
-  }
-  TempFile(const TempFile&) = delete;
-  TempFile& operator=(const TempFile&) = delete;
-
-  void write(const void* p, size_t n, const std::string& target) {
-    MT_CHECK(n == 0 || std::fwrite(p, 1, n, f_) == n, target, ": write to ", path_,
-             " failed: ", os_error());
-  }
-
-  // Flushes to the disk (not just to the OS), closes, and renames over `target`.
-  void commit(const std::string& target) {
-    MT_CHECK(std::fflush(f_) == 0 && ::fsync(::fileno(f_)) == 0, target, ": cannot flush ", path_,
-             " to disk: ", os_error());
-    FILE* f = f_;
-    f_ = nullptr;
-    MT_CHECK(std::fclose(f) == 0, target, ": cannot close ", path_, ": ", os_error());
-    MT_CHECK(std::rename(path_.c_str(), target.c_str()) == 0, target, ": cannot rename ", path_,
-             " over it: ", os_error());
-    renamed_ = true;
-  }
-
- private:
-  std::string path_;
-  FILE* f_;
-  bool renamed_ = false;
-};
-
-// A rename is only durable once the directory holding it is synced too.
-void sync_parent_dir(const std::string& path) {
-  std::filesystem::path dir = std::filesystem::path(path).parent_path();
-  if (dir.empty()) dir = ".";
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  MT_CHECK(fd >= 0, path, ": saved, but cannot open its directory to sync it: ", os_error());
-  int rc = ::fsync(fd);
-  int err = errno;
-  ::close(fd);
-  // Some filesystems (certain network and FUSE mounts) cannot sync a directory at all.
-  MT_CHECK(rc == 0 || err == EINVAL, path,
-           ": saved, but syncing its directory failed: ", std::strerror(err));
-}
-
 // ---- reading ----
 
 void read_exact(FILE* f, void* dst, size_t n, const std::string& path, const char* what) {
@@ -215,12 +165,11 @@ void write_safetensors(const std::string& path, const std::vector<StEntry>& entr
   uint8_t len[8];
   for (int i = 0; i < 8; ++i) len[i] = uint8_t(uint64_t(header.size()) >> (8 * i));
 
-  TempFile tmp(path);
-  tmp.write(len, 8, path);
-  tmp.write(header.data(), header.size(), path);
-  for (const StEntry& e : entries) tmp.write(e.data.data(), e.data.size(), path);
-  tmp.commit(path);
-  sync_parent_dir(path);
+  AtomicFile out(path);
+  out.write(len, 8);
+  out.write(header.data(), header.size());
+  for (const StEntry& e : entries) out.write(e.data.data(), e.data.size());
+  out.commit();
 }
 
 namespace {

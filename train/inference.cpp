@@ -1,17 +1,14 @@
 #include "train/inference.h"
 
-#include <fcntl.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 
 #include <spdlog/fmt/fmt.h>
 
+#include "core/atomic_file.h"
 #include "core/autograd.h"
 #include "core/registry.h"
 #include "nn/serialize.h"
@@ -53,22 +50,6 @@ Tensor forward(const SavedModel& m, const Tensor& x) {
 
 // The row's largest logit, the first on ties (as the trainer counts accuracy).
 size_t argmax(const double* row, size_t n) { return size_t(std::max_element(row, row + n) - row); }
-
-// Writes `text` to `path` through a temp file beside it, synced, then renamed over `path`.
-void write_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  MT_CHECK(f != nullptr, path, ": cannot create ", tmp, ": ", std::strerror(errno));
-  const bool written = std::fwrite(text.data(), 1, text.size(), f) == text.size() &&
-                       std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
-  const int err = errno;
-  const bool closed = std::fclose(f) == 0;
-  if (!written || !closed || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string why = std::strerror(written && closed ? errno : err);
-    std::remove(tmp.c_str());
-    MT_THROW(path, ": cannot write: ", why);
-  }
-}
 
 }  // namespace
 
@@ -185,7 +166,7 @@ int64_t predict_csv(const std::string& checkpoint, const std::string& input,
       text += "\n";
     }
   }
-  write_atomically(output, text);
+  write_file_atomically(output, text);
   return in.rows;
 }
 

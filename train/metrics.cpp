@@ -8,6 +8,7 @@
 #include <iomanip>
 #include <sstream>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 
 namespace mt::train {
@@ -38,18 +39,7 @@ void drop_records_after(const std::string& path, int64_t last_step) {
       dropped = true;
   }
   if (!dropped) return;
-  const std::string tmp = path + ".tmp";
-  std::ofstream out(tmp, std::ios::trunc);
-  out << kept;
-  out.close();
-  if (!out.good()) {
-    const std::string why = std::strerror(errno);
-    std::filesystem::remove(tmp);
-    MT_THROW("metrics: cannot write '", tmp, "': ", why);
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  MT_CHECK(!ec, "metrics: cannot rename '", tmp, "' over '", path, "': ", ec.message());
+  write_file_atomically(path, kept);
 }
 
 }  // namespace

@@ -23,18 +23,6 @@ inline unsigned map_blocks(int64_t work) {
   return unsigned(b < 1 ? 1 : (b > kMapMaxBlocks ? kMapMaxBlocks : b));
 }
 
-// Calls f(T{}) with T the CUDA type of a floating dtype.
-template <class F>
-void dispatch_float(DType dt, const char* op, F&& f) {
-  switch (dt) {
-    case DType::f32: f(float{}); return;
-    case DType::bf16: f(__nv_bfloat16{}); return;
-    case DType::f16: f(__half{}); return;
-    case DType::f64: f(double{}); return;
-    default: MT_THROW(op, ": unsupported dtype ", dtype_name(dt), " (expected f32, bf16, f16, f64)");
-  }
-}
-
 // out[i] = op(a[i], b[i]), or op(a[i], a[i]) when kUnary.
 template <class T, int V, bool kUnary, class Op>
 __global__ void map_kernel(const T* a, const T* b, T* out, int64_t n, Op op) {

@@ -10,7 +10,30 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "core/dtype.h"
+#include "core/error.h"
+
 namespace mt::cuda {
+
+// Calls f(T{}) with T the CUDA type of a floating dtype: f32, bf16, f16, and f64 when kWithF64
+// (kernels that exist only for the training dtypes pass false, and are never built for double).
+template <bool kWithF64 = true, class F>
+void dispatch_float(DType dt, const char* op, F&& f) {
+  switch (dt) {
+    case DType::f32: f(float{}); return;
+    case DType::bf16: f(__nv_bfloat16{}); return;
+    case DType::f16: f(__half{}); return;
+    case DType::f64:
+      if constexpr (kWithF64) {
+        f(double{});
+        return;
+      }
+      break;
+    default: break;
+  }
+  MT_THROW(op, ": unsupported dtype ", dtype_name(dt),
+           kWithF64 ? " (expected f32, bf16, f16, f64)" : " (expected f32, bf16, f16)");
+}
 
 // V elements moved as one aligned access: 16 bytes when V = 16 / sizeof(T).
 template <class T, int V>

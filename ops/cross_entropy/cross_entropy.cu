@@ -162,16 +162,6 @@ __global__ void backward_kernel(const T* logits, const int64_t* targets, const f
     drow[c] = from_float<T>(g * (expf(to_float(row[c]) - l) - (c == t ? 1.f : 0.f)));
 }
 
-template <class F>
-void dispatch(DType dt, const char* op, F&& f) {
-  switch (dt) {
-    case DType::f32: f(float{}); return;
-    case DType::bf16: f(__nv_bfloat16{}); return;
-    case DType::f16: f(__half{}); return;
-    default: MT_THROW(op, ": unsupported logits dtype ", dtype_name(dt), " (expected f32, bf16, f16)");
-  }
-}
-
 // Rows may use 16-byte packs when every row starts on a 16-byte boundary.
 bool rows_aligned(const void* p, int64_t C, size_t elem) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0 && (C * int64_t(elem)) % 16 == 0;
@@ -190,7 +180,7 @@ void cross_entropy_forward(const void* logits, const int64_t* targets, float* lo
                            BadTargetRecord* bad_target, int64_t rows, int64_t C,
                            int64_t ignore_index, float normalizer, DType dt, cudaStream_t s) {
   check_shape("cross_entropy_forward", rows, C);
-  dispatch(dt, "cross_entropy_forward", [&](auto tag) {
+  dispatch_float<false>(dt, "cross_entropy_forward", [&](auto tag) {
     using T = decltype(tag);
     constexpr int V = 16 / sizeof(T);
     auto* x = static_cast<const T*>(logits);
@@ -214,7 +204,7 @@ void cross_entropy_backward(const void* logits, const int64_t* targets, const fl
                             int64_t ignore_index, float normalizer, DType dt, cudaStream_t s) {
   check_shape("cross_entropy_backward", rows, C);
   if (rows == 0) return;
-  dispatch(dt, "cross_entropy_backward", [&](auto tag) {
+  dispatch_float<false>(dt, "cross_entropy_backward", [&](auto tag) {
     using T = decltype(tag);
     constexpr int V = 16 / sizeof(T);
     auto* x = static_cast<const T*>(logits);

@@ -162,16 +162,6 @@ __global__ void broadcast_kernel(const T* scalar, float c, T* out, int64_t n) {
 
 unsigned grid_for(int64_t n) { return unsigned(std::min<int64_t>((n + 255) / 256, 4096)); }
 
-template <class F>
-void with_type(DType dt, const char* op, F&& f) {
-  switch (dt) {
-    case DType::f32: f(float{}); return;
-    case DType::bf16: f(__nv_bfloat16{}); return;
-    case DType::f16: f(__half{}); return;
-    default: MT_THROW(op, ": CUDA supports f32, bf16 and f16, got ", dtype_name(dt));
-  }
-}
-
 void add_cuda(const Tensor& a, const Tensor& b, double alpha, const Tensor& out) {
   cudaStream_t s = cuda::stream_of(a);
   if (alpha == 1.0) {
@@ -190,7 +180,7 @@ void scale_cuda(const Tensor& x, double c, const Tensor& out) {
 void relu_forward_cuda(const Tensor& x, const Tensor& y) {
   if (x.numel() == 0) return;
   cudaStream_t s = cuda::stream_of(x);
-  with_type(x.dtype(), "relu", [&](auto tag) {
+  cuda::dispatch_float<false>(x.dtype(), "relu", [&](auto tag) {
     using T = decltype(tag);
     relu_kernel<T><<<grid_for(x.numel()), 256, 0, s>>>(cuda::ptr<T>(x), nullptr, cuda::ptr<T>(y), x.numel());
     MT_CUDA_CHECK_LAUNCH();
@@ -200,7 +190,7 @@ void relu_forward_cuda(const Tensor& x, const Tensor& y) {
 void relu_backward_cuda(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   if (x.numel() == 0) return;
   cudaStream_t s = cuda::stream_of(x);
-  with_type(x.dtype(), "relu", [&](auto tag) {
+  cuda::dispatch_float<false>(x.dtype(), "relu", [&](auto tag) {
     using T = decltype(tag);
     relu_kernel<T><<<grid_for(x.numel()), 256, 0, s>>>(cuda::ptr<T>(x), cuda::ptr<T>(dy), cuda::ptr<T>(dx), x.numel());
     MT_CUDA_CHECK_LAUNCH();
@@ -219,7 +209,7 @@ void sum_cuda(const Tensor& x, const Tensor& out) {
 void broadcast_cuda(const Tensor& scalar, double c, const Tensor& out) {
   if (out.numel() == 0) return;
   cudaStream_t s = cuda::stream_of(out);
-  with_type(out.dtype(), "sum", [&](auto tag) {
+  cuda::dispatch_float<false>(out.dtype(), "sum", [&](auto tag) {
     using T = decltype(tag);
     broadcast_kernel<T><<<grid_for(out.numel()), 256, 0, s>>>(cuda::ptr<T>(scalar), float(c), cuda::ptr<T>(out), out.numel());
     MT_CUDA_CHECK_LAUNCH();

@@ -206,16 +206,6 @@ __global__ void colsum_final_kernel(const float* partials, int chunks, int64_t N
   db[col] += t;
 }
 
-template <class F>
-void dispatch(DType dt, const char* op, F&& f) {
-  switch (dt) {
-    case DType::f32: f(float{}); return;
-    case DType::bf16: f(__nv_bfloat16{}); return;
-    case DType::f16: f(__half{}); return;
-    default: MT_THROW(op, ": unsupported dtype ", dtype_name(dt), " (expected f32, bf16, f16)");
-  }
-}
-
 // The framework pool orders scratch on the framework stream; kernels using it must run there.
 int scratch_device(cudaStream_t s, const char* what) {
   int dev = 0;
@@ -246,7 +236,7 @@ void bias_grad(const void* dy, float* db, int64_t M, int64_t N, DType dt, cudaSt
   const int64_t rows_per_chunk = (M + want - 1) / want;
   const int chunks = int((M + rows_per_chunk - 1) / rows_per_chunk);
   auto* partials = static_cast<float*>(mt::cuda::alloc(size_t(chunks) * N * sizeof(float), dev));
-  dispatch(dt, "linear_backward", [&](auto tag) {
+  dispatch_float<false>(dt, "linear_backward", [&](auto tag) {
     using T = decltype(tag);
     colsum_partials_kernel<T><<<dim3(unsigned(col_blocks), unsigned(chunks)), dim3(kColBlock, kRowThreads), 0, s>>>(
         static_cast<const T*>(dy), M, N, rows_per_chunk, partials);
