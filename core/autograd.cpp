@@ -69,7 +69,8 @@ static Tensor ensure_grad(const std::string& op, size_t arg, TensorImpl& leaf) {
   return g;
 }
 
-GradList AccumulateGrad::apply(const Tensor& grad) {
+GradList AccumulateGrad::apply(const GradList& grads) {
+  const Tensor& grad = grads[0];
   if (grad.defined()) {
     if (!leaf->grad) {
       // First use: a fresh copy in the grad dtype. clone() guarantees the leaf owns its buffer
@@ -86,7 +87,7 @@ GradList AccumulateGrad::apply(const Tensor& grad) {
 
 Edge gradient_edge(const Tensor& t) {
   if (!t.defined() || !t.requires_grad()) return {};
-  if (t.grad_fn()) return {t.grad_fn()};
+  if (t.grad_fn()) return {t.grad_fn(), t.impl().output_nr};
   TensorImpl& impl = t.impl();
   auto acc = impl.grad_accumulator.lock();
   if (!acc) {
@@ -118,6 +119,30 @@ void Context::unlink_saved_output(const Tensor& out) {
   // detach() shares the storage, and so its version counter: the in-place check still holds.
   for (Saved& s : saved_)
     if (s.tensor.is_same(out)) s.tensor = out.detach();
+}
+
+void detail::link_outputs(const std::string& op, const std::shared_ptr<Node>& node, Context& ctx,
+                          const std::vector<Tensor>& outputs,
+                          const std::vector<const Tensor*>& inputs) {
+  MT_CHECK(!outputs.empty(), op, ": forward returned no tensor");
+  for (size_t k = 0; k < outputs.size(); ++k) {
+    const Tensor& out = outputs[k];
+    MT_CHECK(out.defined(), op, ": forward's output ", k, " is undefined; return a tensor");
+    for (const Tensor* in : inputs)
+      MT_CHECK(!out.is_same(*in), op, ": forward returned one of its inputs (as output ", k,
+               ") while a gradient is needed; return a new tensor");
+    for (size_t j = 0; j < k; ++j)
+      MT_CHECK(!out.is_same(outputs[j]), op, ": forward returned the same tensor as outputs ", j,
+               " and ", k, "; return distinct tensors");
+  }
+  node->num_outputs = uint32_t(outputs.size());
+  for (size_t k = 0; k < outputs.size(); ++k) {
+    const Tensor& out = outputs[k];
+    ctx.unlink_saved_output(out);
+    out.impl().grad_fn = node;
+    out.impl().output_nr = uint32_t(k);
+    out.impl().requires_grad = true;
+  }
 }
 
 std::vector<Tensor> Context::saved_tensors() const {
@@ -205,25 +230,32 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
   };
   std::priority_queue<std::shared_ptr<Node>, std::vector<std::shared_ptr<Node>>, decltype(later_first)>
       ready(later_first);
-  std::unordered_map<Node*, Tensor> buffer;  // summed incoming gradient per node
-  buffer[root_node.get()] = seed;
+  // The summed incoming gradient of each output of each node that is waiting to run.
+  std::unordered_map<Node*, GradList> buffer;
+  auto slots_of = [&](Node* n) -> GradList& {
+    GradList& slots = buffer[n];
+    if (slots.empty()) slots.resize(n->num_outputs);
+    return slots;
+  };
+  slots_of(root_node.get())[gradient_edge(root).output_nr] = seed;
   ready.push(root_node);
   while (!ready.empty()) {
     std::shared_ptr<Node> node = ready.top();
     ready.pop();
-    Tensor g = std::move(buffer[node.get()]);
+    GradList g = std::move(slots_of(node.get()));
     buffer.erase(node.get());
     GradList grads = node->apply(g);
     if (!retain_graph) node->release();
     for (size_t i = 0; i < node->next_edges.size(); ++i) {
-      Node* child = node->next_edges[i].node.get();
+      const Edge& edge = node->next_edges[i];
+      Node* child = edge.node.get();
       if (!child) continue;
       if (i < grads.size() && grads[i].defined()) {
-        Tensor& slot = buffer[child];
+        Tensor& slot = slots_of(child)[edge.output_nr];
         // Out of place: an op may hand the same tensor to two inputs (add's backward does).
         slot = slot.defined() ? sum_of(slot, grads[i]) : grads[i];
       }
-      if (--deps[child] == 0) ready.push(node->next_edges[i].node);
+      if (--deps[child] == 0) ready.push(edge.node);
     }
   }
 }

@@ -12,7 +12,13 @@
 //   Tensor y = ScaledSiLUFn::apply(x, w, false);
 //
 // backward returns exactly one gradient per forward argument, in order; a non-differentiable
-// argument (the bool above) gets an empty Tensor{}, like Python's None. A wrong count, or a
+// argument (the bool above) gets an empty Tensor{}, like Python's None.
+//
+// A forward may also return several tensors (std::vector<Tensor>, say a value and a statistic).
+// Its backward then receives one gradient per output, in order, undefined for an output that
+// received none (it was not used, or only through non-differentiable paths), and still returns
+// one gradient per forward argument. apply() returns the outputs, each one remembering which of
+// the node's outputs it is. A wrong count, or a
 // gradient whose shape, dtype or device differs from its input's, is an mt::Error naming the op,
 // the argument and both shapes.
 //
@@ -60,10 +66,12 @@ class NoGradGuard {
 struct Node;
 struct Edge {
   std::shared_ptr<Node> node;  // empty: this input needs no gradient
+  uint32_t output_nr = 0;      // which of node's outputs this input was
 };
 
-// A node of the backward graph. Every node has one output (the tensor its op produced) and one
-// edge per forward argument, pointing at the node that must receive that argument's gradient.
+// A node of the backward graph. A node has num_outputs outputs (the tensors its op produced,
+// usually one) and one edge per forward argument, pointing at the node (and output) that must
+// receive that argument's gradient.
 //
 // Nodes own their children (next_edges), so dropping the output of an 8,000-layer model frees
 // the whole chain. The destructor does that iteratively, not by recursing once per node: it
@@ -71,13 +79,14 @@ struct Edge {
 struct Node {
   virtual ~Node();
   virtual std::string name() const = 0;
-  // Given the summed gradient of this node's output (undefined when every contribution was
-  // empty), returns one gradient per edge (empty = none).
-  virtual GradList apply(const Tensor& grad_output) = 0;
+  // Given the summed gradient of each of this node's outputs (undefined where every
+  // contribution was empty), returns one gradient per edge (empty = none).
+  virtual GradList apply(const GradList& grad_outputs) = 0;
   // Frees saved tensors (after a backward without retain_graph, and before destruction).
   virtual void release() {}
 
   std::vector<Edge> next_edges;
+  uint32_t num_outputs = 1;
   uint64_t sequence_nr = 0;  // creation order: the engine runs later nodes first
 };
 
@@ -86,7 +95,7 @@ struct Node {
 struct AccumulateGrad : Node {
   explicit AccumulateGrad(std::shared_ptr<TensorImpl> leaf);
   std::string name() const override { return "AccumulateGrad"; }
-  GradList apply(const Tensor& grad) override;
+  GradList apply(const GradList& grads) override;
   std::shared_ptr<TensorImpl> leaf;
 };
 
@@ -101,7 +110,7 @@ Edge gradient_edge(const Tensor& t);
 
 class Context {
  public:
-  // Tensors backward needs and cannot cheaply regenerate (inputs like x and W, or the output,
+  // Tensors backward needs and cannot cheaply regenerate (inputs like x and W, or an output,
   // as sigmoid keeps it). Reading one that was modified in place after it was saved is an error,
   // as in PyTorch. A saved output comes back without its history (grad_fn): keeping that would
   // make the output own its own node through the saved copy, a cycle that leaks the graph
@@ -129,8 +138,8 @@ class Context {
   std::vector<std::shared_ptr<TensorImpl>> sink_leaves_;  // per argument: the leaf, or null
   std::vector<bool> sunk_;
   bool released_ = false;
-  // Replaces saved copies of `out` (the forward's result) by history-free aliases of the same
-  // storage, before Function::apply sets out's grad_fn (see save_for_backward).
+  // Replaces saved copies of `out` (one of the forward's results) by history-free aliases of the
+  // same storage, before Function::apply sets out's grad_fn (see save_for_backward).
   void unlink_saved_output(const Tensor& out);
 
  private:
@@ -174,12 +183,14 @@ template <class T> constexpr bool is_tensor_v = std::is_same_v<std::decay_t<T>, 
 template <class Derived>
 struct FunctionNode : Node {
   std::string name() const override { return Derived::name; }
-  GradList apply(const Tensor& grad_output) override {
+  GradList apply(const GradList& grad_outputs) override {
     MT_CHECK(!ctx.released_, Derived::name, ": backward through the graph a second time, but its "
              "saved tensors were freed after the first; pass retain_graph=true to the first backward");
     std::fill(ctx.sunk_.begin(), ctx.sunk_.end(), false);
     GradList grads;
-    if (grad_output.defined()) grads = Derived::backward(ctx, GradList{grad_output});
+    bool any = false;
+    for (const Tensor& g : grad_outputs) any = any || g.defined();
+    if (any) grads = Derived::backward(ctx, grad_outputs);
     else grads.assign(meta.size(), Tensor());  // no gradient flowed in: none flows out
     detail::validate_grads(ctx, meta, grads);
     return grads;
@@ -192,55 +203,59 @@ struct FunctionNode : Node {
   std::vector<detail::InputMeta> meta;
 };
 
+namespace detail {
+// Ties the forward's outputs to their node: each gets the node as grad_fn and its index as
+// output_nr. An output that is one of the inputs, or another output, is an mt::Error.
+void link_outputs(const std::string& op, const std::shared_ptr<Node>& node, Context& ctx,
+                  const std::vector<Tensor>& outputs, const std::vector<const Tensor*>& inputs);
+}  // namespace detail
+
+// Function::apply returns what Derived::forward returns: a Tensor, or a std::vector<Tensor> for
+// an op with several outputs.
 template <class Derived>
 struct Function {
   template <class... Args>
-  static Tensor apply(const Args&... args) {
+  static auto apply(const Args&... args) {
     auto node = std::make_shared<FunctionNode<Derived>>();
     Context& ctx = node->ctx;
     ctx.op_name = Derived::name;
     bool any_needs = false;
-    if (GradMode::is_enabled()) {
-      auto visit = [&](const auto& a) {
-        detail::InputMeta m;
-        Edge e;
-        std::shared_ptr<TensorImpl> leaf;
-        if constexpr (detail::is_tensor_v<decltype(a)>) {
-          m.is_tensor = a.defined();
-          if (a.defined()) {
-            m.shape = a.shape();
-            m.dtype = a.dtype();
-            m.device = a.device();
-            e = gradient_edge(a);
-            if (e.node && a.is_leaf()) leaf = a.impl_ptr();
-          }
+    std::vector<const Tensor*> tensor_args;
+    auto visit = [&](const auto& a) {
+      detail::InputMeta m;
+      Edge e;
+      std::shared_ptr<TensorImpl> leaf;
+      if constexpr (detail::is_tensor_v<decltype(a)>) {
+        tensor_args.push_back(&a);
+        m.is_tensor = a.defined();
+        if (a.defined() && GradMode::is_enabled()) {
+          m.shape = a.shape();
+          m.dtype = a.dtype();
+          m.device = a.device();
+          e = gradient_edge(a);
+          if (e.node && a.is_leaf()) leaf = a.impl_ptr();
         }
-        ctx.needs_grad_.push_back(e.node != nullptr);
-        any_needs = any_needs || e.node != nullptr;
-        node->next_edges.push_back(std::move(e));
-        ctx.sink_leaves_.push_back(std::move(leaf));
-        node->meta.push_back(std::move(m));
-      };
-      (visit(args), ...);
-    }
+      }
+      ctx.needs_grad_.push_back(e.node != nullptr);
+      any_needs = any_needs || e.node != nullptr;
+      node->next_edges.push_back(std::move(e));
+      ctx.sink_leaves_.push_back(std::move(leaf));
+      node->meta.push_back(std::move(m));
+    };
+    (visit(args), ...);
     ctx.sunk_.assign(ctx.needs_grad_.size(), false);
-    Tensor out;
+    using Out = decltype(Derived::forward(ctx, args...));
+    static_assert(std::is_same_v<Out, Tensor> || std::is_same_v<Out, std::vector<Tensor>>,
+                  "Function: forward must return a Tensor or a std::vector<Tensor>");
+    Out out;
     {
       NoGradGuard no_grad;  // the forward's inner work is not recorded
       out = Derived::forward(ctx, args...);
     }
     if (any_needs) {
-      bool aliases_input = false;
-      auto check_alias = [&](const auto& a) {
-        if constexpr (detail::is_tensor_v<decltype(a)>) aliases_input |= out.is_same(a);
-      };
-      (check_alias(args), ...);
-      MT_CHECK(!aliases_input, Derived::name, ": forward returned one of its inputs while a "
-               "gradient is needed; return a new tensor");
       node->sequence_nr = detail::next_sequence_nr();
-      ctx.unlink_saved_output(out);
-      out.impl().grad_fn = node;
-      out.impl().requires_grad = true;
+      if constexpr (std::is_same_v<Out, Tensor>) detail::link_outputs(Derived::name, node, ctx, {out}, tensor_args);
+      else detail::link_outputs(Derived::name, node, ctx, out, tensor_args);
     }
     return out;
   }

@@ -41,6 +41,7 @@ struct TensorImpl {
   bool requires_grad = false;
   std::shared_ptr<TensorImpl> grad;      // leaf .grad: a buffer the leaf owns, accumulated with +=
   std::shared_ptr<Node> grad_fn;         // the op that produced this tensor (non-leaf)
+  uint32_t output_nr = 0;                // which of grad_fn's outputs this tensor is
   std::weak_ptr<Node> grad_accumulator;  // a leaf's AccumulateGrad node, shared by all its uses
   // Called once per backward pass when this leaf's .grad has received every contribution of
   // that pass (the hook data parallelism uses to start reducing a gradient early).
