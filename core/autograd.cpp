@@ -194,26 +194,41 @@ void detail::validate_grads(const Context& ctx, const std::vector<InputMeta>& me
 // ---- engine -------------------------------------------------------------------------------
 
 void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
-  MT_CHECK(root.requires_grad(), "backward: tensor of shape ", shape_str(root.shape()),
-           " does not require grad and has no grad_fn");
-  Tensor seed = grad;
-  if (seed.defined()) {
-    MT_CHECK(seed.shape() == root.shape(), "backward: gradient of shape ", shape_str(seed.shape()),
-             " does not match the output's shape ", shape_str(root.shape()));
-    seed = seed.to(root.dtype()).to(root.device());
-  } else {
-    MT_CHECK(root.numel() == 1, "backward: a gradient can be implied only for a single-element "
-             "output, but the output has shape ", shape_str(root.shape()), "; pass one explicitly");
-    seed = ones(root.shape(), root.dtype(), root.device());
+  backward({root}, {grad}, retain_graph);
+}
+
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph) {
+  MT_CHECK(!roots.empty(), "backward: no tensor given");
+  MT_CHECK(grads.size() == roots.size(), "backward: ", roots.size(), " tensor(s) but ", grads.size(),
+           " gradient(s); give one per tensor (an undefined one for a single-element tensor)");
+  std::vector<Tensor> seeds(roots.size());
+  for (size_t r = 0; r < roots.size(); ++r) {
+    const Tensor& root = roots[r];
+    MT_CHECK(root.requires_grad(), "backward: tensor of shape ", shape_str(root.shape()),
+             " does not require grad and has no grad_fn");
+    Tensor seed = grads[r];
+    if (seed.defined()) {
+      MT_CHECK(seed.shape() == root.shape(), "backward: gradient of shape ", shape_str(seed.shape()),
+               " does not match the output's shape ", shape_str(root.shape()));
+      seed = seed.to(root.dtype()).to(root.device());
+    } else {
+      MT_CHECK(root.numel() == 1, "backward: a gradient can be implied only for a single-element "
+               "output, but the output has shape ", shape_str(root.shape()), "; pass one explicitly");
+      seed = ones(root.shape(), root.dtype(), root.device());
+    }
+    seeds[r] = std::move(seed);
   }
   NoGradGuard no_grad;  // nothing the backward does is recorded
-  std::shared_ptr<Node> root_node = gradient_edge(root).node;
 
   // 1. Dependency counts: how many edges of the reachable graph point at each node.
   //    Iterative, so a 10,000-op chain needs no deep recursion.
+  std::vector<Edge> root_edges;  // held here: a leaf root's AccumulateGrad lives only in them
+  for (const Tensor& root : roots) root_edges.push_back(gradient_edge(root));
   std::unordered_map<Node*, int> deps;
-  std::vector<Node*> stack{root_node.get()};
-  std::unordered_set<Node*> seen{root_node.get()};
+  std::vector<Node*> stack;
+  std::unordered_set<Node*> seen;
+  for (const Edge& e : root_edges)
+    if (seen.insert(e.node.get()).second) stack.push_back(e.node.get());
   while (!stack.empty()) {
     Node* n = stack.back();
     stack.pop_back();
@@ -237,8 +252,14 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
     if (slots.empty()) slots.resize(n->num_outputs);
     return slots;
   };
-  slots_of(root_node.get())[gradient_edge(root).output_nr] = seed;
-  ready.push(root_node);
+  // Seed every root's slot. A root that another root's graph also reaches waits for it.
+  std::unordered_set<Node*> queued;
+  for (size_t r = 0; r < roots.size(); ++r) {
+    const Edge& e = root_edges[r];
+    Tensor& slot = slots_of(e.node.get())[e.output_nr];
+    slot = slot.defined() ? sum_of(slot, seeds[r]) : seeds[r];
+    if (deps[e.node.get()] == 0 && queued.insert(e.node.get()).second) ready.push(e.node);
+  }
   while (!ready.empty()) {
     std::shared_ptr<Node> node = ready.top();
     ready.pop();

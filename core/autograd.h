@@ -263,5 +263,10 @@ struct Function {
 
 // Runs backpropagation from `root` (Tensor::backward calls this).
 void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph);
+// From several tensors at once, one gradient each (torch.autograd.backward): what an op with
+// several outputs, or a loss made of several terms, needs. Every node runs once, after all the
+// gradients reaching it from every root have been summed.
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
+              bool retain_graph = false);
 
 }  // namespace mt

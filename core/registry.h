@@ -1,18 +1,30 @@
 #pragma once
-// The op registry: every op registers its kernels by name, {forward, backward} x {cpu, cuda}.
+// The op registry: one place that says, for every op, what it computes, the signature of its
+// forward and backward kernels, and which kernels each backend provides.
 //
-// An op's kernels share one Tensor-level signature per phase (declared in the op's header), so
-// the Function looks its kernel up by the input's device and calls it the same way on any device:
+// An op is defined once, next to its Function, with the Tensor-level kernel signatures from its
+// header (a forward-only op, whose Function differentiates through other ops, passes void):
 //
-//   auto* fwd = kernel<ScaledSiLUForwardFn>("scaled_silu", Phase::Forward, x.device());
-//   fwd(x, w, y);
+//   MT_DEFINE_OP(scaled_silu, "y = w*x*sigmoid(x)", ScaledSiLUForwardFn, ScaledSiLUBackwardFn);
+//   MT_REGISTER_KERNEL(scaled_silu, Forward, CPU, forward_cpu);    // scaled_silu.cpp
+//   MT_REGISTER_KERNEL(scaled_silu, Forward, CUDA, forward_cuda);  // scaled_silu.cu
 //
-// Registration is static (MT_REGISTER_KERNEL at namespace scope of the op's .cpp or .cu), so
-// adding a backend means adding a file, not editing a switch.
+// and the Function looks its kernel up by the input's device and calls it the same way anywhere:
+//
+//   kernel<ScaledSiLUForwardFn>("scaled_silu", Phase::Forward, x.device())(x, w, y);
+//
+// Registration is static (namespace scope, in any file: a .cpp, a .cu, or the header of an op
+// that lives in one header), so adding a backend means adding a file, not editing a switch.
+// verify_ops() checks the whole table when a program starts (the trainer and `train` call it;
+// so does `train --list-ops`): a kernel missing for a backend this build has, a kernel whose
+// signature differs from the op's definition, or kernels for an op never defined, are one
+// mt::Error naming each op, instead of a failure at the op's first call.
 #include <any>
 #include <cstdint>
 #include <map>
 #include <string>
+#include <typeindex>
+#include <typeinfo>
 #include <vector>
 
 #include "core/device.h"
@@ -26,21 +38,37 @@ class OpRegistry {
  public:
   static OpRegistry& instance();
 
+  // A kernel signature: its type, and how to print it.
+  struct Signature {
+    const std::type_info* type = nullptr;  // null: the op has no kernel for this phase
+    bool defined() const { return type != nullptr; }
+  };
+
+  void define(const std::string& op, const std::string& math, Signature forward, Signature backward);
   void add(const std::string& op, Phase phase, DeviceType device, std::any fn);
-  // Registers the one-line math an op computes, for the table.
-  void describe(const std::string& op, const std::string& math);
   const std::any* find(const std::string& op, Phase phase, DeviceType device) const;
   std::vector<std::string> ops() const;
-  // The table `train --list-ops` prints: op, math, and which kernels exist.
+  // Everything wrong with the table for a build with these backends, one line per problem.
+  std::vector<std::string> problems(const std::vector<DeviceType>& backends) const;
+  // The table `train --list-ops` prints: op, math, and which kernels exist ("MISSING": one this
+  // build needs and lacks).
   std::string table() const;
 
  private:
   struct Entry {
+    bool defined = false;
     std::string math;
+    Signature signature[2];
     std::map<std::pair<Phase, DeviceType>, std::any> kernels;
   };
   std::map<std::string, Entry> entries_;
+  std::vector<std::string> duplicates_;  // registered twice: reported by problems()
 };
+
+// The backends this build has: the CPU, and CUDA when it was built with it.
+std::vector<DeviceType> built_backends();
+// Throws one mt::Error listing every problem of the registry for this build's backends.
+void verify_ops();
 
 // The kernel `op` registered for `phase` on `device`'s type, or an mt::Error saying which is
 // missing (a CUDA kernel in a build without CUDA, say).
@@ -55,23 +83,36 @@ Fn* kernel(const std::string& op, Phase phase, Device device) {
   return *fn;
 }
 
+template <class Fn> OpRegistry::Signature signature_of() {
+  if constexpr (std::is_void_v<Fn>) return {};
+  else return {&typeid(Fn*)};
+}
+
 struct KernelRegistrar {
   template <class Fn>
   KernelRegistrar(const char* op, Phase phase, DeviceType device, Fn* fn) {
     OpRegistry::instance().add(op, phase, device, std::any(fn));
   }
-  KernelRegistrar(const char* op, const char* math) { OpRegistry::instance().describe(op, math); }
+};
+struct OpDefinition {
+  OpDefinition(const char* op, const char* math, OpRegistry::Signature forward,
+               OpRegistry::Signature backward) {
+    OpRegistry::instance().define(op, math, forward, backward);
+  }
 };
 
-#define MT_CONCAT_INNER(a, b) a##b
-#define MT_CONCAT(a, b) MT_CONCAT_INNER(a, b)
-// MT_REGISTER_KERNEL(scaled_silu, Forward, CPU, scaled_silu_forward_cpu);
-#define MT_REGISTER_KERNEL(op, phase, device, fn)                                   \
-  static const ::mt::KernelRegistrar MT_CONCAT(mt_registrar_, __LINE__)(            \
+// Both macros define an inline variable named after the op (and phase and device), so an op may
+// register from a header included by several files: the variable, and so the registration, exists
+// once in the program. Use them at namespace scope, outside any anonymous namespace.
+//
+// MT_DEFINE_OP(scaled_silu, "y = w*x*sigmoid(x)", ScaledSiLUForwardFn, ScaledSiLUBackwardFn);
+#define MT_DEFINE_OP(op, math, ForwardFn, BackwardFn)                                       \
+  inline const ::mt::OpDefinition mt_op_definition_##op(                                   \
+      #op, math, ::mt::signature_of<ForwardFn>(), ::mt::signature_of<BackwardFn>())
+// MT_REGISTER_KERNEL(scaled_silu, Forward, CPU, forward_cpu);
+#define MT_REGISTER_KERNEL(op, phase, device, fn)                                           \
+  inline const ::mt::KernelRegistrar mt_kernel_##op##_##phase##_##device(                  \
       #op, ::mt::Phase::phase, ::mt::DeviceType::device, fn)
-// MT_DESCRIBE_OP(scaled_silu, "y = w * x * sigmoid(x)");
-#define MT_DESCRIBE_OP(op, math) \
-  static const ::mt::KernelRegistrar MT_CONCAT(mt_registrar_, __LINE__)(#op, math)
 
 // Reductions over the batch (dW of RMSNorm, dw of scaled-SiLU, db) use fixed-order two-pass
 // partials by default: the same bits on every run. false allows the atomic variants.

@@ -32,7 +32,7 @@ missing=0
 while IFS= read -r h; do
   [[ $with_cuda != ON && ( $h == */cuda/* || $h == *_cuda.h || $h == *.cuh ) ]] && continue
   [[ -f $prefix/include/minitrain/$h ]] || { echo "check-package: not installed: $h" >&2; missing=1; }
-done < <(find core ops nn optim parallel train \( -name '*.h' -o -name '*.cuh' \) | sort)
+done < <(find core ops check nn optim parallel train \( -name '*.h' -o -name '*.cuh' \) | sort)
 [[ -f $prefix/include/minitrain/minitrain.h ]] || { echo "check-package: not installed: minitrain.h" >&2; missing=1; }
 (( missing == 0 )) || fail "the install lacks headers"
 

@@ -158,6 +158,7 @@ int main(int argc, char** argv) {
         return 0;
       } else if (a == "--list-ops") {
         std::fputs(mt::OpRegistry::instance().table().c_str(), stdout);
+        mt::verify_ops();  // a missing kernel or a wrong signature: exit 1, naming the op
         return 0;
       } else if (a == "--config") {
         config_path = value();

@@ -112,6 +112,7 @@ Trainer::Trainer(Config config, std::shared_ptr<nn::Module> model, std::shared_p
     : cfg_(std::move(config)), device_(device), comm_(std::move(comm)), model_(std::move(model)),
       task_(std::move(task)), scaler_(loss_scaler_options(cfg_.precision)), run_id_(random_id()) {
   MT_CHECK(task_, "Trainer: the task is null");
+  verify_ops();  // every op this build can run has its kernels, with the signatures it declares
   const bool config_model = model_ == nullptr;
   const int world = comm_ ? comm_->size() : 1;
   const ModelConfig& m = cfg_.model;

@@ -38,7 +38,14 @@ int main(int argc, char** argv) {
     return 1;
   }
 #endif
-  std::printf("consumer_registry: %d of %d kernels registered (%d CUDA)\n", argc - 1 - missing,
-              argc - 1, cuda);
+  // And the registry's own startup check: every defined op complete for this build.
+  try {
+    mt::verify_ops();
+  } catch (const mt::Error& e) {
+    std::fprintf(stderr, "consumer_registry: %s\n", e.what());
+    return 1;
+  }
+  std::printf("consumer_registry: %d of %d kernels registered (%d CUDA), verify_ops ok\n",
+              argc - 1 - missing, argc - 1, cuda);
   return missing == 0 ? 0 : 1;
 }

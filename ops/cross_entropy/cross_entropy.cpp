@@ -137,8 +137,9 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
   return CrossEntropyFn::apply(logits, targets, ignore_index, normalizer);
 }
 
-MT_DESCRIBE_OP(cross_entropy,
-               "loss = sum(lse - x[t]) / n; dx = dloss/n * (softmax(x) - onehot(t))");
+MT_DEFINE_OP(cross_entropy,
+               "loss = sum(lse - x[t]) / n; dx = dloss/n * (softmax(x) - onehot(t))",
+             CrossEntropyForwardFn, CrossEntropyBackwardFn);
 MT_REGISTER_KERNEL(cross_entropy, Forward, CPU, forward_cpu);
 MT_REGISTER_KERNEL(cross_entropy, Backward, CPU, backward_cpu);
 

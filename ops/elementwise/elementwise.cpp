@@ -168,16 +168,16 @@ Tensor mse_loss(const Tensor& a, const Tensor& b) {
   return mean(mul(d, d));
 }
 
-MT_DESCRIBE_OP(add, "out = a + alpha*b");
+MT_DEFINE_OP(add, "out = a + alpha*b", AddFn, void);
 MT_REGISTER_KERNEL(add, Forward, CPU, add_cpu);
-MT_DESCRIBE_OP(mul, "out = a*b");
+MT_DEFINE_OP(mul, "out = a*b", MulFn, void);
 MT_REGISTER_KERNEL(mul, Forward, CPU, mul_cpu);
-MT_DESCRIBE_OP(scale, "out = c*x");
+MT_DEFINE_OP(scale, "out = c*x", ScaleFn, void);
 MT_REGISTER_KERNEL(scale, Forward, CPU, scale_cpu);
-MT_DESCRIBE_OP(relu, "y = max(x, 0); dx = dy*[x > 0]");
+MT_DEFINE_OP(relu, "y = max(x, 0); dx = dy*[x > 0]", ReluForwardFn, ReluBackwardFn);
 MT_REGISTER_KERNEL(relu, Forward, CPU, relu_forward_cpu);
 MT_REGISTER_KERNEL(relu, Backward, CPU, relu_backward_cpu);
-MT_DESCRIBE_OP(sum, "out = c*sum(x); dx = c*dy (broadcast)");
+MT_DEFINE_OP(sum, "out = c*sum(x); dx = c*dy (broadcast)", SumFn, BroadcastFn);
 MT_REGISTER_KERNEL(sum, Forward, CPU, sum_cpu);
 MT_REGISTER_KERNEL(sum, Backward, CPU, broadcast_cpu);
 

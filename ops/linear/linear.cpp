@@ -195,7 +195,8 @@ Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& W
   return LinearFn::apply(x, W, b, W_compute);
 }
 
-MT_DESCRIBE_OP(linear, "y = x*W^T + b; dx = dy*W, dW += dy^T*x, db += sum_rows(dy)");
+MT_DEFINE_OP(linear, "y = x*W^T + b; dx = dy*W, dW += dy^T*x, db += sum_rows(dy)",
+             LinearForwardFn, LinearBackwardFn);
 MT_REGISTER_KERNEL(linear, Forward, CPU, forward_cpu);
 MT_REGISTER_KERNEL(linear, Backward, CPU, backward_cpu);
 

@@ -128,7 +128,8 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
   return RMSNormFn::apply(x, weight, eps);
 }
 
-MT_DESCRIBE_OP(rms_norm, "y = x*rstd*w; dx = rstd*(g - xh*mean(g*xh)), dw += sum_rows(dy*xh)");
+MT_DEFINE_OP(rms_norm, "y = x*rstd*w; dx = rstd*(g - xh*mean(g*xh)), dw += sum_rows(dy*xh)",
+             RMSNormForwardFn, RMSNormBackwardFn);
 MT_REGISTER_KERNEL(rms_norm, Forward, CPU, forward_cpu);
 MT_REGISTER_KERNEL(rms_norm, Backward, CPU, backward_cpu);
 

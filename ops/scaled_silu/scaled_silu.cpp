@@ -104,7 +104,8 @@ Tensor scaled_silu(const Tensor& x, const Tensor& w, bool inplace) {
   return ScaledSiLUFn::apply(x, w, inplace);
 }
 
-MT_DESCRIBE_OP(scaled_silu, "y = w*x*sigmoid(x); dx = dy*w*(s + x*s*(1-s)), dw += sum(dy*x*s)");
+MT_DEFINE_OP(scaled_silu, "y = w*x*sigmoid(x); dx = dy*w*(s + x*s*(1-s)), dw += sum(dy*x*s)",
+             ScaledSiLUForwardFn, ScaledSiLUBackwardFn);
 MT_REGISTER_KERNEL(scaled_silu, Forward, CPU, forward_cpu);
 MT_REGISTER_KERNEL(scaled_silu, Backward, CPU, backward_cpu);
 

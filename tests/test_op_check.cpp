@@ -1,0 +1,335 @@
+// Every in-tree op through the public op check (check/op_check.h): the CPU checks here and in CI,
+// the CUDA ones per dtype wherever a GPU is present. Then the checker itself: a multi-output
+// op passes it, and ops broken on purpose fail it naming the broken property.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+
+#include "check/op_check.h"
+#include "check/op_check_gtest.h"
+#include "core/autograd.h"
+#include "core/registry.h"
+#include "ops/cross_entropy/cross_entropy.h"
+#include "ops/elementwise/elementwise.h"
+#include "ops/linear/linear.h"
+#include "ops/rms_norm/rms_norm.h"
+#include "ops/scaled_silu/scaled_silu.h"
+
+using namespace mt;
+using namespace mt::check;
+
+namespace {
+
+using Inputs = std::vector<Tensor>;
+
+OpSpec scaled_silu_spec() {
+  OpSpec s;
+  s.name = "scaled_silu";
+  s.inputs = {{"x", Cast::Compute, true, true}, {"w", Cast::Grad, true, false}};
+  s.op = [](const Inputs& in) { return Inputs{scaled_silu(in[0], in[1])}; };
+  s.make = [](Generator& g, int64_t n) { return Inputs{normal(g, {n}, 2.0), uniform(g, {1}, 0.5, 1.5)}; };
+  s.sizes = {1, 7, 33, 1031, 300007};  // the last spans many blocks of the dw reduction
+  s.row_separable = true;
+  s.bad_inputs = {
+      {"w with two elements", [] { scaled_silu(randn({4}), randn({2})); }},
+      {"f64 w for f32 x", [] { scaled_silu(randn({4}), randn({1}, DType::f64)); }},
+      {"inplace=true while x needs a gradient",
+       [] { scaled_silu(randn({4}).set_requires_grad(), randn({1}), true); }},
+  };
+  return s;
+}
+
+OpSpec rms_norm_spec(int64_t d) {
+  OpSpec s;
+  s.name = "rms_norm (d = " + std::to_string(d) + ")";
+  s.inputs = {{"x", Cast::Compute, true, true}, {"weight", Cast::Grad, true, false}};
+  s.op = [](const Inputs& in) { return Inputs{rms_norm(in[0], in[1])}; };
+  s.make = [d](Generator& g, int64_t n) {
+    return Inputs{normal(g, {n, d}, 1.5), uniform(g, {d}, 0.5, 1.5)};
+  };
+  s.sizes = {1, 3, 33, 517};
+  s.gradcheck_size = 3;
+  s.row_separable = true;
+  s.bad_inputs = {
+      {"weight of the wrong length", [d] { rms_norm(randn({2, d}), randn({d + 1})); }},
+      {"f64 weight for f32 x", [d] { rms_norm(randn({2, d}), randn({d}, DType::f64)); }},
+  };
+  return s;
+}
+
+OpSpec linear_spec() {
+  OpSpec s;
+  s.name = "linear";
+  s.inputs = {{"x", Cast::Compute, true, true}, {"W", Cast::Compute, true, false},
+              {"b", Cast::Grad, true, false}};
+  s.op = [](const Inputs& in) { return Inputs{linear(in[0], in[1], in[2])}; };
+  s.make = [](Generator& g, int64_t n) {
+    return Inputs{normal(g, {n, 24}), normal(g, {17, 24}, 0.3), normal(g, {17})};
+  };
+  s.sizes = {1, 7, 33, 515};
+  s.gradcheck_size = 3;
+  s.row_separable = true;
+  // cuBLAS(Lt) chooses its kernel, and so its summation order, by the pointers' alignment.
+  s.alignment_invariant = false;
+  s.bad_inputs = {
+      {"W whose columns do not match x", [] { linear(randn({2, 24}), randn({17, 23})); }},
+      {"b of the wrong length", [] { linear(randn({2, 24}), randn({17, 24}), randn({16})); }},
+  };
+  return s;
+}
+
+OpSpec cross_entropy_spec() {
+  OpSpec s;
+  s.name = "cross_entropy";
+  s.inputs = {{"logits", Cast::Compute, true, true}, {"targets", Cast::Keep, false, true}};
+  // A fixed normalizer (as the trainer's microbatches use) makes the loss a sum over rows.
+  s.op = [](const Inputs& in) { return Inputs{cross_entropy(in[0], in[1], -100, 50.0)}; };
+  s.make = [](Generator& g, int64_t n) {
+    Tensor t = labels(g, n, 11);
+    int64_t* p = t.data<int64_t>();
+    for (int64_t i = 0; i < n; i += 5) p[i] = -100;  // some ignored rows
+    return Inputs{normal(g, {n, 11}, 2.0), t};
+  };
+  s.sizes = {1, 7, 33, 1031};
+  s.gradcheck_size = 4;
+  s.row_separable = true;
+  s.bad_inputs = {
+      {"a target outside [0, classes)",
+       [] { cross_entropy(randn({2, 3}), from_vector(std::vector<int64_t>{0, 3}, {2}, DType::i64)); }},
+      {"1-D logits", [] { cross_entropy(randn({3}), from_vector(std::vector<int64_t>{0}, {1}, DType::i64)); }},
+  };
+  return s;
+}
+
+OpSpec binary_spec(const std::string& name, Tensor (*f)(const Tensor&, const Tensor&)) {
+  OpSpec s;
+  s.name = name;
+  s.inputs = {{"a", Cast::Compute, true, true}, {"b", Cast::Compute, true, true}};
+  s.op = [f](const Inputs& in) { return Inputs{f(in[0], in[1])}; };
+  s.make = [](Generator& g, int64_t n) { return Inputs{normal(g, {n, 3}), normal(g, {n, 3})}; };
+  s.row_separable = true;
+  s.bad_inputs = {{"shapes that differ", [f] { f(randn({2, 3}), randn({3, 2})); }}};
+  return s;
+}
+
+OpSpec unary_spec(const std::string& name, std::function<Tensor(const Tensor&)> f, bool rows) {
+  OpSpec s;
+  s.name = name;
+  s.inputs = {{"x", Cast::Compute, true, true}};
+  s.op = [f](const Inputs& in) { return Inputs{f(in[0])}; };
+  s.make = [](Generator& g, int64_t n) { return Inputs{normal(g, {n, 5})}; };
+  s.row_separable = rows;
+  return s;
+}
+
+Tensor add1(const Tensor& a, const Tensor& b) { return add(a, b); }
+
+}  // namespace
+
+TEST(OpCheck, ScaledSiLU) { MT_EXPECT_OP_CHECK(scaled_silu_spec()); }
+TEST(OpCheck, RMSNormOddWidth) { MT_EXPECT_OP_CHECK(rms_norm_spec(37)); }
+TEST(OpCheck, RMSNormVectorWidth) { MT_EXPECT_OP_CHECK(rms_norm_spec(256)); }
+TEST(OpCheck, Linear) { MT_EXPECT_OP_CHECK(linear_spec()); }
+TEST(OpCheck, CrossEntropy) { MT_EXPECT_OP_CHECK(cross_entropy_spec()); }
+TEST(OpCheck, Add) { MT_EXPECT_OP_CHECK(binary_spec("add", add1)); }
+TEST(OpCheck, Mul) { MT_EXPECT_OP_CHECK(binary_spec("mul", mul)); }
+TEST(OpCheck, Relu) { MT_EXPECT_OP_CHECK(unary_spec("relu", relu, true)); }
+TEST(OpCheck, Scale) {
+  MT_EXPECT_OP_CHECK(unary_spec("scale", [](const Tensor& x) { return scale(x, -1.75); }, true));
+}
+// sum's output is one number: a sum over row chunks is still the sum over the batch.
+TEST(OpCheck, Sum) { MT_EXPECT_OP_CHECK(unary_spec("sum", sum, true)); }
+// mean divides by its own count, so chunks do not add up: not row-separable; and the mean of
+// nothing is refused.
+TEST(OpCheck, Mean) {
+  OpSpec s = unary_spec("mean", mean, false);
+  s.allows_empty = false;
+  MT_EXPECT_OP_CHECK(s);
+}
+
+// Every in-tree op is defined once with its signatures, and has every kernel this build needs.
+TEST(OpRegistry, EveryOpHasItsKernelsWithTheDeclaredSignatures) {
+  EXPECT_NO_THROW(verify_ops());
+  for (const std::string& op : {"scaled_silu", "rms_norm", "linear", "cross_entropy", "relu", "sum"})
+    EXPECT_NE(OpRegistry::instance().find(op, Phase::Backward, DeviceType::CPU), nullptr) << op;
+}
+
+// ---- the registry's startup check, on a registry of its own --------------------------------
+
+namespace {
+using GoodFn = void(const Tensor&, const Tensor&);
+using OtherFn = void(const Tensor&);
+void good_kernel(const Tensor&, const Tensor&) {}
+void other_kernel(const Tensor&) {}
+}  // namespace
+
+TEST(OpRegistry, MissingKernelsWrongSignaturesAndUndefinedOpsAreNamed) {
+  OpRegistry r;
+  r.define("complete", "y = x", signature_of<GoodFn>(), signature_of<GoodFn>());
+  r.add("complete", Phase::Forward, DeviceType::CPU, std::any(&good_kernel));
+  r.add("complete", Phase::Backward, DeviceType::CPU, std::any(&good_kernel));
+  EXPECT_TRUE(r.problems({DeviceType::CPU}).empty());
+
+  r.define("no_cuda", "y = x", signature_of<GoodFn>(), signature_of<void>());
+  r.add("no_cuda", Phase::Forward, DeviceType::CPU, std::any(&good_kernel));
+  r.define("wrong_sig", "y = x", signature_of<GoodFn>(), signature_of<void>());
+  r.add("wrong_sig", Phase::Forward, DeviceType::CPU, std::any(&other_kernel));
+  r.add("undefined", Phase::Forward, DeviceType::CPU, std::any(&good_kernel));
+  r.add("no_cuda", Phase::Backward, DeviceType::CPU, std::any(&good_kernel));  // declared void
+  r.add("complete", Phase::Forward, DeviceType::CPU, std::any(&good_kernel));  // twice
+
+  const std::vector<std::string> p = r.problems({DeviceType::CPU, DeviceType::CUDA});
+  std::string all;
+  for (const std::string& line : p) all += line + "\n";
+  EXPECT_NE(all.find("no_cuda: no cuda forward kernel, and this build has cuda"), std::string::npos) << all;
+  EXPECT_NE(all.find("complete: no cuda forward kernel"), std::string::npos) << all;
+  EXPECT_NE(all.find("wrong_sig: the cpu forward kernel has the signature"), std::string::npos) << all;
+  EXPECT_NE(all.find("undefined: kernels are registered but the op is never defined"), std::string::npos) << all;
+  EXPECT_NE(all.find("no_cuda: a cpu backward kernel is registered, but the op's definition declares no backward"),
+            std::string::npos) << all;
+  EXPECT_NE(all.find("complete: the cpu forward kernel is registered twice"), std::string::npos) << all;
+  // The duplicate, complete's two CUDA kernels, no_cuda's CUDA forward and stray backward,
+  // wrong_sig's CUDA forward and signature, and the undefined op: each named once.
+  EXPECT_EQ(p.size(), 8u) << all;
+}
+
+// ---- a multi-output op through the check ---------------------------------------------------
+
+namespace {
+// (sin x, cos x), both saved for backward: saving outputs must not keep the graph alive.
+struct SinCos : Function<SinCos> {
+  static constexpr const char* name = "sincos";
+  static std::vector<Tensor> forward(Context& ctx, const Tensor& x) {
+    Tensor xc = x.contiguous().to(DType::f64);
+    Tensor s = empty(x.shape(), DType::f64), c = empty(x.shape(), DType::f64);
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      s.data<double>()[i] = std::sin(xc.data<double>()[i]);
+      c.data<double>()[i] = std::cos(xc.data<double>()[i]);
+    }
+    ctx.save_for_backward({s, c});
+    return {s, c};
+  }
+  // d/dx: ds · cos x − dc · sin x; an output that got no gradient contributes nothing.
+  static GradList backward(Context& ctx, const GradList& grads) {
+    auto saved = ctx.saved_tensors();
+    Tensor dx = zeros(saved[0].shape(), DType::f64);
+    for (int k = 0; k < 2; ++k) {
+      if (!grads[k].defined()) continue;
+      Tensor g = grads[k].contiguous();
+      for (int64_t i = 0; i < dx.numel(); ++i)
+        dx.data<double>()[i] += k == 0 ? g.data<double>()[i] * saved[1].data<double>()[i]
+                                       : -g.data<double>()[i] * saved[0].data<double>()[i];
+    }
+    return {dx};
+  }
+};
+}  // namespace
+
+TEST(MultiOutput, BothOutputsOneOutputAndTheCheck) {
+  OpSpec s;
+  s.name = "sincos";
+  s.inputs = {{"x", Cast::Compute, true, true}};
+  s.op = [](const Inputs& in) { return SinCos::apply(in[0]); };
+  s.make = [](Generator& g, int64_t n) { return Inputs{normal(g, {n, 2})}; };
+  s.row_separable = true;
+  Options cpu_only;
+  cpu_only.cuda = false;  // the op has no CUDA kernel
+  MT_EXPECT_OP_CHECK(s, cpu_only);
+
+  // Only the second output used: the backward sees an undefined gradient for the first.
+  Tensor x = from_vector(std::vector<double>{0.3, -1.2}, {2}, DType::f64).set_requires_grad();
+  std::vector<Tensor> sc = SinCos::apply(x);
+  EXPECT_EQ(sc[1].impl().output_nr, 1u);
+  sum(sc[1]).backward();
+  EXPECT_NEAR(x.grad().to_vector()[0], -std::sin(0.3), 1e-15);
+  EXPECT_NEAR(x.grad().to_vector()[1], -std::sin(-1.2), 1e-15);
+}
+
+TEST(MultiOutput, SavingEveryOutputDoesNotKeepTheGraphAlive) {
+  std::weak_ptr<Node> node;
+  {
+    Tensor x = randn({5}, DType::f64).set_requires_grad();
+    std::vector<Tensor> sc = SinCos::apply(x);
+    node = sc[0].grad_fn();
+    ASSERT_FALSE(node.expired());
+  }  // no backward ran: the outputs, and with them the node, must be freed
+  EXPECT_TRUE(node.expired());
+}
+
+TEST(MultiOutput, BackwardFromSeveralRootsSumsWhatReachesEachNode) {
+  Tensor x = from_vector(std::vector<double>{0.5, 2.0}, {2}, DType::f64).set_requires_grad();
+  Tensor y = mul(x, x);
+  Tensor z = scale(y, 3.0);  // z depends on y: y's node must wait for z's gradient
+  backward({y, z}, {ones({2}, DType::f64), ones({2}, DType::f64)});
+  // d(y + z)/dx = 2x + 6x = 8x
+  EXPECT_EQ(x.grad().to_vector(), (std::vector<double>{4.0, 16.0}));
+}
+
+// ---- the checker catches broken ops --------------------------------------------------------
+
+namespace {
+// Doubles x; its backward gives the right gradient but stores it into x's .grad (the sink).
+struct StoresIntoSink : Function<StoresIntoSink> {
+  static constexpr const char* name = "double_that_stores";
+  static Tensor forward(Context&, const Tensor& x) { return scale(x, 2.0); }
+  static GradList backward(Context& ctx, const GradList& dy) {
+    Tensor sink = ctx.grad_sink(0);
+    Tensor g = scale(dy[0], 2.0);
+    if (!sink.defined()) return {g};
+    sink.copy_(g);  // '=' where '+=' belongs
+    return {Tensor()};
+  }
+};
+// Doubles x; its backward reads dy's memory as if it were contiguous.
+struct IgnoresStrides : Function<IgnoresStrides> {
+  static constexpr const char* name = "double_that_ignores_strides";
+  static Tensor forward(Context&, const Tensor& x) { return scale(x, 2.0); }
+  static GradList backward(Context&, const GradList& dy) {
+    Tensor g = empty(dy[0].shape(), dy[0].dtype());
+    const double* src = static_cast<const double*>(dy[0].data_ptr());  // no .contiguous()
+    for (int64_t i = 0; i < g.numel(); ++i) g.data<double>()[i] = 2 * src[i];
+    return {g};
+  }
+};
+// Doubles x, and returns a gradient for a second, non-tensor argument that has none.
+struct OneTooMany : Function<OneTooMany> {
+  static constexpr const char* name = "double_with_one_too_many";
+  static Tensor forward(Context&, const Tensor& x) { return scale(x, 2.0); }
+  static GradList backward(Context&, const GradList& dy) { return {scale(dy[0], 2.0), Tensor()}; }
+};
+
+template <class Fn>
+Report check_broken() {
+  OpSpec s;
+  s.name = Fn::name;
+  s.inputs = {{"x", Cast::Compute, true, true}};
+  s.op = [](const Inputs& in) { return Inputs{Fn::apply(in[0])}; };
+  s.make = [](Generator& g, int64_t n) { return Inputs{normal(g, {n, 3})}; };
+  s.row_separable = true;
+  Options cpu_only;
+  cpu_only.cuda = false;
+  return op_check(s, cpu_only);
+}
+
+void expect_fails(const Report& r, const std::string& check, const std::string& words) {
+  const Line* l = r.find(check);
+  ASSERT_NE(l, nullptr) << r.str();
+  EXPECT_EQ(l->status, Line::Fail) << r.str();
+  EXPECT_NE(l->detail.find(words), std::string::npos) << r.str();
+  EXPECT_FALSE(r.ok());
+}
+}  // namespace
+
+TEST(OpCheckCatches, AStoreIntoTheGradSink) {
+  Report r = check_broken<StoresIntoSink>();
+  expect_fails(r, "accumulation", "stores (=) into a gradient it must add into (+=)");
+}
+
+TEST(OpCheckCatches, AnUpstreamGradientReadAsContiguous) {
+  expect_fails(check_broken<IgnoresStrides>(), "strided", "upstream gradient is a strided view");
+}
+
+TEST(OpCheckCatches, AWrongGradientCount) {
+  expect_fails(check_broken<OneTooMany>(), "contract", "returned 2 gradient(s) but forward took 1");
+}
