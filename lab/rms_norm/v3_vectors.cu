@@ -26,6 +26,7 @@ __global__ void backward_kernel(const P* x, const float* weight, const float* rs
   extern __shared__ float acc[];  // [d]
   const int packs = d / kPack;
   for (int j = threadIdx.x; j < d; j += blockDim.x) acc[j] = 0.0f;
+  __syncthreads();  // zeroed by element, used by pack: other threads' columns
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const float rs = rstd[row];
     float dot = 0.0f;
@@ -51,6 +52,7 @@ __global__ void backward_kernel(const P* x, const float* weight, const float* rs
       dx[row * packs + p] = out;
     }
   }
+  __syncthreads();  // written by pack, read by element
   for (int j = threadIdx.x; j < d; j += blockDim.x) atomicAdd(&dweight[j], acc[j]);
 }
 
