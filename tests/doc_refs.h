@@ -95,13 +95,14 @@ inline std::vector<std::string> test_names(const std::filesystem::path& root) {
   return names;
 }
 
+// `tests` is test_names(root), passed in when many docs are checked against one tree.
 inline std::vector<DocProblem> check_doc_references(const std::filesystem::path& root,
-                                                    const std::string& doc) {
+                                                    const std::string& doc,
+                                                    const std::vector<std::string>& tests) {
   namespace fs = std::filesystem;
   std::vector<DocProblem> problems;
   const fs::path doc_path = root / doc;
   if (!fs::is_regular_file(doc_path)) return {{doc, 0, doc, "the doc itself is missing"}};
-  const std::vector<std::string> tests = test_names(root);
   const std::regex code_re("`([^`\n]+)`");
   const std::regex link_re(R"(\]\(([^)\s]+)\))");
   const std::regex path_re(R"(^\.?/?((?:[\w.\-]+/)+[\w.\-]*)(?::\s*(.*))?$)");
@@ -172,6 +173,11 @@ inline std::vector<DocProblem> check_doc_references(const std::filesystem::path&
     }
   }
   return problems;
+}
+
+inline std::vector<DocProblem> check_doc_references(const std::filesystem::path& root,
+                                                    const std::string& doc) {
+  return check_doc_references(root, doc, test_names(root));
 }
 
 }  // namespace mt::test

@@ -34,8 +34,10 @@ TEST(DocReferences, EveryDocReferenceResolves) {
   for (const auto& e : std::filesystem::directory_iterator(root / "docs"))
     if (e.path().extension() == ".md") docs.push_back("docs/" + e.path().filename().string());
   ASSERT_GE(docs.size(), 5u);
+  const auto tests = mt::test::test_names(root);
+  ASSERT_GT(tests.size(), 100u);  // the scan found the test files
   for (const auto& doc : docs) {
-    const auto problems = check_doc_references(root, doc);
+    const auto problems = check_doc_references(root, doc, tests);
     EXPECT_TRUE(problems.empty()) << describe(problems);
   }
 }

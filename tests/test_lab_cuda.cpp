@@ -195,7 +195,8 @@ TEST(CudaLab, GemmBadArgumentsAreClearErrors) {
     EXPECT_THROW(gemm(GemmArgs{{0, 8, 8, false, true}, a.get(), b.get(), c.get()}, stream()), mt::Error);
     EXPECT_THROW(gemm(GemmArgs{sh, nullptr, b.get(), c.get()}, stream()), mt::Error);
   }
-  EXPECT_THROW(gemm_cublas(GemmArgs{{8, 8, 8, true, true}, a.get(), b.get(), c.get()}, stream()), mt::Error);
+  for (auto gemm : {&gemm_tensor_core, &gemm_cublas})
+    EXPECT_THROW(gemm(GemmArgs{{8, 8, 8, true, true}, a.get(), b.get(), c.get()}, stream()), mt::Error);
 }
 
 #endif  // MT_WITH_CUDA

@@ -30,6 +30,7 @@ struct GemmArgs {
 // (a) Shared-memory tiles on the fp32 units: 64 x 64 tiles of C, 4 x 4 outputs a thread.
 void gemm_tiled(const GemmArgs& g, cudaStream_t s);
 // (b) Tensor cores (wmma, bf16 x bf16 -> fp32): 128 x 128 tiles, cp.async multi-buffering.
+// Built for the linear layer's three layouts only (a_t and b_t both set is an mt::Error).
 void gemm_tensor_core(const GemmArgs& g, cudaStream_t s);
 // The production path: ops/linear's cuBLASLt calls. Only the linear layer's three layouts.
 void gemm_cublas(const GemmArgs& g, cudaStream_t s);

@@ -28,6 +28,7 @@
 #include <type_traits>
 
 #include "core/cuda/check.h"
+#include "core/error.h"
 #include "lab/common.cuh"
 #include "lab/matmul/gemm.h"
 
@@ -203,7 +204,8 @@ void launch_for(const GemmArgs& g, cudaStream_t s) {
   if (!at && bt) return launch<false, true, TC>(g, s);    // forward
   if (!at && !bt) return launch<false, false, TC>(g, s);  // dX
   if (at && !bt) return launch<true, false, TC>(g, s);    // dW
-  return launch<true, true, TC>(g, s);
+  MT_THROW("gemm_tensor_core: ", g.shape.str(), " (both operands transposed) is not one of the "
+           "linear layer's GEMMs");
 }
 
 }  // namespace
