@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On a machine with an NVIDIA GPU: build for sm_90, run every test (the CUDA ones included), the
-# kernel benchmarks, the default training run in f32/bf16/f16 with the mixed-precision checks,
+# kernel benchmarks and the kernel lab (lab_bench, which rewrites docs/lab_results.md), the
+# default training run in f32/bf16/f16 with the mixed-precision checks,
 # then the train-step benchmark beside PyTorch, and print a short summary last. The summary is
 # also written as it grows to $MT_LOG_DIR/summary.txt (default build-gpu/logs), with every log.
 #
@@ -84,6 +85,19 @@ for b in "$build"/bench_*; do
   tail -n 12 "$logs/$name.log" | while IFS= read -r l; do note "  $l"; done
   (( rc == 0 )) || fail "benchmark $name (rc $rc)"
 done
+
+# The kernel lab (docs/lab.md): every numbered version's share of the copy bandwidth and the
+# hand-written GEMMs' fraction of cuBLAS. Its tables are the book's: docs/lab_results.md is
+# rewritten from this run (commit it); the "lab:" lines go into the summary.
+if [[ -x $build/lab_bench ]]; then
+  timeout 300 "$build/lab_bench" --markdown docs/lab_results.md >"$logs/lab_bench.log" 2>&1
+  rc=$?
+  note "lab_bench (rc $rc): docs/lab_results.md rewritten from this run"
+  grep '^lab:' "$logs/lab_bench.log" | while IFS= read -r l; do note "  $l"; done
+  (( rc == 0 )) || fail "lab_bench (rc $rc, see $logs/lab_bench.log)"
+else
+  fail "lab_bench was not built"
+fi
 
 # The default config in each compute dtype; bf16 twice (determinism) and f16 from a scale of 2^40
 # (forced overflow: the dynamic scaler must back off, skip those steps and recover).

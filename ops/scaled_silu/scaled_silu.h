@@ -9,7 +9,8 @@
 // Saved vs recomputed: backward saves x and w (its inputs, which it cannot regenerate) and
 // RECOMPUTES s = σ(x): one exp per element is cheaper than writing and re-reading a tensor of s
 // (the lesson's save-vs-recompute crossover: a 4-byte round trip to memory costs as much time as
-// about 63 flops per element at the H200's fp32 rate, bench/crossover.cpp; a sigmoid is fewer).
+// about 61 flops per element at the H200's fp32 rate, bench/crossover.h's figures, which
+// docs/README.md tabulates and DocNumbers tests; a sigmoid is fewer).
 //
 // Grids (CUDA, ops/scaled_silu/scaled_silu.cu): forward is one elementwise map, grid-stride over
 // 16-byte vectors. Backward is NOT the same grid: dx mirrors the forward map, and dw is a reduce:

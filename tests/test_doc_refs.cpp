@@ -1,0 +1,114 @@
+// Every reference the docs make to the code resolves (tests/doc_refs.h says what counts), and the
+// checker itself fails on each kind of stale reference, shown on a small tree of its own.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+
+#include "bench/crossover.h"
+
+#include "tests/doc_refs.h"
+#include "tests/temp_dir.h"
+
+using mt::test::check_doc_references;
+using mt::test::DocProblem;
+
+namespace {
+
+std::string describe(const std::vector<DocProblem>& problems) {
+  std::string s;
+  for (const auto& p : problems) s += p.doc + ":" + std::to_string(p.line) + ": `" + p.ref + "`: " + p.why + "\n";
+  return s;
+}
+
+void write(const std::filesystem::path& p, const std::string& text) {
+  std::filesystem::create_directories(p.parent_path());
+  std::ofstream(p) << text;
+}
+
+}  // namespace
+
+TEST(DocReferences, EveryDocReferenceResolves) {
+  const std::filesystem::path root = MT_SOURCE_DIR;
+  std::vector<std::string> docs{"README.md"};
+  for (const auto& e : std::filesystem::directory_iterator(root / "docs"))
+    if (e.path().extension() == ".md") docs.push_back("docs/" + e.path().filename().string());
+  ASSERT_GE(docs.size(), 5u);
+  const auto tests = mt::test::test_names(root);
+  ASSERT_GT(tests.size(), 100u);  // the scan found the test files
+  for (const auto& doc : docs) {
+    const auto problems = check_doc_references(root, doc, tests);
+    EXPECT_TRUE(problems.empty()) << describe(problems);
+  }
+}
+
+// Each way a reference goes stale is caught, and the same references are accepted when true.
+TEST(DocReferences, StaleReferencesFail) {
+  mt::test::TempDir t;
+  write(t.path / "ops/op.cu", "__global__ void backward_kernel() {}\nvoid Trainer::step() {}\n");
+  write(t.path / "tests/test_op.cpp", "TEST(OpTrap2, StoreLosesGradients) {}\n");
+  write(t.path / "docs/other.md", "x\n");
+  write(t.path / "docs/good.md",
+        "See `ops/op.cu: backward_kernel, Trainer::step` and `ops/`, shown by\n"
+        "`OpTrap2.StoreLosesGradients` and `OpTrap2.*`, and [the other page](other.md).\n"
+        "```\n`ops/missing.cu` inside a code block is an example\n```\n"
+        "Prose: `backward_kernel`, `build/mt_tests`, `Tensor.grad`.\n");
+  EXPECT_TRUE(check_doc_references(t.path, "docs/good.md").empty())
+      << describe(check_doc_references(t.path, "docs/good.md"));
+
+  write(t.path / "docs/bad.md",
+        "`ops/op.cu:2` and `:5-7`\n"           // line numbers
+        "`ops/gone.cu`\n"                       // a file that moved
+        "`ops/op.cu: forward_kernel`\n"         // a renamed symbol
+        "`ops/op.cu: backward`\n"               // only part of a word
+        "`OpTrap2.StoreKeepsGradients`\n"       // a renamed test
+        "`OpTrap4.*`\n"                         // a suite that is gone
+        "[gone](missing.md)\n");                // a dead link
+  const auto problems = check_doc_references(t.path, "docs/bad.md");
+  ASSERT_EQ(problems.size(), 8u) << describe(problems);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(problems[i].line, i < 2 ? 1 : i) << describe(problems);
+  EXPECT_NE(problems[0].why.find("line number"), std::string::npos);
+  EXPECT_NE(problems[2].why.find("no such file"), std::string::npos);
+  EXPECT_NE(problems[3].why.find("'forward_kernel' does not occur in ops/op.cu"), std::string::npos);
+  EXPECT_NE(problems[5].why.find("no such test"), std::string::npos);
+  EXPECT_NE(problems[7].why.find("a link to nothing"), std::string::npos);
+}
+
+// The crossover figures quoted in the docs and in scaled_silu.h are the ones bench/crossover.h
+// computes from its H200 defaults: one source, every quotation checked against it.
+TEST(DocNumbers, CrossoverFiguresAreTheCrossoverProgramsOwn) {
+  using namespace mt::crossover;
+  const Gpu g;
+  auto f1 = [](double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1f", v);
+    return std::string(buf);
+  };
+  const std::filesystem::path root = MT_SOURCE_DIR;
+  const std::string readme = mt::test::read_text(root / "docs/README.md");
+  const std::string rows[] = {
+      "| balance point | " + f1(balance_flops_per_byte(g.fp32_tflops, g.bandwidth_gbs)) +
+          " flops/byte | " + f1(balance_flops_per_byte(g.bf16_tflops, g.bandwidth_gbs)) + " flops/byte |",
+      "| crossover, 4-byte round trip (a bf16 value) | " +
+          f1(crossover_flops_per_element(g.fp32_tflops, g.bandwidth_gbs, 2)) + " flops/element | " +
+          f1(crossover_flops_per_element(g.bf16_tflops, g.bandwidth_gbs, 2)) + " flops/element |",
+      "| crossover, 8-byte round trip (an fp32 value) | " +
+          f1(crossover_flops_per_element(g.fp32_tflops, g.bandwidth_gbs, 4)) + " flops/element | " +
+          f1(crossover_flops_per_element(g.bf16_tflops, g.bandwidth_gbs, 4)) + " flops/element |"};
+  for (const auto& row : rows) EXPECT_NE(readme.find(row), std::string::npos) << "docs/README.md lacks: " << row;
+  const std::string bw = std::to_string(int(g.bandwidth_gbs)) + " GB/s copy bandwidth";
+  EXPECT_NE(readme.find(bw), std::string::npos) << bw;
+
+  // The rounded fp32 4-byte crossover, wherever the prose quotes it.
+  const int fp32_4 = int(std::lround(crossover_flops_per_element(g.fp32_tflops, g.bandwidth_gbs, 2)));
+  const std::pair<std::string, std::regex> quotes[] = {
+      {"docs/README.md", std::regex(R"(sits below\s+(\d+))")},
+      {"ops/scaled_silu/scaled_silu.h", std::regex(R"(about (\d+) flops per element)")}};
+  for (const auto& [file, re] : quotes) {
+    const std::string text = mt::test::read_text(root / file);
+    int found = 0;
+    for (std::sregex_iterator it(text.begin(), text.end(), re), end; it != end; ++it, ++found)
+      EXPECT_EQ(std::stoi((*it)[1].str()), fp32_4) << file << ": " << (*it)[0].str();
+    EXPECT_GT(found, 0) << file << " no longer quotes the crossover";
+  }
+}
