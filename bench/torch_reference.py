@@ -118,8 +118,8 @@ def autocast():
 
 def train_step(model, optimizer, params, x, y, microbatch, zero_grad=True, mark_step=False):
     """One optimizer step; returns its loss (the batch mean) as a device scalar, never read here.
-    mark_step: tell torch.compile's CUDA graphs (mode="reduce-overhead") that each microbatch's
-    forward starts a new replay."""
+    mark_step: tell torch.compile's CUDA graphs (modes "reduce-overhead" and "max-autotune")
+    that each microbatch's forward starts a new replay."""
     normalizer = float(MICROBATCHES * microbatch)
     loss_sum = torch.zeros((), device=x.device)
     for k in range(MICROBATCHES):
@@ -299,7 +299,10 @@ def run_size(name, directory):
         except Exception as e:  # noqa: BLE001: any failure is reported, the rest still runs
             first = str(e).strip().splitlines()[0] if str(e).strip() else ""
             rows.append((label, None, f"did not run: {type(e).__name__}: {first}"[:160]))
-            torch.cuda.synchronize()
+            try:
+                torch.cuda.synchronize()  # the failed variant's queued work, before the next
+            except Exception:  # noqa: BLE001: the failure is already in its row
+                pass
 
     def eager():
         optimizer = fresh_start()
@@ -316,7 +319,7 @@ def run_size(name, directory):
 
             def step():
                 last["loss"] = train_step(net, optimizer, params, x, y, mb,
-                                          mark_step=mode == "reduce-overhead")
+                                          mark_step=mode in ("reduce-overhead", "max-autotune"))
             t0 = time.perf_counter()
             step()  # compiles the forward and the backward: the first of the warm-up steps
             torch.cuda.synchronize()
