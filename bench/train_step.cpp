@@ -269,6 +269,7 @@ class GraphStep {
   }
   const Tensor& loss() const { return loss_; }
   size_t nodes() const { return graph_.num_nodes(); }
+  const std::string& node_kinds() const { return graph_.node_kinds(); }
 
  private:
   optim::AdamW& optimizer_;
@@ -521,8 +522,9 @@ bool run_size(const Size& s, const std::string& export_dir, double gemm_tflops, 
 
   std::printf("   per step: GEMMs %.4g GFLOP (6*params*samples %.4g GFLOP), memory-bound ops %.4g GB\n",
               w.gemm_flop / 1e9, flop_6ps / 1e9, w.bytes / 1e9);
-  std::printf("   CUDA graph: %zu nodes; its first %d losses vs eager: %d bitwise equal, max rel diff %.2g\n",
-              graph.nodes(), kLossSteps, same, worst);
+  std::printf("   CUDA graph: %zu nodes (%s); its first %d losses vs eager: %d bitwise equal, "
+              "max rel diff %.2g\n",
+              graph.nodes(), graph.node_kinds().c_str(), kLossSteps, same, worst);
   std::printf("   %-34s %10s %12s %10s %10s %15s\n", "", "ms/step", "samples/s", "TFLOP/s",
               "of cuBLAS", "min / max");
   const auto row = [&](const char* name, const std::vector<double>& t) {
@@ -564,6 +566,7 @@ bool run_size(const Size& s, const std::string& export_dir, double gemm_tflops, 
   } else {
     goal("CUDA graph ms/step", graph_ms, "<=", 0.20);
     goal("CUDA graph nodes", double(graph.nodes()), "<=", 200);
+    std::printf("train_step small graph nodes by kind: %s\n", graph.node_kinds().c_str());
     goal("eager ms/step", ms, "<=", 0.8);
   }
   std::fflush(stdout);
