@@ -7,8 +7,9 @@
 
 namespace mt::cuda {
 
-// grads[k][i] *= *factor for every tensor k (host array of num device pointers and sizes).
-// A factor of exactly 1 (nothing to clip, the usual case) writes nothing.
+// grads[k][i] *= *factor for every tensor k (host array of num device pointers and sizes), in
+// one launch for up to 256 tensors. A factor of exactly 1 (nothing to clip, the usual case)
+// writes nothing.
 void scale_by_device_scalar(float* const* grads_host, const int64_t* sizes, int num,
                             const float* factor, cudaStream_t s);
 

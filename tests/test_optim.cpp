@@ -445,6 +445,13 @@ TEST(OptimCUDA, FusedAdamWSGDAndClippingMatchTheCPU) {
       const double norm_cpu = optim::clip_grad_norm_(pc, 1.0).item();
       const double norm_gpu = optim::clip_grad_norm_(pg, 1.0).item();
       EXPECT_NEAR(norm_gpu, norm_cpu, 1e-5 * norm_cpu);
+      ASSERT_GT(norm_cpu, 1.0);  // so every gradient was scaled (one launch for all of them)
+      for (size_t k = 0; k < pc.size(); ++k) {
+        const std::vector<double> want = pc[k].grad().to_vector(), got = pg[k].grad().to_vector();
+        for (size_t i = 0; i < want.size(); ++i)
+          EXPECT_NEAR(got[i], want[i], 1e-5 * std::max(1.0, std::abs(want[i])))
+              << "clipped grad, step " << s << " param " << k;
+      }
       opt_cpu->step();
       opt_gpu->step();
       for (size_t k = 0; k < pc.size(); ++k) {
