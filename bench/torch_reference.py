@@ -9,7 +9,8 @@ minitrain's state_dict names), <size>_batch.safetensors (x f32, y i64), <size>_l
 losses of minitrain's first 20 steps) and <size>_timing.json (minitrain's ms/step, eager and as
 a CUDA graph).
 
-The model and dtype policy are minitrain's: fp32 parameters; the GEMMs in bf16 through
+The model and dtype policy are minitrain's: the batch cast to bf16 once, outside the step; fp32
+parameters; the GEMMs in bf16 through
 torch.autocast; RMSNorm by torch.nn.functional.rms_norm in fp32 (y = x * rsqrt(mean(x^2) + 1e-5)
 * weight) and returned in bf16; ScaledSiLU as w * x * sigmoid(x) with a scalar parameter w of shape [1], returned in
 bf16; cross_entropy with reduction "sum" divided by the step's sample count; clip_grad_norm_(1.0);
@@ -270,6 +271,7 @@ def run_size(name, directory):
         model = make_model(cfg)
     init = load_init(model, base + "_init.safetensors")
     x, y = load_batch(base + "_batch.safetensors", cfg)
+    x = x.to(torch.bfloat16)  # once, before the step, as train_step does (a loader's job)
     params = list(model.parameters())
     mb, reps = cfg["microbatch"], cfg["timed_steps"]
     samples = MICROBATCHES * mb
