@@ -136,7 +136,7 @@ TEST(CudaRMSNorm, BothLayoutsMatchTheCpuWhenEveryBlockLoopsOverManyRows) {
     yc.backward(dy);
     const double tol = c.dt == DType::f32 ? 1e-4 : tol_for(c.dt);
     std::vector<double> first_y, first_dx;
-    for (cuda::RmsNormVariant v : {cuda::RmsNormVariant{}, cuda::RmsNormVariant{1, 0}}) {
+    for (cuda::RmsNormVariant v : {cuda::RmsNormVariant{2, 1}, cuda::RmsNormVariant{1, 0}}) {
       cuda::set_rms_norm_variant(v);
       const std::string what = "rms_norm " + shape + " forward_rows " +
                                std::to_string(v.forward_rows) + " dweight_in_shared " +

@@ -359,8 +359,11 @@ Layout layout_for(int d) {
   return {team, std::max(1, kBlockThreads / team) * team};
 }
 
-// The layout choices bench_kernels compares (set_rms_norm_variant); process-wide.
-std::atomic<int> g_forward_rows{0}, g_dweight_in_shared{-1};
+// The layouts used unless set_rms_norm_variant (bench_kernels) asks for the other; its
+// "layout rms_norm" lines say which is faster on the GPU at hand.
+constexpr int kDefaultForwardRows = 2;          // rows per team per forward iteration (1 or 2)
+constexpr bool kDefaultDweightInShared = true;  // backward dweight sums in shared memory
+std::atomic<int> g_forward_rows{0}, g_dweight_in_shared{-1};  // 0 / -1: the defaults
 
 // Blocks of `kernel` that fit on one SM at once. The answer depends only on the device, the
 // kernel, the block size and the shared memory, so the driver is asked once per combination:
@@ -410,7 +413,8 @@ void forward_as(const void* x, const float* weight, void* y, float* rstd, int64_
     MT_CUDA_CHECK_LAUNCH();
   };
   if (d % V == 0 && aligned16(x) && aligned16(y) && aligned16(weight)) {
-    if (g_forward_rows.load() == 1) launch(forward_kernel<T, V, 1>, 1);
+    const int asked = g_forward_rows.load();
+    if ((asked != 0 ? asked : kDefaultForwardRows) == 1) launch(forward_kernel<T, V, 1>, 1);
     else launch(forward_kernel<T, V, 2>, 2);
   } else {
     launch(forward_kernel<T, 1, 1>, 1);  // 16 scalars a row already: no room for a second
@@ -449,7 +453,9 @@ void backward_as(const void* x, const float* weight, const float* rstd, const vo
   };
   const bool vectorized = d % V == 0 && aligned16(x) && aligned16(dy) && aligned16(weight) &&
                           (dx == nullptr || aligned16(dx));
-  const bool small = L.block <= kSmallBlock, in_shared = g_dweight_in_shared.load() != 0;
+  const int choice = g_dweight_in_shared.load();
+  const bool small = L.block <= kSmallBlock;
+  const bool in_shared = choice < 0 ? kDefaultDweightInShared : choice == 1;
   auto pick = [&](auto v_tag) {
     constexpr int W = decltype(v_tag)::value;
     if (in_shared)
