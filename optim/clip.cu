@@ -5,15 +5,16 @@
 #include <cstdint>
 
 #include "core/cuda/check.h"
+#include "core/error.h"
 
 namespace mt::cuda {
 namespace {
 
-// One launch scales every tensor (as AdamW's multi-tensor update, optim/adamw.cu): each tensor is
-// cut into chunks of kChunk elements and block b owns one (tensor, chunk), found by binary search
-// over the tensors' first blocks; the descriptors travel as the kernel's __grid_constant__
-// parameter (8 KB), so a CUDA graph records them by value. More than kMaxTensors tensors take one
-// more launch per kMaxTensors.
+// One launch scales (or zeroes) every tensor, as AdamW's multi-tensor update (optim/adamw.cu):
+// each tensor is cut into chunks of kChunk elements and block b owns one (tensor, chunk), found
+// by binary search over the tensors' first blocks; the descriptors travel as the kernel's
+// __grid_constant__ parameter (5 KB), so a CUDA graph records them by value. More than
+// kMaxTensors tensors take one more launch per kMaxTensors.
 constexpr int kThreads = 256;
 constexpr int64_t kChunk = 16384;  // elements per block: 64 per thread
 constexpr int kMaxTensors = 256;
@@ -25,10 +26,11 @@ struct ScaleBatch {
   int num;
 };
 
+// g *= *factor, or g = 0 when factor is null.
 __global__ void __launch_bounds__(kThreads)
     scale_kernel(const __grid_constant__ ScaleBatch batch, const float* factor) {
-  const float f = *factor;
-  if (f == 1.0f) return;  // nothing to clip, the usual case: no write
+  const float f = factor != nullptr ? *factor : 0.0f;
+  if (factor != nullptr && f == 1.0f) return;  // nothing to clip, the usual case: no write
   int lo = 0, hi = batch.num - 1;  // the last tensor whose first block is <= blockIdx.x
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
@@ -38,15 +40,16 @@ __global__ void __launch_bounds__(kThreads)
   float* g = batch.g[lo];
   const int64_t begin = int64_t(blockIdx.x - batch.first_block[lo]) * kChunk;
   const int64_t end = begin + kChunk < batch.n[lo] ? begin + kChunk : batch.n[lo];
-  for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) g[i] *= f;
+  if (factor == nullptr) {
+    for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) g[i] = 0.0f;
+  } else {
+    for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) g[i] *= f;
+  }
 }
 
-__global__ void sqrt_kernel(float* x) { *x = sqrtf(*x); }
-
-}  // namespace
-
-void scale_by_device_scalar(float* const* grads_host, const int64_t* sizes, int num,
-                            const float* factor, cudaStream_t s) {
+// scale_kernel over every non-empty tensor, kMaxTensors at a time.
+void launch_over(float* const* grads_host, const int64_t* sizes, int num, const float* factor,
+                 cudaStream_t s) {
   ScaleBatch batch{};
   int blocks = 0;
   auto launch = [&] {
@@ -67,6 +70,20 @@ void scale_by_device_scalar(float* const* grads_host, const int64_t* sizes, int 
     blocks += int(chunks);
   }
   launch();
+}
+
+__global__ void sqrt_kernel(float* x) { *x = sqrtf(*x); }
+
+}  // namespace
+
+void scale_by_device_scalar(float* const* grads_host, const int64_t* sizes, int num,
+                            const float* factor, cudaStream_t s) {
+  MT_CHECK(factor != nullptr, "scale_by_device_scalar: null factor");
+  launch_over(grads_host, sizes, num, factor, s);
+}
+
+void zero_many(float* const* grads_host, const int64_t* sizes, int num, cudaStream_t s) {
+  launch_over(grads_host, sizes, num, nullptr, s);
 }
 
 void sqrt_scalar(float* x, cudaStream_t s) {
