@@ -9,17 +9,21 @@ minitrain's state_dict names), <size>_batch.safetensors (x f32, y i64), <size>_l
 losses of minitrain's first 20 steps) and <size>_timing.json (minitrain's ms/step, eager and as
 a CUDA graph).
 
-The model and dtype policy are minitrain's: fp32 parameters; the GEMMs in bf16 through
-torch.autocast; RMSNorm computed in fp32 (y = x * rsqrt(mean(x^2) + 1e-5) * weight) and returned
-in bf16; ScaledSiLU as w * x * sigmoid(x) with a scalar parameter w of shape [1], returned in
+The model and dtype policy are minitrain's: the batch cast to bf16 once, outside the step; fp32
+parameters; the GEMMs in bf16 through
+torch.autocast; RMSNorm by torch.nn.functional.rms_norm in fp32 (y = x * rsqrt(mean(x^2) + 1e-5)
+* weight) and returned in bf16; ScaledSiLU as w * x * sigmoid(x) with a scalar parameter w of shape [1], returned in
 bf16; cross_entropy with reduction "sum" divided by the step's sample count; clip_grad_norm_(1.0);
 fused AdamW that decays only the >= 2-D weights.
 
 1. Check: 20 eager steps from the same weights on the same batch; every step's loss must be within
    a relative LOSS_RTOL of minitrain's, or the script prints both curves and exits 1 (no timing).
 2. Time, with torch.cuda.Event around each step and the host waiting for it (as train_step does):
-   eager; torch.compile(model) (default mode; its compile time is reported separately); and, for
-   the small size, the whole eager step captured in one CUDA graph and replayed.
+   eager; torch.compile(model) in the default mode, mode="max-autotune" and mode="reduce-overhead"
+   (compile + CUDA graphs), each compile time reported separately; and, for the small size, the
+   whole eager step captured in one CUDA graph and replayed. A variant that fails says why in the
+   table (the exception's first line) and the others still run. MT_TORCH_VARIANTS (a
+   comma-separated list of the names in VARIANTS) runs only those.
 3. Print the side-by-side table: ratio = ms / minitrain ms, against minitrain eager and against
    minitrain's CUDA graph (> 1: minitrain is faster).
 """
@@ -64,16 +68,20 @@ except ImportError as e:
     die(f"needs PyTorch and safetensors ({e})")
 
 
+# The variants timed, by name (MT_TORCH_VARIANTS selects among them).
+VARIANTS = ["eager", "compile", "max-autotune", "reduce-overhead", "eager-graph"]
+
+
 class RMSNorm(nn.Module):
+    """PyTorch's own rms_norm (torch >= 2.4), on the fp32 upcast of x: minitrain's fp32 math."""
+
     def __init__(self, dim, eps=RMS_EPS):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
-        xf = x.float()
-        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
-        return y.to(x.dtype)
+        return F.rms_norm(x.float(), (x.shape[-1],), self.weight, self.eps).to(x.dtype)
 
 
 class ScaledSiLU(nn.Module):
@@ -109,11 +117,15 @@ def autocast():
     return torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False)
 
 
-def train_step(model, optimizer, params, x, y, microbatch, zero_grad=True):
-    """One optimizer step; returns its loss (the batch mean) as a device scalar, never read here."""
+def train_step(model, optimizer, params, x, y, microbatch, zero_grad=True, mark_step=False):
+    """One optimizer step; returns its loss (the batch mean) as a device scalar, never read here.
+    mark_step: tell torch.compile's CUDA graphs (modes "reduce-overhead" and "max-autotune")
+    that each microbatch's forward starts a new replay."""
     normalizer = float(MICROBATCHES * microbatch)
     loss_sum = torch.zeros((), device=x.device)
     for k in range(MICROBATCHES):
+        if mark_step:
+            torch.compiler.cudagraph_mark_step_begin()
         xk = x[k * microbatch:(k + 1) * microbatch]
         yk = y[k * microbatch:(k + 1) * microbatch]
         with autocast():
@@ -259,6 +271,7 @@ def run_size(name, directory):
         model = make_model(cfg)
     init = load_init(model, base + "_init.safetensors")
     x, y = load_batch(base + "_batch.safetensors", cfg)
+    x = x.to(torch.bfloat16)  # once, before the step, as train_step does (a loader's job)
     params = list(model.parameters())
     mb, reps = cfg["microbatch"], cfg["timed_steps"]
     samples = MICROBATCHES * mb
@@ -266,8 +279,9 @@ def run_size(name, directory):
     if not check_losses(name, model, make_optimizer(model), params, x, y, cfg, ours_losses):
         die(f"{name}: PyTorch's losses do not match minitrain's: not timing anything")
 
-    rows = []  # (variant, median ms, note)
+    rows = []  # (variant, median ms or None when it did not run, note)
     last = {}  # the loss tensor of the latest step, read once timing is over
+    wanted = os.environ.get("MT_TORCH_VARIANTS", ",".join(VARIANTS)).split(",")
 
     def fresh_start(capturable=False):
         """The initial weights again (in place: the parameters keep their identity), no grads,
@@ -277,33 +291,61 @@ def run_size(name, directory):
             p.grad = None
         return make_optimizer(model, capturable)
 
-    eager_optimizer = fresh_start()
+    def attempt(key, label, run):
+        """Times one variant (run() -> (ms, note)); a failure becomes its row's reason."""
+        if key not in wanted:
+            return
+        try:
+            ms, note = run()
+            rows.append((label, ms, note))
+        except Exception as e:  # noqa: BLE001: any failure is reported, the rest still runs
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            rows.append((label, None, f"did not run: {type(e).__name__}: {first}"[:160]))
+            try:
+                torch.cuda.synchronize()  # the failed variant's queued work, before the next
+            except Exception:  # noqa: BLE001: the failure is already in its row
+                pass
 
-    def eager_step():
-        last["loss"] = train_step(model, eager_optimizer, params, x, y, mb)
-    rows.append(("torch eager", median(time_steps(eager_step, WARMUP_STEPS, reps)), ""))
+    def eager():
+        optimizer = fresh_start()
 
-    compiled_optimizer = fresh_start()
-    compiled = torch.compile(model)
+        def step():
+            last["loss"] = train_step(model, optimizer, params, x, y, mb)
+        return median(time_steps(step, WARMUP_STEPS, reps)), "F.rms_norm"
 
-    def compiled_step():
-        last["loss"] = train_step(compiled, compiled_optimizer, params, x, y, mb)
-    t0 = time.perf_counter()
-    compiled_step()  # compiles the forward and the backward: the first of the warm-up steps
-    torch.cuda.synchronize()
-    compile_s = time.perf_counter() - t0
-    rows.append(("torch.compile(model)", median(time_steps(compiled_step, WARMUP_STEPS - 1, reps)),
-                 f"compile + first step {compile_s:.1f} s"))
-    del compiled
+    def compiled(mode):
+        def run():
+            optimizer = fresh_start()
+            torch._dynamo.reset()  # each mode compiles afresh
+            net = torch.compile(model) if mode is None else torch.compile(model, mode=mode)
 
-    if name == "small":
+            def step():
+                last["loss"] = train_step(net, optimizer, params, x, y, mb,
+                                          mark_step=mode in ("reduce-overhead", "max-autotune"))
+            t0 = time.perf_counter()
+            step()  # compiles the forward and the backward: the first of the warm-up steps
+            torch.cuda.synchronize()
+            compile_s = time.perf_counter() - t0
+            return (median(time_steps(step, WARMUP_STEPS - 1, reps)),
+                    f"compile + first step {compile_s:.1f} s")
+        return run
+
+    def eager_graph():
         graph, last["loss"] = capture_step(model, fresh_start(capturable=True), params, x, y, mb)
-        rows.append(("torch eager, CUDA graph", median(time_steps(graph.replay, WARMUP_STEPS, reps)),
-                     "whole step captured"))
+        return median(time_steps(graph.replay, WARMUP_STEPS, reps)), "whole step captured"
 
-    final = float(last["loss"].item())
-    if not math.isfinite(final):
-        die(f"{name}: the loss after the timed steps is {final}")
+    attempt("eager", "torch eager", eager)
+    attempt("compile", "torch.compile default", compiled(None))
+    attempt("max-autotune", "compile max-autotune", compiled("max-autotune"))
+    attempt("reduce-overhead", "compile reduce-overhead", compiled("reduce-overhead"))
+    if name == "small":
+        attempt("eager-graph", "torch eager, CUDA graph", eager_graph)
+    torch._dynamo.reset()
+
+    if "loss" in last:
+        final = float(last["loss"].item())
+        if not math.isfinite(final):
+            die(f"{name}: the loss after the timed steps is {final}")
 
     print(f"\n== {name}: {samples} samples per step, median of {reps} steps; ratio = torch ms / "
           f"minitrain ms (> 1: minitrain is faster)")
@@ -311,9 +353,16 @@ def run_size(name, directory):
     print(f"   {'variant':<26} {'ms/step':>9} {'samples/s':>12}  " +
           "  ".join(f"{'vs ' + n.split()[-1]:>9}" for n in names) + "  note")
     for variant, ms, note in [(n, ours[n], "") for n in names] + rows:
+        if ms is None:
+            print(f"   {variant:<26} {'-':>9} {'-':>12}  " + "  ".join(f"{'-':>9}" for _ in names) +
+                  f"  {note}")
+            continue
         ratios = "  ".join(f"{ms / ours[n]:>9.2f}" for n in names)
         print(f"   {variant:<26} {ms:>9.3f} {samples / ms * 1e3:>12.0f}  {ratios}  {note}")
-    for variant, ms, _ in rows:
+    for variant, ms, note in rows:
+        if ms is None:
+            print(f"torch_reference {name}: {variant} {note}")
+            continue
         vs = ", ".join(f"{n} {ours[n]:.3f} ms/step (torch/minitrain {ms / ours[n]:.2f}x)" for n in names)
         print(f"torch_reference {name}: {variant} {ms:.3f} ms/step; {vs or 'no minitrain time'}")
 
@@ -326,6 +375,8 @@ def main():
     if not torch.cuda.is_available():
         die("no CUDA device")
     print(f"torch {torch.__version__} on {torch.cuda.get_device_name(0)}")
+    if not hasattr(F, "rms_norm"):
+        die(f"torch {torch.__version__} has no torch.nn.functional.rms_norm (torch >= 2.4 does)")
     for name in SIZES:
         if args.size in (name, "all"):
             run_size(name, args.dir)

@@ -14,7 +14,8 @@
 //     all     both (the default)
 //
 // The batch is fixed (the same 4·microbatch samples every step; x ~ N(0, 1), targets uniform
-// over the classes), drawn from a seeded generator after the model's initialization.
+// over the classes), drawn from a seeded generator after the model's initialization, and handed
+// to the step on the GPU in bf16, as a data loader would: its cast is not part of the step.
 //
 // --export DIR writes, before timing, what bench/torch_reference.py needs to check us against
 // PyTorch and to compare times:
@@ -66,6 +67,7 @@
 #include "nn/modules.h"
 #include "nn/serialize.h"
 #include "ops/cross_entropy/cross_entropy.h"
+#include "ops/linear/linear_cuda.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"
 
@@ -198,7 +200,7 @@ std::unique_ptr<optim::AdamW> make_optimizer(const nn::Module& model) {
 }
 
 struct Batch {
-  Tensor x, y;  // x f32 [4·microbatch, in], y i64 [4·microbatch]
+  Tensor x, y;  // x [4·microbatch, in] (f32 on the host, bf16 on the GPU), y i64 [4·microbatch]
 };
 
 // Drawn on the CPU from the default generator (seeded before the model was built).
@@ -221,8 +223,7 @@ void microbatch_passes(nn::Module& model, const Batch& batch, int64_t microbatch
   if (normalizer == 0) normalizer = double(kMicrobatches * microbatch);
   for (int64_t k = 0; k < kMicrobatches; ++k) {
     const int64_t begin = k * microbatch, end = begin + microbatch;
-    // The trainer casts its f32 batch to the compute dtype the same way, once per microbatch.
-    Tensor x = batch.x.slice_rows(begin, end).to(DType::bf16);
+    Tensor x = batch.x.slice_rows(begin, end);  // already bf16
     Tensor loss = cross_entropy(model(x), batch.y.slice_rows(begin, end), -100, normalizer);
     if (before_last_backward && k + 1 == kMicrobatches) before_last_backward();
     loss.backward();
@@ -268,6 +269,7 @@ class GraphStep {
   }
   const Tensor& loss() const { return loss_; }
   size_t nodes() const { return graph_.num_nodes(); }
+  const std::string& node_kinds() const { return graph_.node_kinds(); }
 
  private:
   optim::AdamW& optimizer_;
@@ -277,14 +279,14 @@ class GraphStep {
 
 // ---- where the time goes ------------------------------------------------------------------------
 
-// One eager step with a CUDA event after each piece of it: the batch cast, each layer's forward,
+// One eager step with a CUDA event after each piece of it: each layer's forward,
 // the loss, each microbatch's whole backward (the engine runs it as one pass), clipping, AdamW and
 // zero_grad. Each piece's time is the GPU time between its events, summed over the microbatches
 // and averaged over `steps` steps; host time that the GPU does not wait for is not in it. The
 // backward is one row: its ops are launched by the engine, between no events of ours.
 void print_breakdown(nn::Sequential& model, optim::AdamW& optimizer, const std::vector<Tensor>& params,
                      const Batch& batch, int64_t microbatch, int steps) {
-  std::vector<std::string> names{"x to bf16"};
+  std::vector<std::string> names;
   for (size_t i = 0; i < model.size(); ++i) names.push_back("forward " + std::to_string(i) + " " + model[i]->repr());
   for (const char* n : {"cross_entropy forward", "backward (all ops)", "clip_grad_norm_", "AdamW step", "zero_grad"})
     names.emplace_back(n);
@@ -305,23 +307,22 @@ void print_breakdown(nn::Sequential& model, optim::AdamW& optimizer, const std::
     mark();
     for (int64_t k = 0; k < kMicrobatches; ++k) {
       const int64_t begin = k * microbatch, end = begin + microbatch;
-      Tensor h = batch.x.slice_rows(begin, end).to(DType::bf16);
-      mark(), slot.push_back(0);
+      Tensor h = batch.x.slice_rows(begin, end);
       for (size_t i = 0; i < model.size(); ++i) {
         h = (*model[i])(h);
-        mark(), slot.push_back(1 + i);
+        mark(), slot.push_back(i);
       }
       Tensor loss = cross_entropy(h, batch.y.slice_rows(begin, end), -100, normalizer);
-      mark(), slot.push_back(model.size() + 1);
+      mark(), slot.push_back(model.size());
       loss.backward();
-      mark(), slot.push_back(model.size() + 2);
+      mark(), slot.push_back(model.size() + 1);
     }
     optim::clip_grad_norm_(params, kClipNorm);
-    mark(), slot.push_back(model.size() + 3);
+    mark(), slot.push_back(model.size() + 2);
     optimizer.step();
-    mark(), slot.push_back(model.size() + 4);
+    mark(), slot.push_back(model.size() + 3);
     optimizer.zero_grad();
-    mark(), slot.push_back(model.size() + 5);
+    mark(), slot.push_back(model.size() + 4);
     MT_CUDA_CHECK(cudaEventSynchronize(events.back()));
     for (size_t i = 1; i < events.size(); ++i) {
       float t = 0;
@@ -367,8 +368,7 @@ Work work_of(const Size& s, double params, double weights) {
   const double B = double(kMicrobatches * s.microbatch);
   const double in = double(s.in), h = double(s.hidden), C = double(s.classes);
   const double gemm_flop = 2 * B * (2 * in * h + 3 * h * h + 3 * h * C);
-  const double activations = 6 * B * in         // x: f32 read, bf16 written
-                             + 2 * 20 * B * h   // per hidden layer and element: RMSNorm fwd 4 + bwd 6,
+  const double activations = 2 * 20 * B * h     // per hidden layer and element: RMSNorm fwd 4 + bwd 6,
                                                 // ScaledSiLU fwd 4 + bwd 6 bytes
                              + 6 * B * C        // cross_entropy: logits read; read again, dlogits written
                              + 2 * B * (2 * h + C);  // db: each Linear's dY read once
@@ -376,6 +376,50 @@ Work work_of(const Size& s, double params, double weights) {
   // p, g, m, v read 16 + p, m, v written 12; per Linear weight, its bf16 copy written 2.
   const double per_param = 44 * params + 2 * weights;
   return {gemm_flop, activations + per_param};
+}
+
+// The step's GEMMs alone: for each microbatch, the three Linear forwards (bias in the epilogue),
+// then their backwards in reverse (dX = dY·W except for the first layer, whose input needs no
+// gradient; dW += dYᵀ·X in fp32 with beta = 1, as into the .grad sink), through the launchers the
+// linear op calls, on the same shapes and dtypes, back to back on the framework stream with
+// nothing else between them. Median ms of `reps` such sets after 3 untimed ones: the floor the
+// whole step is held against (everything else in the step is what remains to remove).
+double gemm_floor_ms(const Size& s, int reps) {
+  struct Layer {
+    int64_t in, out;
+    bool needs_dx;
+  };
+  const Layer layers[] = {{s.in, s.hidden, false}, {s.hidden, s.hidden, true},
+                          {s.hidden, s.classes, true}};
+  const Device dev = cuda_device(kDevice);
+  const int64_t M = s.microbatch;
+  struct Buffers {
+    Tensor x, W, b, y, dy, dx, dW;
+  };
+  std::vector<Buffers> buf;
+  for (const Layer& l : layers)  // random values: constant data would draw less power
+    buf.push_back({mt::rand({M, l.in}, DType::bf16, dev), mt::rand({l.out, l.in}, DType::bf16, dev),
+                   mt::rand({l.out}, DType::f32, dev), mt::empty({M, l.out}, DType::bf16, dev),
+                   mt::rand({M, l.out}, DType::bf16, dev), mt::empty({M, l.in}, DType::bf16, dev),
+                   zeros({l.out, l.in}, DType::f32, dev)});
+  cudaStream_t st = cuda::stream(kDevice);
+  return median(time_each(3, reps, [&] {
+    for (int64_t k = 0; k < kMicrobatches; ++k) {
+      for (size_t i = 0; i < buf.size(); ++i) {
+        const Buffers& t = buf[i];
+        cuda::linear_forward(t.x.data_ptr(), t.W.data_ptr(),
+                             static_cast<const float*>(t.b.data_ptr()), t.y.data_ptr(), M,
+                             layers[i].out, layers[i].in, DType::bf16, st);
+      }
+      for (size_t i = buf.size(); i-- > 0;) {
+        const Buffers& t = buf[i];
+        cuda::linear_backward(t.x.data_ptr(), t.W.data_ptr(), t.dy.data_ptr(),
+                              layers[i].needs_dx ? t.dx.data_ptr() : nullptr,
+                              static_cast<float*>(t.dW.data_ptr()), 1.0f, nullptr, M,
+                              layers[i].out, layers[i].in, DType::bf16, st);
+      }
+    }
+  }));
 }
 
 // ---- one size ----------------------------------------------------------------------------------
@@ -398,7 +442,7 @@ bool run_size(const Size& s, const std::string& export_dir, double gemm_tflops, 
   const Batch host_batch = make_batch(s);
   model.to(dev);
   model.set_compute_dtype(DType::bf16);
-  const Batch batch{host_batch.x.to(dev), host_batch.y.to(dev)};
+  const Batch batch{host_batch.x.to(dev).to(DType::bf16), host_batch.y.to(dev)};
   const std::vector<Tensor> params = model.parameters();
   double n_params = 0, n_weights = 0;
   for (const Tensor& p : params) {
@@ -476,8 +520,9 @@ bool run_size(const Size& s, const std::string& export_dir, double gemm_tflops, 
 
   std::printf("   per step: GEMMs %.4g GFLOP (6*params*samples %.4g GFLOP), memory-bound ops %.4g GB\n",
               w.gemm_flop / 1e9, flop_6ps / 1e9, w.bytes / 1e9);
-  std::printf("   CUDA graph: %zu nodes; its first %d losses vs eager: %d bitwise equal, max rel diff %.2g\n",
-              graph.nodes(), kLossSteps, same, worst);
+  std::printf("   CUDA graph: %zu nodes (%s); its first %d losses vs eager: %d bitwise equal, "
+              "max rel diff %.2g\n",
+              graph.nodes(), graph.node_kinds().c_str(), kLossSteps, same, worst);
   std::printf("   %-34s %10s %12s %10s %10s %15s\n", "", "ms/step", "samples/s", "TFLOP/s",
               "of cuBLAS", "min / max");
   const auto row = [&](const char* name, const std::vector<double>& t) {
@@ -500,6 +545,28 @@ bool run_size(const Size& s, const std::string& export_dir, double gemm_tflops, 
   }
   std::printf("train_step %s graph check: %d of %d losses bitwise equal to eager, max rel diff %.2g\n",
               s.name, same, kLossSteps, worst);
+  // The GEMM floor, measured now (the card's clocks as in the step), and the goals.
+  const double gemm_only_ms = gemm_floor_ms(s, s.timed_steps);
+  const double best_ms = std::min(ms, graph_ms);
+  std::printf("train_step %s GEMM floor: %.3f ms (the step's GEMMs alone, back to back) = %.1f "
+              "TFLOP/s, %.1f%% of the bare 8192^3 rate; eager step %.3fx, graph step %.3fx the "
+              "GEMM floor\n",
+              s.name, gemm_only_ms, w.gemm_flop / (gemm_only_ms * 1e-3) / 1e12,
+              100 * w.gemm_flop / (gemm_only_ms * 1e-3) / 1e12 / gemm_tflops, ms / gemm_only_ms,
+              graph_ms / gemm_only_ms);
+  const auto goal = [&](const char* what, double figure, const char* op, double target) {
+    const bool ok = op[0] == '<' ? figure <= target : figure >= target;
+    std::printf("train_step goal %s %s: %.3f (target %s %.3f): %s\n", s.name, what, figure, op,
+                target, ok ? "PASS" : "MISS");
+  };
+  if (std::string(s.name) == "large") {
+    goal("best step / GEMM floor", best_ms / gemm_only_ms, "<=", 1.04);
+  } else {
+    goal("CUDA graph ms/step", graph_ms, "<=", 0.20);
+    goal("CUDA graph nodes", double(graph.nodes()), "<=", 200);
+    std::printf("train_step small graph nodes by kind: %s\n", graph.node_kinds().c_str());
+    goal("eager ms/step", ms, "<=", 0.8);
+  }
   std::fflush(stdout);
 
   if (!export_dir.empty()) {
@@ -507,7 +574,8 @@ bool run_size(const Size& s, const std::string& export_dir, double gemm_tflops, 
         {"size", s.name},           {"ms_per_step", ms},           {"ms_per_step_graph", graph_ms},
         {"timed_steps", s.timed_steps}, {"samples_per_step", samples}, {"params", n_params},
         {"tflops_6ps", flop_6ps / (ms * 1e-3) / 1e12}, {"cublas_bf16_tflops", gemm_tflops},
-        {"copy_tb_per_s", copy_tb_s}, {"floor_ms", floor_ms}};
+        {"copy_tb_per_s", copy_tb_s}, {"floor_ms", floor_ms}, {"gemm_floor_ms", gemm_only_ms},
+        {"graph_nodes", graph.nodes()}};
     write_text((std::filesystem::path(export_dir) / s.name).string() + "_timing.json",
                timing.dump(2) + "\n");
   }
@@ -543,7 +611,7 @@ bool run_data_parallel(const Size& s, const parallel::World& world) {
   const Batch host_batch = make_batch(s);
   model.to(dev);
   model.set_compute_dtype(DType::bf16);
-  const Batch batch{host_batch.x.to(dev), host_batch.y.to(dev)};
+  const Batch batch{host_batch.x.to(dev).to(DType::bf16), host_batch.y.to(dev)};
   const std::vector<Tensor> params = model.parameters();
   std::unique_ptr<parallel::GradReducer> reducer;
   if (comm) reducer = std::make_unique<parallel::GradReducer>(params, comm);

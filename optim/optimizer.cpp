@@ -1,10 +1,16 @@
 #include "optim/optimizer.h"
 
 #include <charconv>
+#include <map>
 #include <set>
+#include <vector>
 
 #include "core/autograd.h"
 #include "core/error.h"
+#ifdef MT_WITH_CUDA
+#include "core/cuda/runtime.h"
+#include "optim/clip_cuda.h"
+#endif
 
 namespace mt::optim {
 
@@ -29,6 +35,39 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups, double lr, double weight_de
 }
 
 void Optimizer::zero_grad(bool set_to_none) {
+#ifdef MT_WITH_CUDA
+  if (!set_to_none) {
+    // The contiguous fp32 CUDA gradients of each device are zeroed in one launch (one node of a
+    // CUDA graph instead of one per parameter); any other gradient by its own fill below.
+    std::map<int, std::vector<Tensor>> on_device;
+    for (ParamGroup& g : groups_)
+      for (Tensor& p : g.params) {
+        const Tensor grad = p.grad();
+        if (grad.defined() && grad.device().is_cuda() && grad.dtype() == DType::f32 &&
+            grad.is_contiguous())
+          on_device[grad.device().index].push_back(grad);
+      }
+    for (const auto& [device, grads] : on_device) {
+      std::vector<float*> ptrs;
+      std::vector<int64_t> sizes;
+      for (const Tensor& grad : grads) {
+        ptrs.push_back(grad.data<float>());
+        sizes.push_back(grad.numel());
+      }
+      cuda::set_device(device);
+      cuda::zero_many(ptrs.data(), sizes.data(), int(ptrs.size()), cuda::stream(device));
+      for (const Tensor& grad : grads) grad.bump_version();  // as fill_ does
+    }
+    for (ParamGroup& g : groups_)
+      for (Tensor& p : g.params) {
+        const Tensor grad = p.grad();
+        if (grad.defined() && !(grad.device().is_cuda() && grad.dtype() == DType::f32 &&
+                                grad.is_contiguous()))
+          p.zero_grad(false);
+      }
+    return;
+  }
+#endif
   for (ParamGroup& g : groups_)
     for (Tensor& p : g.params) p.zero_grad(set_to_none);
 }

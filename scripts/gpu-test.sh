@@ -79,10 +79,16 @@ grep -q '^\[  PASSED  \] [1-9]' "$logs/tests.log" || fail "mt_tests: no test pas
 for b in "$build"/bench_*; do
   [[ -x $b ]] || continue
   name=$(basename "$b")
-  timeout 120 "$b" >"$logs/$name.log" 2>&1
+  timeout 300 "$b" >"$logs/$name.log" 2>&1
   rc=$?
   note "$name (rc $rc):"
-  tail -n 12 "$logs/$name.log" | while IFS= read -r l; do note "  $l"; done
+  # A benchmark with goals prints one "goal ...: PASS|MISS" line each (and "layout" comparison
+  # lines): those; else its last lines.
+  if grep -q '^goal ' "$logs/$name.log"; then
+    grep -E '^(goal|layout) ' "$logs/$name.log" | while IFS= read -r l; do note "  $l"; done
+  else
+    tail -n 12 "$logs/$name.log" | while IFS= read -r l; do note "  $l"; done
+  fi
   (( rc == 0 )) || fail "benchmark $name (rc $rc)"
 done
 
@@ -159,7 +165,7 @@ fi
 
 # Last, as it takes longest: the whole train step beside PyTorch.
 if [[ -x $build/train_step ]]; then
-  timeout 240 bash scripts/bench-train-step.sh "$build" "$build/train-step" >"$logs/train_step.log" 2>&1
+  timeout 1500 bash scripts/bench-train-step.sh "$build" "$build/train-step" >"$logs/train_step.log" 2>&1
   rc=$?
   note "train step vs PyTorch (rc $rc):"
   sed -n '/=== train step summary ===/,$p' "$logs/train_step.log" | tail -n +2 | while IFS= read -r l; do note "  $l"; done

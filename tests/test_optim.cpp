@@ -419,6 +419,33 @@ TEST(Schedule, WarmupCosineAtItsBoundaries) {
 
 // ---- CUDA against the CPU reference (skipped without a GPU) ---------------------------------
 
+// zero_grad(set_to_none = false) zeroes every fp32 CUDA gradient in one launch: each stays
+// allocated (a CUDA graph adds into it), becomes all zeros, and its version moves on; a gradient
+// longer than one chunk and one of 3 elements are both covered.
+TEST(OptimCUDA, ZeroGradKeepingTheGradientsZeroesEveryOne) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU";
+  const Device dev = cuda_device(0);
+  std::vector<Tensor> params{zeros({40000}, DType::f32, dev), zeros({3}, DType::f32, dev),
+                             zeros({7, 5}, DType::f32, dev)};
+  Generator gen(5);
+  std::vector<uint64_t> versions;
+  for (Tensor& p : params) {
+    p.set_requires_grad();
+    std::vector<double> g(size_t(p.numel()));
+    for (double& x : g) x = 1 + gen.normal() * gen.normal();
+    p.set_grad(from_vector(g, p.shape(), DType::f32, dev));
+    versions.push_back(p.grad().version());
+  }
+  optim::SGD sgd(params, optim::SGDOptions{.lr = 0.1});
+  sgd.zero_grad(/*set_to_none=*/false);
+  for (size_t k = 0; k < params.size(); ++k) {
+    ASSERT_TRUE(params[k].grad().defined()) << "param " << k;
+    EXPECT_EQ(params[k].grad().to_vector(), std::vector<double>(size_t(params[k].numel()), 0.0))
+        << "param " << k;
+    EXPECT_GT(params[k].grad().version(), versions[k]) << "param " << k;
+  }
+}
+
 TEST(OptimCUDA, FusedAdamWSGDAndClippingMatchTheCPU) {
   if (!cuda_available()) GTEST_SKIP() << "no GPU";
   for (int which = 0; which < 2; ++which) {
@@ -445,6 +472,13 @@ TEST(OptimCUDA, FusedAdamWSGDAndClippingMatchTheCPU) {
       const double norm_cpu = optim::clip_grad_norm_(pc, 1.0).item();
       const double norm_gpu = optim::clip_grad_norm_(pg, 1.0).item();
       EXPECT_NEAR(norm_gpu, norm_cpu, 1e-5 * norm_cpu);
+      ASSERT_GT(norm_cpu, 1.0);  // so every gradient was scaled (one launch for all of them)
+      for (size_t k = 0; k < pc.size(); ++k) {
+        const std::vector<double> want = pc[k].grad().to_vector(), got = pg[k].grad().to_vector();
+        for (size_t i = 0; i < want.size(); ++i)
+          EXPECT_NEAR(got[i], want[i], 1e-5 * std::max(1.0, std::abs(want[i])))
+              << "clipped grad, step " << s << " param " << k;
+      }
       opt_cpu->step();
       opt_gpu->step();
       for (size_t k = 0; k < pc.size(); ++k) {

@@ -1,14 +1,55 @@
 #include "core/cuda/graph.h"
 
+#include <algorithm>
 #include <exception>
+#include <map>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "core/cuda/check.h"
 #include "core/cuda/runtime.h"
 #include "core/error.h"
 
 namespace mt::cuda {
+namespace {
+
+const char* kind_name(cudaGraphNodeType t) {
+  switch (t) {
+    case cudaGraphNodeTypeKernel: return "kernel";
+    case cudaGraphNodeTypeMemcpy: return "memcpy";
+    case cudaGraphNodeTypeMemset: return "memset";
+    case cudaGraphNodeTypeHost: return "host";
+    case cudaGraphNodeTypeGraph: return "child graph";
+    case cudaGraphNodeTypeEmpty: return "empty";
+    case cudaGraphNodeTypeWaitEvent: return "event wait";
+    case cudaGraphNodeTypeEventRecord: return "event record";
+    case cudaGraphNodeTypeMemAlloc: return "mem alloc";
+    case cudaGraphNodeTypeMemFree: return "mem free";
+    default: return "other";
+  }
+}
+
+// "kernel 175, mem alloc 120, ...": the nodes of `graph` counted by kind, most first.
+std::string count_kinds(cudaGraph_t graph, size_t n) {
+  std::vector<cudaGraphNode_t> nodes(n);
+  if (n > 0) MT_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
+  std::map<std::string, size_t> count;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType t;
+    MT_CUDA_CHECK(cudaGraphNodeGetType(node, &t));
+    ++count[kind_name(t)];
+  }
+  std::vector<std::pair<std::string, size_t>> sorted(count.begin(), count.end());
+  std::stable_sort(sorted.begin(), sorted.end(),
+                   [](const auto& a, const auto& b) { return a.second > b.second; });
+  std::string out;
+  for (const auto& [kind, k] : sorted)
+    out += (out.empty() ? "" : ", ") + kind + " " + std::to_string(k);
+  return out;
+}
+
+}  // namespace
 
 Graph Graph::capture(int device, const std::function<void()>& body) {
   set_device(device);
@@ -36,6 +77,7 @@ Graph Graph::capture(int device, const std::function<void()>& body) {
   g.device_ = device;
   g.graph_ = graph;
   MT_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &g.nodes_));
+  g.kinds_ = count_kinds(graph, g.nodes_);
   MT_CUDA_CHECK(cudaGraphInstantiate(&g.exec_, graph, 0));
   MT_CUDA_CHECK(cudaGraphUpload(g.exec_, s));  // the first replay costs no more than the others
   return g;
@@ -48,6 +90,7 @@ Graph& Graph::operator=(Graph&& other) noexcept {
   std::swap(graph_, other.graph_);
   std::swap(exec_, other.exec_);
   std::swap(nodes_, other.nodes_);
+  std::swap(kinds_, other.kinds_);
   return *this;
 }
 

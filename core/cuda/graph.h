@@ -23,6 +23,7 @@
 // body()'s host-side effects (autograd bookkeeping, counters) happen once, at capture.
 #include <cstddef>
 #include <functional>
+#include <string>
 
 #include <cuda_runtime.h>
 
@@ -44,6 +45,9 @@ class Graph {
   // Launches the recorded work on the framework stream; returns without waiting for it.
   void replay() const;
   size_t num_nodes() const { return nodes_; }
+  // The nodes by kind, most first: "kernel 175, mem alloc 120, mem free 120, memset 12, ...".
+  // Stream-ordered allocations made and freed inside the body are two nodes each.
+  const std::string& node_kinds() const { return kinds_; }
 
  private:
   Graph() = default;
@@ -51,6 +55,7 @@ class Graph {
   cudaGraph_t graph_ = nullptr;
   cudaGraphExec_t exec_ = nullptr;
   size_t nodes_ = 0;
+  std::string kinds_;
 };
 
 }  // namespace mt::cuda
