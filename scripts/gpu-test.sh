@@ -74,6 +74,9 @@ for t in $failed_tests; do fail "test $t"; done
 # A crash or a filter that matches nothing fails too, even with no "[  FAILED  ]" line.
 if (( rc != 0 )) && [[ -z $failed_tests ]]; then fail "mt_tests (rc $rc, see $logs/tests.log)"; fi
 grep -q '^\[  PASSED  \] [1-9]' "$logs/tests.log" || fail "mt_tests: no test passed"
+# The op check (check/op_check.h) of every op: its headline, and every CUDA line that failed.
+grep -E '^op_check ' "$logs/tests.log" | while IFS= read -r l; do note "  $l"; done
+grep -E '^  FAIL cuda' "$logs/tests.log" | head -20 | while IFS= read -r l; do note "  $l"; done
 [[ ${MT_GPU_TEST_ONLY_TESTS:-0} == 1 ]] && exit 0
 
 for b in "$build"/bench_*; do
