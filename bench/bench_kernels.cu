@@ -233,14 +233,6 @@ void bench_rms_norm(Table& table, DType dt, int64_t rows, int64_t d, bool target
                backward(true);
              }),
              5 * e + fwd_small + bwd_small, targets ? kRmsFwdBwd : 0.0});
-  if (!targets) return;
-  // The other layout of each kernel (rms_norm.cu, "Bytes in flight"), for comparison.
-  mt::cuda::set_rms_norm_variant({1, 0});
-  table.add({"  variant: fwd 1 row/team" + at, name, median_ms(s, forward), 2 * e + fwd_small,
-             0.0});
-  table.add({"  variant: bwd dw in regs" + at, name, median_ms(s, [&] { backward(true); }),
-             3 * e + bwd_small, 0.0});
-  mt::cuda::set_rms_norm_variant({});
 }
 
 // Cross-entropy over [rows, C] logits in dt, every 16th target ignored. Forward reads the logits
@@ -389,13 +381,6 @@ int run() {
                   (long long)kRmsRows, (long long)d, g.what, 100 * table.fraction(kernel, "bf16"),
                   100 * g.target, table.passed(kernel, "bf16") ? "PASS" : "MISS");
     }
-    // Which layout of each kernel is faster here (rms_norm.cu, "Bytes in flight").
-    std::printf("layout rms_norm bf16 d=%lld: fwd 2 rows/team %.1f%% vs 1 row/team %.1f%%; "
-                "bwd det dw in shared %.1f%% vs in registers %.1f%% of copy\n",
-                (long long)d, 100 * table.fraction("rms_norm fwd" + at, "bf16"),
-                100 * table.fraction("  variant: fwd 1 row/team" + at, "bf16"),
-                100 * table.fraction("rms_norm bwd (det)" + at, "bf16"),
-                100 * table.fraction("  variant: bwd dw in regs" + at, "bf16"));
   }
   return 0;
 }

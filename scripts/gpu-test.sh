@@ -85,10 +85,9 @@ for b in "$build"/bench_*; do
   timeout 300 "$b" >"$logs/$name.log" 2>&1
   rc=$?
   note "$name (rc $rc):"
-  # A benchmark with goals prints one "goal ...: PASS|MISS" line each (and "layout" comparison
-  # lines): those; else its last lines.
+  # A benchmark with goals prints one "goal ...: PASS|MISS" line each: those; else its last lines.
   if grep -q '^goal ' "$logs/$name.log"; then
-    grep -E '^(goal|layout) ' "$logs/$name.log" | while IFS= read -r l; do note "  $l"; done
+    grep -E '^goal ' "$logs/$name.log" | while IFS= read -r l; do note "  $l"; done
   else
     tail -n 12 "$logs/$name.log" | while IFS= read -r l; do note "  $l"; done
   fi

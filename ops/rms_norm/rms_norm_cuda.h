@@ -26,15 +26,4 @@ void rms_norm_backward(const void* x, const float* weight, const float* rstd, co
                        void* dx, float* dweight, int64_t rows, int64_t d, DType dt,
                        bool deterministic, cudaStream_t s);
 
-// The kernels' two layout choices (rms_norm.cu, "Bytes in flight"), switchable process-wide so
-// that bench/bench_kernels.cu can time both on the reader's GPU; training never sets them.
-// Either choice gives the same bits for y, rstd and dx; dweight's partial count follows the grid.
-struct RmsNormVariant {
-  int forward_rows = 0;        // rows per team per forward iteration: 1, 2; 0 = the default
-                               // (kDefaultForwardRows in rms_norm.cu)
-  int dweight_in_shared = -1;  // backward dweight sums in shared memory 1, in registers 0;
-                               // -1 = the default (kDefaultDweightInShared in rms_norm.cu)
-};
-void set_rms_norm_variant(const RmsNormVariant& v);  // bad values: mt::Error
-
 }  // namespace mt::cuda
