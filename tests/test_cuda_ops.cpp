@@ -143,7 +143,6 @@ TEST(CudaRMSNorm, MatchesTheCpuWhenEveryBlockLoopsOverManyRows) {
     EXPECT_EQ(gg.grad().to_vector(), dw) << what << ": dweight differs between two runs";
   }
 }
-#endif
 
 TEST(CudaLinear, ParityWithCpuIncludingMixedPrecision) {
   MT_REQUIRE_CUDA();
