@@ -19,6 +19,7 @@
 #include "ops/linear/linear.h"
 #include "ops/rms_norm/rms_norm.h"
 #include "ops/scaled_silu/scaled_silu.h"
+#include "check/op_check.h"
 
 // nn: modules and initialization.
 #include "nn/init.h"

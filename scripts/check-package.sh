@@ -53,6 +53,16 @@ done < <(grep -rhoE 'MT_REGISTER_KERNEL\([a-z_0-9]+, *[A-Za-z]+, *[A-Z]+' core o
 "$tmp/consumer/consumer_registry" "${kernels[@]}" || fail "consumer_registry"
 echo "check-package: install + find_package ok (CUDA $with_cuda)"
 
+# An op of the user's own (examples/swiglu, docs/first_op.md): the op check on it, the check's own
+# test (broken copies of the op must fail it), and a model using the op trained by the trainer.
+cmake -S examples/swiglu -B "$tmp/swiglu" "${generator[@]}" -DCMAKE_PREFIX_PATH="$prefix" \
+  -DCMAKE_BUILD_TYPE=Release >"$tmp/swiglu.log" 2>&1 || { cat "$tmp/swiglu.log"; fail "swiglu configure"; }
+cmake --build "$tmp/swiglu" -j "$(nproc)" >>"$tmp/swiglu.log" 2>&1 || { cat "$tmp/swiglu.log"; fail "swiglu build"; }
+"$tmp/swiglu/test_swiglu" >"$tmp/swiglu-test.log" 2>&1 || { cat "$tmp/swiglu-test.log"; fail "test_swiglu"; }
+grep -E '^(op_check|as expected|\[  PASSED)' "$tmp/swiglu-test.log"
+"$tmp/swiglu/train_swiglu" | tail -1 || fail "train_swiglu"
+echo "check-package: the out-of-tree op (examples/swiglu) ok"
+
 # ---- 2. add_subdirectory ---------------------------------------------------------------------
 sub=${MT_SUBPROJECT_BUILD_DIR:-build-subproject}
 # Left empty, the parent's build type must stay empty (configure only).

@@ -165,6 +165,25 @@ else
   fail "consumer build against the installed package"
 fi
 
+# The out-of-tree op (examples/swiglu) against the same install: its op check with the CUDA part
+# in f32/bf16/f16, its kernels' share of the copy bandwidth, and the model using it trained on cuda.
+rm -rf "$build/swiglu"
+if cmake -S examples/swiglu -B "$build/swiglu" -DCMAKE_PREFIX_PATH="$(cd "$build" && pwd)/prefix" \
+     -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 >"$logs/swiglu.log" 2>&1 &&
+   cmake --build "$build/swiglu" -j "$(nproc)" >>"$logs/swiglu.log" 2>&1; then
+  "$build/swiglu/test_swiglu" >"$logs/test_swiglu.log" 2>&1
+  rc=$?
+  note "swiglu op check (rc $rc): $(grep -E '^op_check swiglu:' "$logs/test_swiglu.log") $(grep -E '^\[  (PASSED|FAILED)' "$logs/test_swiglu.log" | tr '\n' ' ')"
+  grep -E '^  (PASS|FAIL) cuda' "$logs/test_swiglu.log" | while IFS= read -r l; do note "  $l"; done
+  (( rc == 0 )) || fail "test_swiglu (rc $rc, see $logs/test_swiglu.log)"
+  check "bench_swiglu" bash -c "set -o pipefail; '$build/swiglu/bench_swiglu' | grep bench_swiglu"
+  check "train_swiglu (cuda bf16 cuda_graph)" bash -c \
+    "set -o pipefail; '$build/swiglu/train_swiglu' --device cuda --dtype bf16 --graph 2>&1 | grep -E '^train_swiglu|cuda_graph: step'"
+else
+  tail -30 "$logs/swiglu.log"
+  fail "examples/swiglu build against the installed package"
+fi
+
 # Last, as it takes longest: the whole train step beside PyTorch.
 if [[ -x $build/train_step ]]; then
   timeout 1500 bash scripts/bench-train-step.sh "$build" "$build/train-step" >"$logs/train_step.log" 2>&1
