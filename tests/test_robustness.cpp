@@ -180,17 +180,17 @@ TEST(NumericalFaults, NonFiniteDataIsRejectedWhenLoaded) {
   // Noise this large overflows float: the generated features are inf.
   try {
     train::Trainer t(fault_config(dir, {"data.noise=1e39"}), kCPU);
-    ADD_FAILURE() << "expected a NonFiniteError";
-  } catch (const train::NonFiniteError& e) {
-    std::printf("NonFiniteError: %s\n", e.what());
+    ADD_FAILURE() << "expected a DataError";
+  } catch (const data::DataError& e) {
+    std::printf("DataError: %s\n", e.what());
     EXPECT_CONTAINS(e.what(), "the synthetic data: sample 0, feature 1 is inf");
   }
-  // The CLI: exit code 3, nothing written.
+  // The CLI: exit code 4 (a data error), nothing written.
   const std::string cmd = std::string(MT_BINARY_DIR) + "/train --config " + MT_SOURCE_DIR +
                           "/configs/mlp.yaml --set device=cpu --set data.noise=1e39 " +
                           "--set checkpoint.dir=" + (dir / "never") + " >/dev/null 2>&1";
   const int status = std::system(cmd.c_str());
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 3) << status;
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 4) << status;
   EXPECT_FALSE(fs::exists(dir / "never"));
 
   // A CSV file cannot even hold one: its reader names the file, line and column.

@@ -38,8 +38,12 @@ namespace mt::train {
 Device resolve_device(const std::string& spec) {
   if (spec == "auto") return cuda_available() ? cuda_device(0) : kCPU;
   Device d = Device::parse(spec);
-  MT_CHECK(d.is_cpu() || cuda_available(), "device ", d.str(), " requested, but ",
-           cuda_available() ? "it does not exist" : "no CUDA device is available");
+  // A device that is not there is a usage error (exit code 2), like a misspelled one.
+  if (d.is_cuda() && (!cuda_available() || d.index >= cuda_device_count()))
+    throw ConfigError(detail::concat(
+        "device: ", d.str(), " requested, but ",
+        cuda_available() ? detail::concat("only ", cuda_device_count(), " GPUs are visible")
+                         : std::string("no CUDA device is available (use --device cpu or auto)")));
   return d;
 }
 
@@ -64,20 +68,21 @@ void check_writable(const std::string& key, const std::filesystem::path& dir) {
 // The config's model must fit its data.
 void check_fits(const data::Dataset& set, const ModelConfig& m) {
   if (set.size == 0) return;
+  const std::string which = set.file.empty() ? set.name : set.name + " file " + set.file;
   if (set.dim != m.input)
-    throw ConfigError(detail::concat("model.input: is ", m.input, " but the ", set.name,
-                                     " data has ", set.dim, " features per sample"));
-  for (int64_t y : set.labels)
-    if (y < 0 || y >= m.classes)
-      throw ConfigError(detail::concat("model.classes: is ", m.classes, " but the ", set.name,
-                                       " data has label ", y));
+    throw ConfigError(detail::concat("model.input: is ", m.input, " but the ", which,
+                                     " has ", set.dim, " features per sample"));
+  for (size_t i = 0; i < set.labels.size(); ++i)
+    if (set.labels[i] < 0 || set.labels[i] >= m.classes)
+      throw ConfigError(detail::concat("model.classes: is ", m.classes, " but the ", which,
+                                       " has label ", set.labels[i], " (sample ", i, ")"));
 }
 
 void check_finite(const data::Dataset& set) {
   // One NaN or inf feature would turn every parameter into NaN in the first step that draws it.
   for (size_t i = 0; i < set.features.size(); ++i)
     if (!std::isfinite(set.features[i]))
-      throw NonFiniteError(detail::concat("the ", set.name, " data: sample ", i / size_t(set.dim),
+      throw data::DataError(detail::concat("the ", set.name, " data: sample ", i / size_t(set.dim),
                                           ", feature ", i % size_t(set.dim), " is ",
                                           set.features[i]));
 }
@@ -151,9 +156,42 @@ Trainer::Trainer(Config config, std::shared_ptr<nn::Module> model, std::shared_p
   if (cfg_.optim.batch_size < world * cfg_.optim.microbatches)
     throw ConfigError(detail::concat("optim.batch_size: ", cfg_.optim.batch_size, " samples cannot give ",
                                      world, " ranks ", cfg_.optim.microbatches, " microbatches each"));
+  if (cfg_.data.standardize) {
+    standardization_ = data::standardization_of(train_set_, split_.train);
+    for (data::Dataset* set : {&train_set_, &test_set_})
+      data::standardize(set->features, standardization_);
+  }
+  if (lead()) {
+    auto source = [](const data::Dataset& set) {
+      return set.file.empty() ? std::string("generated")
+                              : set.file + (set.had_header ? ", header line skipped" : "");
+    };
+    spdlog::info("data: {} {} features, {} classes: {} training, {} validation samples ({}); test: {}",
+                 train_set_.name, train_set_.dim, train_set_.classes, split_.train.size(),
+                 split_.val.size(), source(train_set_),
+                 test_set_.size > 0 ? detail::concat(test_set_.size, " samples (", source(test_set_), ")")
+                                    : std::string("none"));
+    if (cfg_.data.standardize)
+      spdlog::info("data: features standardized by the mean and std of the {} training samples",
+                   split_.train.size());
+  }
   loader_ = std::make_unique<data::Loader>(train_set_, split_.train, cfg_.optim.batch_size,
                                            cfg_.optim.microbatches, cfg_.data.shuffle, cfg_.data.seed,
                                            comm_ ? comm_->rank() : 0, world);
+  // optim.epochs: the run's length in passes over the training split (whole batches only).
+  if (cfg_.optim.epochs > 0) {
+    cfg_.optim.steps = cfg_.optim.epochs * loader_->steps_per_epoch();
+    if (lead())
+      spdlog::info("optim.epochs = {}: {} steps ({} per epoch of {} training samples)",
+                   cfg_.optim.epochs, cfg_.optim.steps, loader_->steps_per_epoch(), split_.train.size());
+  }
+  // A warmup longer than the run (a smoke run: --set optim.steps=10) warms up over the whole run.
+  if (cfg_.optim.warmup_steps > cfg_.optim.steps) {
+    if (lead())
+      spdlog::warn("optim.warmup_steps = {} is longer than the run's {} steps: shortened to {}",
+                   cfg_.optim.warmup_steps, cfg_.optim.steps, cfg_.optim.steps);
+    cfg_.optim.warmup_steps = cfg_.optim.steps;
+  }
 
   if (config_model) {
     manual_seed(cfg_.seed);  // the model's initialization
@@ -217,8 +255,10 @@ std::string Trainer::save(int64_t step) {
   nn::StateDict optimizer = optimizer_->state_dict();
   for (const auto& [name, t] : scaler_.state_dict())
     optimizer.emplace_back(std::string(kScalerPrefix) + name, t);
-  return save_checkpoint(cfg_.checkpoint.dir, run_id_, step, model_->state_dict(), optimizer,
-                         {{"config", to_yaml(cfg_)}}, cfg_.checkpoint.keep_last);
+  std::map<std::string, std::string> meta = {{"config", to_yaml(cfg_)}};
+  if (!standardization_.empty()) meta["standardization"] = data::to_text(standardization_);
+  return save_checkpoint(cfg_.checkpoint.dir, run_id_, step, model_->state_dict(), optimizer, meta,
+                         cfg_.checkpoint.keep_last);
 }
 
 void Trainer::microbatch_passes(const std::vector<data::Loader::Microbatch>& batches,
