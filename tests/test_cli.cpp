@@ -17,6 +17,7 @@
 #include "train/config.h"
 #include "train/data.h"
 #include "train/inference.h"
+#include "train/metrics.h"
 #include "train/trainer.h"
 #include "tests/expect_error.h"
 #include "tests/log_capture.h"
@@ -286,4 +287,51 @@ TEST(Cli, StandardizationIsStoredAndReappliedByEvalAndPredict) {
   // A damaged statistic is refused, not applied.
   test::expect_error([] { data::standardization_from_text("{\"mean\": [1], \"std\": [0]}", "f"); },
                      {"f: the feature standardization is damaged"});
+}
+
+// Numbers keep four significant digits at any scale; durations read as a person writes them.
+TEST(Progress, NumbersAndDurationsStayReadable) {
+  EXPECT_EQ(train::format_value(1.234567e-5), "1.235e-05");  // fixed decimals printed 0.0000
+  EXPECT_EQ(train::format_value(0.06843), "0.06843");
+  EXPECT_EQ(train::format_value(2.5), "2.5");
+  EXPECT_EQ(train::format_duration(4.4), "4s");
+  EXPECT_EQ(train::format_duration(187), "3m07s");
+  EXPECT_EQ(train::format_duration(7500), "2h05m");
+  EXPECT_EQ(train::progress_line(437, 3000, 0.41234, 31234, 26, 62),
+            "[##------------------]  437/3000  loss 0.4123  31.2k samples/s  26s elapsed  1m02s left");
+  EXPECT_EQ(train::progress_line(3000, 3000, NAN, NAN, 90, 0),
+            "[####################] 3000/3000  1m30s elapsed  0s left");
+}
+
+// Piped to a file, every step line has the elapsed time and the time left, and pairs the
+// batch's loss with its accuracy; every metrics record has a timestamp and elapsed seconds.
+TEST(Progress, PlainLogLinesAndMetricsRecordsCarryTheTime) {
+  TempDir dir;
+  std::string log;
+  ASSERT_EQ(run_train("--config " + kMlp + " --device cpu --set optim.steps=20 --set logging.every=5 "
+                      "--set eval.every=10 --set checkpoint.dir=" + (dir / "ck"), &log), 0) << log;
+  int step_lines = 0;
+  std::istringstream lines(log);
+  for (std::string line; std::getline(lines, line);) {
+    if (!contains(line, "| loss ")) continue;
+    ++step_lines;
+    EXPECT_TRUE(contains(line, " elapsed, ") && contains(line, " left")) << line;
+    EXPECT_TRUE(contains(line, "| batch: loss ") && contains(line, " accuracy ")) << line;
+    EXPECT_FALSE(contains(line, "\r")) << "a live-line redraw in a plain log";
+  }
+  EXPECT_EQ(step_lines, 4) << log;
+  std::ifstream metrics(dir / "ck/metrics.jsonl");
+  int records = 0;
+  double last_elapsed = -1;
+  for (std::string line; std::getline(metrics, line); ++records) {
+    const auto j = nlohmann::json::parse(line);
+    ASSERT_TRUE(j.contains("time") && j.contains("elapsed_s")) << line;
+    const std::string t = j["time"];
+    EXPECT_EQ(t.size(), 24u) << t;  // 2026-01-02T03:04:05.678Z
+    EXPECT_EQ(t.back(), 'Z');
+    EXPECT_GE(j["elapsed_s"].get<double>(), last_elapsed);
+    last_elapsed = j["elapsed_s"];
+    if (j.contains("loss")) EXPECT_TRUE(j.contains("batch_loss")) << line;
+  }
+  EXPECT_EQ(records, 4 + 2 + 1);  // 4 logged steps, 2 evaluations, the test
 }

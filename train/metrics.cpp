@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <iomanip>
 #include <sstream>
@@ -53,11 +55,59 @@ MetricsWriter::MetricsWriter(const std::string& path, int64_t resume_step) : pat
   MT_CHECK(out_.good(), "metrics: cannot open '", path, "' for writing");
 }
 
-void MetricsWriter::write(const nlohmann::json& record) {
+void MetricsWriter::write(nlohmann::json record) {
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t t = std::chrono::system_clock::to_time_t(now);
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  std::tm utc{};
+  gmtime_r(&t, &utc);
+  char stamp[40];
+  std::snprintf(stamp, sizeof stamp, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", utc.tm_year + 1900,
+                utc.tm_mon + 1, utc.tm_mday, utc.tm_hour, utc.tm_min, utc.tm_sec, int(ms));
+  record["time"] = stamp;
+  record["elapsed_s"] =
+      std::round(std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count() * 1e3) / 1e3;
   out_ << record.dump() << '\n';
   out_.flush();  // a killed run keeps every line it logged
   // A failed write (a full disk) stops the run: the stream would drop every later record.
   MT_CHECK(out_.good(), "metrics: cannot write to '", path_, "': ", std::strerror(errno));
+}
+
+std::string format_value(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.4g", v);
+  return buf;
+}
+
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const auto s = static_cast<long long>(std::llround(seconds));
+  char buf[32];
+  if (s < 60) std::snprintf(buf, sizeof buf, "%llds", s);
+  else if (s < 3600) std::snprintf(buf, sizeof buf, "%lldm%02llds", s / 60, s % 60);
+  else std::snprintf(buf, sizeof buf, "%lldh%02lldm", s / 3600, s / 60 % 60);
+  return buf;
+}
+
+std::string progress_line(int64_t step, int64_t total, double loss, double samples_per_s,
+                          double elapsed, double eta) {
+  constexpr int64_t kWidth = 20;
+  const int64_t filled = total > 0 ? std::clamp<int64_t>(step * kWidth / total, 0, kWidth) : 0;
+  std::string line =
+      "[" + std::string(size_t(filled), '#') + std::string(size_t(kWidth - filled), '-') + "]";
+  char buf[64];
+  const int digits = int(std::to_string(total).size());
+  std::snprintf(buf, sizeof buf, " %*lld/%lld", digits, static_cast<long long>(step),
+                static_cast<long long>(total));
+  line += buf;
+  if (std::isfinite(loss)) line += "  loss " + format_value(loss);
+  if (std::isfinite(samples_per_s)) {
+    const double v = samples_per_s;
+    const char* unit = v >= 1e6 ? "M" : v >= 1e3 ? "k" : "";
+    std::snprintf(buf, sizeof buf, "  %.3g%s samples/s", v >= 1e6 ? v / 1e6 : v >= 1e3 ? v / 1e3 : v, unit);
+    line += buf;
+  }
+  return line + "  " + format_duration(elapsed) + " elapsed  " + format_duration(eta) + " left";
 }
 
 Curves read_curves(const std::string& metrics_path) {

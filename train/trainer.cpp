@@ -276,6 +276,8 @@ void Trainer::microbatch_passes(const std::vector<data::Loader::Microbatch>& bat
     if (reducer_ && i + 1 == batches.size()) reducer_->prepare_for_last_backward();
     loss.backward(scaler_.seed_for(loss));  // f16: the gradients come out times the scale
     add_into(loss_sum, loss.detach().to(DType::f32));
+    // The logged step's own loss, a sum like the task's metrics: the log pairs it with them.
+    if (metrics != nullptr) (*metrics)["batch_loss"] += loss.item() * double(cfg_.optim.batch_size);
   }
   if (reducer_) {
     reducer_->finish();
@@ -374,6 +376,7 @@ RunSummary Trainer::run() {
   if (use_graph && (cfg_.logging.every == 1 || cfg_.checkpoint.every == 1))
     spdlog::warn("cuda_graph: every step is logged or saved, and those run eagerly: none is replayed");
   bool warmed_up = false;  // an eager step of this run has created the state a capture records
+  double shown_loss = NAN, shown_sps = NAN, last_draw = -1;  // the live line's (terminal only)
   for (; step_ < o.steps; ++step_) {
     const bool log_now = (step_ + 1) % cfg_.logging.every == 0 || step_ + 1 == o.steps;
     const bool eval_now = (step_ + 1) % cfg_.eval.every == 0 || step_ + 1 == o.steps;
@@ -434,11 +437,13 @@ RunSummary Trainer::run() {
     warmed_up = true;
     ++window_steps;
 
-    if (tty) {
-      const double elapsed = seconds_since(run_start);
-      const double eta = elapsed / double(step_ + 1 - first_step) * double(o.steps - step_ - 1);
-      std::printf("\r  step %lld/%lld  lr %.2e  %.0fs left   ", static_cast<long long>(step_ + 1),
-                  static_cast<long long>(o.steps), lr, eta);
+    const double elapsed = seconds_since(run_start);
+    const double eta = elapsed / double(step_ + 1 - first_step) * double(o.steps - step_ - 1);
+    // The live line, redrawn at most ten times a second (and on the last step); "\033[K" clears
+    // what a longer line before it left.
+    if (tty && (elapsed - last_draw >= 0.1 || step_ + 1 == o.steps)) {
+      last_draw = elapsed;
+      std::printf("\r%s\033[K", progress_line(step_ + 1, o.steps, shown_loss, shown_sps, elapsed, eta).c_str());
       std::fflush(stdout);
     }
     if (!(log_now || save_now || eval_now)) continue;
@@ -447,18 +452,25 @@ RunSummary Trainer::run() {
       const double secs = seconds_since(window_start);
       const double sps = double(window_steps * o.batch_size) / secs;
       Metrics means = sum_over_ranks(step_metrics);
-      std::string shown;  // " | accuracy 0.973" for each of the task's metrics
-      for (auto& [name, v] : means) {
-        v /= double(o.batch_size);
-        shown += fmt::format(" | {} {:.3f}", name, v);
-      }
-      if (tty) std::printf("\r");
+      for (auto& [name, v] : means) v /= double(o.batch_size);
+      const double batch_loss = means["batch_loss"];
+      means.erase("batch_loss");
+      // "loss" is the window's mean; the task's metrics (accuracy) are the logged step's batch,
+      // shown beside that batch's own loss so that the two describe the same samples.
+      std::string shown = " | batch: loss " + format_value(batch_loss);
+      for (const auto& [name, v] : means) shown += " " + name + " " + format_value(v);
+      if (tty) std::printf("\r\033[K");
       if (lead())
-        spdlog::info("step {:>5}/{} | loss {:.4f}{} | grad_norm {:.3f} | lr {:.2e} | "
-                     "{:.0f} samples/s | {:.2f} ms/step",
-                     step_ + 1, o.steps, loss, shown, gn, lr, sps, 1e3 * secs / double(window_steps));
-      nlohmann::json record = {{"step", step_ + 1}, {"loss", loss}, {"grad_norm", gn}, {"lr", lr},
-                               {"samples_per_s", sps},
+        spdlog::info("step {:>{}}/{} | loss {}{} | grad_norm {} | lr {} | {:.0f} samples/s | "
+                     "{} ms/step | {} elapsed, {} left",
+                     step_ + 1, std::to_string(o.steps).size(), o.steps, format_value(loss), shown,
+                     format_value(gn), format_value(lr), sps,
+                     format_value(1e3 * secs / double(window_steps)), format_duration(elapsed),
+                     format_duration(eta));
+      shown_loss = loss;
+      shown_sps = sps;
+      nlohmann::json record = {{"step", step_ + 1}, {"loss", loss}, {"batch_loss", batch_loss},
+                               {"grad_norm", gn}, {"lr", lr}, {"samples_per_s", sps},
                                {"ms_per_step", 1e3 * secs / double(window_steps)}};
       for (const auto& [name, v] : means) record[name] = v;
       if (scaler_.enabled()) {
@@ -480,8 +492,9 @@ RunSummary Trainer::run() {
       if (comm_) comm_->synchronize();  // evaluation reads values back
       Evaluation e = evaluate(*model_, *task_, train_set_, split_.val, cfg_.eval.batch_size, device_, dt);
       if (metrics) {
-        spdlog::info("step {:>5}/{} | val_loss {:.4f}{}", step_ + 1, o.steps, e.loss,
-                     metrics_text(e.metrics, "val_"));
+        if (tty) std::printf("\r\033[K");
+        spdlog::info("step {:>{}}/{} | val_loss {}{}", step_ + 1, std::to_string(o.steps).size(),
+                     o.steps, format_value(e.loss), metrics_text(e.metrics, "val_"));
         nlohmann::json record = {{"step", step_ + 1}, {"val_loss", e.loss}};
         for (const auto& [name, v] : e.metrics) record["val_" + name] = v;
         metrics->write(record);
