@@ -38,6 +38,7 @@
 #include "train/data.h"
 #include "train/memory.h"
 #include "train/run_dir.h"
+#include "core/atomic_file.h"
 #include "core/safetensors.h"
 #include "train/trainer.h"
 
@@ -902,6 +903,32 @@ TEST(CheckpointIntegrity, ResumeFallsBackToTheNewestIntactCheckpoint) {
   train::Trainer none(fault_config(dir), kCPU);
   mt::test::expect_error([&] { none.resume(ckpt); },
                          {"no intact checkpoint in '" + ckpt + "'", "step-000004.safetensors: damaged"});
+}
+
+// A checkpoint is two files but one directory sync (docs/robustness.md, "The cost of a save"). A
+// crash before that sync may keep the model file's rename and lose the optimizer file's: such a
+// checkpoint is skipped, and resume falls back to the one before, which pruning has not touched.
+TEST(CheckpointIntegrity, OneDirectorySyncPerCheckpointAndAHalfSavedOneIsSkipped) {
+  TempDir dir;
+  const std::string ckpt = dir / "ckpt";
+  const train::NamedTensors state = {{"w", randn({3, 4})}};
+  const SyncCounts before = sync_counts();
+  train::save_checkpoint(dir / "direct", "run", 4, state, state, {}, 2);
+  const SyncCounts after = sync_counts();
+  EXPECT_EQ(after.files - before.files, 2);
+  EXPECT_EQ(after.directories - before.directories, 1);
+  // Outside a checkpoint, every atomic write still syncs its directory.
+  write_file_atomically(dir / "x.txt", "x");
+  EXPECT_EQ(sync_counts().directories - after.directories, 1);
+
+  train::Trainer t(fault_config(dir), kCPU);
+  t.run();
+  fs::remove(ckpt + "/step-000024.optim.safetensors");
+  LogCapture log;
+  train::Trainer r(fault_config(dir), kCPU);
+  r.resume(ckpt);
+  EXPECT_EQ(r.step(), 20);
+  EXPECT_TRUE(log.contains("falling back to the next newest"));
 }
 
 // What `train` makes of all this: exit code 2 (nothing written) for a used or locked folder and a
