@@ -200,11 +200,28 @@ void draw_axes(std::ostream& svg, const Panel& p, const std::vector<double>& y_t
         << p.top + p.height << "' stroke='#e6e6e6'/>\n"
         << "<text x='" << p.x(s) << "' y='" << p.top + p.height + 16
         << "' text-anchor='middle' fill='#444'>" << int64_t(std::llround(s)) << "</text>\n";
-  for (double v : y_ticks)
+  // A grid line at every tick; a label only where it clears the one below by a text height, so
+  // a log axis over many decades labels its powers of ten rather than overprinting 1-2-5.
+  double closest = INFINITY;
+  for (size_t i = 1; i < y_ticks.size(); ++i)
+    closest = std::min(closest, std::abs(p.y(y_ticks[i]) - p.y(y_ticks[i - 1])));
+  std::vector<double> labelled;
+  for (double v : y_ticks) {
+    const double m = v / std::pow(10.0, std::floor(std::log10(v) + 1e-9));
+    if (!p.log_scale || closest >= 18 || std::abs(m - 1) < 1e-6) labelled.push_back(v);
+  }
+  if (labelled.size() < 2) labelled = y_ticks;
+  double last_label_y = INFINITY;
+  for (double v : y_ticks) {
     svg << "<line x1='" << p.left << "' y1='" << p.y(v) << "' x2='" << p.left + p.width << "' y2='"
-        << p.y(v) << "' stroke='#e6e6e6'/>\n"
-        << "<text x='" << p.left - 6 << "' y='" << p.y(v) + 4 << "' text-anchor='end' fill='#444'>"
+        << p.y(v) << "' stroke='#e6e6e6'/>\n";
+    if (std::find(labelled.begin(), labelled.end(), v) == labelled.end() ||
+        last_label_y - p.y(v) < 14)
+      continue;
+    last_label_y = p.y(v);
+    svg << "<text x='" << p.left - 6 << "' y='" << p.y(v) + 4 << "' text-anchor='end' fill='#444'>"
         << num(v) << "</text>\n";
+  }
   svg << "<rect x='" << p.left << "' y='" << p.top << "' width='" << p.width << "' height='"
       << p.height << "' fill='none' stroke='#999'/>\n"
       << "<text x='" << p.left << "' y='" << p.top - 8 << "' font-size='13' font-weight='bold'>"
@@ -213,15 +230,22 @@ void draw_axes(std::ostream& svg, const Panel& p, const std::vector<double>& y_t
       << "' text-anchor='middle' fill='#444'>optimizer step</text>\n";
 }
 
-// A series as a line with a dot at every logged point (validation dashed).
+// Series with more points than this are drawn as lines only: dots that touch hide the line.
+constexpr size_t kMaxDots = 60;
+
+// A series as a line with a dot at every logged point, when there are few enough (validation
+// dashed).
 void draw_series(std::ostream& svg, const Panel& p, const std::vector<CurvePoint>& points,
                  const char* color, bool dashed) {
   std::ostringstream line, dots;
   line << std::fixed << std::setprecision(1);
   dots << std::fixed << std::setprecision(1);
+  const size_t shown = size_t(std::count_if(points.begin(), points.end(),
+                                            [&](const CurvePoint& pt) { return p.shows(pt.value); }));
   for (const auto& pt : points) {
     if (!p.shows(pt.value)) continue;
     line << p.x(double(pt.step)) << ',' << p.y(pt.value) << ' ';
+    if (shown > kMaxDots) continue;
     dots << "<circle cx='" << p.x(double(pt.step)) << "' cy='" << p.y(pt.value) << "' r='"
          << (dashed ? 3.5 : 2.5) << "' fill='" << color << "'/>\n";
   }
@@ -230,29 +254,19 @@ void draw_series(std::ostream& svg, const Panel& p, const std::vector<CurvePoint
       << dots.str();
 }
 
-// The legend in the upper right, or the lower right when the curves end in the upper half.
-void draw_legend(std::ostream& svg, const Panel& p, const std::vector<CurvePoint>& train,
-                 const std::vector<CurvePoint>& val, const std::string& what) {
-  double end_sum = 0;
-  int ends = 0;
-  for (const auto* s : {&train, &val})
-    if (!s->empty() && p.shows(s->back().value)) {
-      end_sum += p.y(s->back().value);
-      ++ends;
-    }
-  const bool top = ends == 0 || end_sum / ends > p.top + p.height / 2;
-  const double w = 150, h = 44, x0 = p.left + p.width - w - 8;
-  const double y0 = top ? p.top + 8 : p.top + p.height - h - 8;
-  svg << "<rect x='" << x0 << "' y='" << y0 << "' width='" << w << "' height='" << h
-      << "' fill='white' fill-opacity='0.9' stroke='#ccc' rx='3'/>\n";
-  const std::pair<const char*, const char*> rows[] = {{"training ", kTrainColor},
-                                                      {"validation ", kValColor}};
+// The legend in the margin above the panel, right-aligned beside its title: outside the plot,
+// so no curve ever runs through it.
+void draw_legend(std::ostream& svg, const Panel& p) {
+  const std::pair<const char*, const char*> rows[] = {{"validation", kValColor}, {"training", kTrainColor}};
+  const double widths[] = {92, 80};  // line, gap and label
+  double x = p.left + p.width;
+  const double y = p.top - 8;
   for (int i = 0; i < 2; ++i) {
-    const double yy = y0 + 15 + 18 * i;
-    svg << "<line x1='" << x0 + 8 << "' y1='" << yy - 4 << "' x2='" << x0 + 30 << "' y2='"
-        << yy - 4 << "' stroke='" << rows[i].second << "' stroke-width='2'"
-        << (i == 1 ? " stroke-dasharray='6 4'" : "") << "/>\n"
-        << "<text x='" << x0 + 36 << "' y='" << yy << "'>" << rows[i].first << what << "</text>\n";
+    x -= widths[i];
+    svg << "<line x1='" << x << "' y1='" << y - 4 << "' x2='" << x + 20 << "' y2='" << y - 4
+        << "' stroke='" << rows[i].second << "' stroke-width='2'"
+        << (i == 0 ? " stroke-dasharray='6 4'" : "") << "/>\n"
+        << "<text x='" << x + 25 << "' y='" << y << "' fill='#444'>" << rows[i].first << "</text>\n";
   }
 }
 
@@ -302,11 +316,11 @@ void write_curve_svg(const std::string& path, const Curves& c, const std::string
   draw_axes(svg, loss, loss_ticks, "loss (log scale)");
   draw_series(svg, loss, c.train_loss, kTrainColor, false);
   draw_series(svg, loss, c.val_loss, kValColor, true);
-  draw_legend(svg, loss, c.train_loss, c.val_loss, "loss");
+  draw_legend(svg, loss);
   draw_axes(svg, acc, acc_ticks, "accuracy");
   draw_series(svg, acc, c.train_accuracy, kTrainColor, false);
   draw_series(svg, acc, c.val_accuracy, kValColor, true);
-  draw_legend(svg, acc, c.train_accuracy, c.val_accuracy, "accuracy");
+  draw_legend(svg, acc);
   svg << "</svg>\n";
 
   std::ofstream out(path, std::ios::trunc);
