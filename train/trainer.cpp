@@ -272,12 +272,13 @@ void Trainer::microbatch_passes(const std::vector<data::Loader::Microbatch>& bat
     // Normalized by the whole step's sample count (over all ranks): k backward passes on each of
     // N ranks add up to the full batch.
     Tensor loss = task_->loss(*model_, task_batches[i], double(cfg_.optim.batch_size), metrics);
+    // The logged step's own loss, a sum like the task's metrics, which the log pairs it with. Read
+    // here, where the task read those, before a backward that may start collectives.
+    if (metrics != nullptr) (*metrics)["batch_loss"] += loss.item() * double(cfg_.optim.batch_size);
     // Data parallel: the last backward all-reduces each gradient bucket as soon as it is final.
     if (reducer_ && i + 1 == batches.size()) reducer_->prepare_for_last_backward();
     loss.backward(scaler_.seed_for(loss));  // f16: the gradients come out times the scale
     add_into(loss_sum, loss.detach().to(DType::f32));
-    // The logged step's own loss, a sum like the task's metrics: the log pairs it with them.
-    if (metrics != nullptr) (*metrics)["batch_loss"] += loss.item() * double(cfg_.optim.batch_size);
   }
   if (reducer_) {
     reducer_->finish();
