@@ -97,6 +97,8 @@ TEST(Inference, EvaluateTakesOtherDataAndRefusesWhatDoesNotFit) {
   e.loss = 0.123449, e.metrics = {{"accuracy", 0.5}}, e.split = "test", e.samples = 7;
   EXPECT_EQ(train::format_evaluation(e),
             "test: loss 0.1234 | accuracy 0.5000 (7 samples)");
+  e.loss = 1.23456e-5;  // a small loss keeps its digits (four fixed decimals printed 0.0000)
+  EXPECT_EQ(train::format_evaluation(e), "test: loss 1.235e-05 | accuracy 0.5000 (7 samples)");
 
   const std::string csv = dir / "d.csv";
   std::ofstream(csv) << "1,2,0\n3,4,1\n";

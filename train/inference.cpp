@@ -15,6 +15,7 @@
 #include "train/checkpoint.h"
 #include "train/csv.h"
 #include "train/data.h"
+#include "train/metrics.h"
 #include "train/models.h"
 #include "train/task.h"
 #include "train/trainer.h"
@@ -127,7 +128,7 @@ CheckpointEvaluation evaluate_checkpoint(const std::string& checkpoint, const st
 }
 
 std::string format_evaluation(const CheckpointEvaluation& e) {
-  return fmt::format("{}: loss {:.4f}{} ({} samples)", e.split, e.loss, metrics_text(e.metrics, ""),
+  return fmt::format("{}: loss {}{} ({} samples)", e.split, format_value(e.loss), metrics_text(e.metrics, ""),
                      e.samples);
 }
 

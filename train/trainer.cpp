@@ -402,7 +402,7 @@ RunSummary Trainer::run() {
       const bool overflow = scaler_.unscale_and_check(params);  // before clipping sees the norm
       const bool skip = scaler_.update(overflow);
       if (skip) {
-        if (tty) std::printf("\r");
+        if (tty) std::printf("\r\033[K");
         spdlog::warn("step {}: gradient overflow, loss scale {} -> {}, step skipped", step_ + 1, scale,
                      scaler_.scale());
       } else {
@@ -523,7 +523,7 @@ RunSummary Trainer::run() {
     for (int64_t i = 0; i < test_set_.size; ++i) all[size_t(i)] = i;
     Evaluation e = evaluate(*model_, *task_, test_set_, all, cfg_.eval.batch_size, device_, dt);
     if (metrics) {
-      spdlog::info("test: loss {:.4f}{} ({} samples)", e.loss, metrics_text(e.metrics, ""),
+      spdlog::info("test: loss {}{} ({} samples)", format_value(e.loss), metrics_text(e.metrics, ""),
                    test_set_.size);
       nlohmann::json record = {{"step", step_}, {"test_loss", e.loss}};
       for (const auto& [name, v] : e.metrics) record["test_" + name] = v;
