@@ -150,6 +150,15 @@ check "bf16 eager vs bf16 cuda_graph, final weights" python3 scripts/same_weight
   "$build/runs/bf16/step-000300.safetensors" "$build/runs/bf16-graph/step-000300.safetensors"
 note "  $(grep -m1 -o 'cuda_graph: .*' "$build/runs/train-bf16-graph.log")"
 
+# The command line on a GPU (docs/guide.md): --version names the architectures built, a smoke run
+# of 10 steps (a warmup longer than the run, shortened with a warning) trains, a GPU that is not
+# there is a usage error (exit 2).
+check "train --version" bash -c "'$build/train' --version | tr '\n' ' ' | grep 'architectures 90'"
+check "smoke run, 10 steps on cuda" bash -c "'$build/train' --config configs/mlp.yaml --device cuda \
+  --set optim.steps=10 --set checkpoint.dir='$build/runs/smoke' 2>&1 | grep -E 'shortened to 10|step +10/10 \| loss'"
+check "--device cuda:99 exits 2" bash -c "'$build/train' --config configs/mlp.yaml --device cuda:99 \
+  --set checkpoint.dir='$build/runs/none' >/dev/null 2>&1; [[ \$? == 2 ]] && echo 'exit 2'"
+
 # A user's own model through the installed package (examples/consumer): a residual network
 # trained by the trainer on the GPU in bf16 with the step replayed as a CUDA graph, resumed
 # bitwise, saved and loaded.

@@ -7,5 +7,6 @@
 # that holds another run; pass --set checkpoint.overwrite=false to get that here, or --resume DIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+echo "run.sh: building minitrain into ${MT_BUILD_DIR:-build}/ (the first build takes a few minutes)" >&2
 bash scripts/build.sh >&2  # the build's progress, on stderr
 exec "${MT_BUILD_DIR:-build}"/train --config configs/mlp.yaml --set checkpoint.overwrite=true "$@"

@@ -75,9 +75,30 @@ const H = calc.H200;
 for (const s of [calc.saveSeconds(4096, 2, H.bandwidthGBs), calc.recomputeSeconds(4096, 100, H.fp32Tflops), calc.recomputeSeconds(4096, 100, H.bf16Tflops)])
   check(text.includes(calc.formatSeconds(s)), `formatted ${calc.formatSeconds(s)} in the program's output`);
 
+// A box holding 0, a negative or no number is an error to show, never a silent default.
+for (const bad of ["0", "-5", "", "abc", "Infinity"]) {
+  const r = calc.parseFigure(bad, "Copy bandwidth");
+  check(r.error !== undefined && r.value === undefined, `parseFigure('${bad}') is an error, got ${JSON.stringify(r)}`);
+  check(r.error && r.error.startsWith("Copy bandwidth: "), `parseFigure('${bad}') names the box: ${r.error}`);
+}
+check(calc.parseFigure(" 3350 ", "x").value === 3350, "parseFigure reads a positive number");
+
+// URL parameters: a GPU's figures round-trip; bad ones are named, not dropped.
+const params = { bw: 3350, fp32: 67, bf16: 989, bytes: 2, rate: "bf16", flops: 585, size: 28 };
+const back = calc.parseParams(calc.toParams(params));
+check(back.errors.length === 0 && Object.keys(params).every((k) => back.values[k] === params[k]),
+      `toParams/parseParams round trip: ${JSON.stringify(back)}`);
+const bad = calc.parseParams("?bw=0&fp32=-1&bytes=3&rate=fp64&size=99&flops=0");
+check(bad.errors.length === 5, `five bad parameters named: ${JSON.stringify(bad.errors)}`);
+check(bad.values.flops === 0 && bad.values.bw === undefined, "flops=0 is valid (a free recompute); bw=0 is not");
+check(bad.errors.some((e) => e.includes("bw=") && e.includes("greater than 0")), "bw=0 names bw=");
+
 // The page: crossover.js by a relative path, nothing from the network.
 const page = fs.readFileSync(path.join(__dirname, "..", "docs", "crossover.html"), "utf8");
 check(/<script src="crossover\.js"><\/script>/.test(page), "the page loads crossover.js by a relative path");
+check(!/Number\(input\.value\) > 0 \? Number\(input\.value\) : fallback/.test(page) && /C\.parseFigure\(inputs\[key\]\.value/.test(page),
+      "the page checks each box with parseFigure instead of falling back to the H200 figures");
+check(/@media \(max-width: \d+px\)/.test(page), "the page has a narrow-screen layout");
 check(!/(src|href)="(https?:)?\/\//.test(page) && !/url\(\s*["']?(https?:)?\/\//.test(page), "the page loads nothing from the network");
 
 if (failures > 0) {

@@ -38,6 +38,7 @@
 #include "train/data.h"
 #include "train/memory.h"
 #include "train/run_dir.h"
+#include "core/atomic_file.h"
 #include "core/safetensors.h"
 #include "train/trainer.h"
 
@@ -180,17 +181,17 @@ TEST(NumericalFaults, NonFiniteDataIsRejectedWhenLoaded) {
   // Noise this large overflows float: the generated features are inf.
   try {
     train::Trainer t(fault_config(dir, {"data.noise=1e39"}), kCPU);
-    ADD_FAILURE() << "expected a NonFiniteError";
-  } catch (const train::NonFiniteError& e) {
-    std::printf("NonFiniteError: %s\n", e.what());
+    ADD_FAILURE() << "expected a DataError";
+  } catch (const data::DataError& e) {
+    std::printf("DataError: %s\n", e.what());
     EXPECT_CONTAINS(e.what(), "the synthetic data: sample 0, feature 1 is inf");
   }
-  // The CLI: exit code 3, nothing written.
+  // The CLI: exit code 4 (a data error), nothing written.
   const std::string cmd = std::string(MT_BINARY_DIR) + "/train --config " + MT_SOURCE_DIR +
                           "/configs/mlp.yaml --set device=cpu --set data.noise=1e39 " +
                           "--set checkpoint.dir=" + (dir / "never") + " >/dev/null 2>&1";
   const int status = std::system(cmd.c_str());
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 3) << status;
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 4) << status;
   EXPECT_FALSE(fs::exists(dir / "never"));
 
   // A CSV file cannot even hold one: its reader names the file, line and column.
@@ -902,6 +903,32 @@ TEST(CheckpointIntegrity, ResumeFallsBackToTheNewestIntactCheckpoint) {
   train::Trainer none(fault_config(dir), kCPU);
   mt::test::expect_error([&] { none.resume(ckpt); },
                          {"no intact checkpoint in '" + ckpt + "'", "step-000004.safetensors: damaged"});
+}
+
+// A checkpoint is two files but one directory sync (docs/robustness.md, "The cost of a save"). A
+// crash before that sync may keep the model file's rename and lose the optimizer file's: such a
+// checkpoint is skipped, and resume falls back to the one before, which pruning has not touched.
+TEST(CheckpointIntegrity, OneDirectorySyncPerCheckpointAndAHalfSavedOneIsSkipped) {
+  TempDir dir;
+  const std::string ckpt = dir / "ckpt";
+  const train::NamedTensors state = {{"w", randn({3, 4})}};
+  const SyncCounts before = sync_counts();
+  train::save_checkpoint(dir / "direct", "run", 4, state, state, {}, 2);
+  const SyncCounts after = sync_counts();
+  EXPECT_EQ(after.files - before.files, 2);
+  EXPECT_EQ(after.directories - before.directories, 1);
+  // Outside a checkpoint, every atomic write still syncs its directory.
+  write_file_atomically(dir / "x.txt", "x");
+  EXPECT_EQ(sync_counts().directories - after.directories, 1);
+
+  train::Trainer t(fault_config(dir), kCPU);
+  t.run();
+  fs::remove(ckpt + "/step-000024.optim.safetensors");
+  LogCapture log;
+  train::Trainer r(fault_config(dir), kCPU);
+  r.resume(ckpt);
+  EXPECT_EQ(r.step(), 20);
+  EXPECT_TRUE(log.contains("falling back to the next newest"));
 }
 
 // What `train` makes of all this: exit code 2 (nothing written) for a used or locked folder and a

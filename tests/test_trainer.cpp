@@ -261,7 +261,7 @@ TEST(TrainerCurve, SvgDrawsEverySeriesAndSkipsWhatItCannotShow) {
   train::write_curve_svg(dir / "curve.svg", c, "a <test> & run");
   std::ifstream in(dir / "curve.svg");
   const std::string svg((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  for (const char* want : {"loss (log scale)", "accuracy", "training loss", "validation accuracy",
+  for (const char* want : {"loss (log scale)", "accuracy", ">training<", ">validation<",
                            "a &lt;test&gt; &amp; run", "</svg>"})
     EXPECT_NE(svg.find(want), std::string::npos) << want;
   EXPECT_EQ(svg.find("nan"), std::string::npos);
@@ -271,6 +271,35 @@ TEST(TrainerCurve, SvgDrawsEverySeriesAndSkipsWhatItCannotShow) {
   for (size_t at = svg.find("<circle"); at != std::string::npos; at = svg.find("<circle", at + 1))
     ++dots;
   EXPECT_EQ(dots, 3u + 4u);  // and 3 + 1 accuracy dots
+}
+
+// A long run's curve stays readable: no dots once a series has many points, log-axis labels
+// never closer than a text height, and the legend above the plots, where no curve runs.
+TEST(TrainerCurve, ALongRunsCurveHasNoDotsNoOverlappingLabelsAndAFreeLegend) {
+  TempDir dir;
+  train::Curves c;
+  for (int64_t s = 25; s <= 20000; s += 25) {
+    const double loss = 2.0 * std::exp(-double(s) / 1500);  // 2 down to 3e-6: six decades
+    c.train_loss.push_back({s, loss});
+    c.train_accuracy.push_back({s, 1 - loss / 3});
+    if (s % 100 == 0) c.val_loss.push_back({s, 1.5 * loss}), c.val_accuracy.push_back({s, 1 - loss / 2});
+  }
+  train::write_curve_svg(dir / "curve.svg", c, "long");
+  std::ifstream in(dir / "curve.svg");
+  const std::string svg((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(svg.find("<circle"), std::string::npos);
+  // The y labels of the loss panel (text-anchor end at x = left - 6 = 52): at least 14 px apart.
+  std::vector<double> ys;
+  for (size_t at = svg.find("<text x='52.0' y='"); at != std::string::npos;
+       at = svg.find("<text x='52.0' y='", at + 1))
+    ys.push_back(std::stod(svg.substr(at + 18)));
+  ASSERT_GE(ys.size(), 3u) << svg;
+  for (size_t i = 1; i < ys.size(); ++i) EXPECT_GE(std::abs(ys[i] - ys[i - 1]), 14.0) << svg;
+  // The legend's text sits above the panels' top (62).
+  const size_t legend = svg.find(">training<");
+  ASSERT_NE(legend, std::string::npos);
+  const size_t y_at = svg.rfind(" y='", legend);
+  EXPECT_LT(std::stod(svg.substr(y_at + 4)), 62.0);
 }
 
 // ---- cuda_graph -----------------------------------------------------------------------------

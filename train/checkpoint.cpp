@@ -9,6 +9,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "core/atomic_file.h"
 #include "core/safetensors.h"
 #include "nn/serialize.h"
 
@@ -183,8 +184,14 @@ std::string save_checkpoint(const std::string& dir, const std::string& run_id, i
                                                   {"checkpoint_id", random_id()}};
   std::map<std::string, std::string> model_meta = metadata;
   model_meta.insert(ids.begin(), ids.end());
+  // Each file's bytes are synced before its rename; the directory once, after both renames and
+  // before older checkpoints are pruned. A crash before that sync may lose either rename: a model
+  // file without its optimizer file fails to load and resume falls back to the previous
+  // checkpoint, which is still there.
+  DirSyncBatch dir_sync;
   nn::save_tensors(optim_path_for(model_path), optimizer, ids);
   nn::save_tensors(model_path, model, model_meta);
+  dir_sync.finish();
 
   // Newest first, this run's beyond the newest keep_last go (reading headers only when some may).
   const std::vector<std::string> all = list_checkpoints(dir);

@@ -4,7 +4,8 @@
 // `model.load_state_dict(safetensors.torch.load_file(path))` expect:
 //
 //   <dir>/step-000300.safetensors        model parameters under their dotted names
-//                                        (metadata: the config as YAML, and the keys below)
+//                                        (metadata: the config as YAML, with data.standardize
+//                                        the feature statistics, and the keys below)
 //   <dir>/step-000300.optim.safetensors  optimizer state (metadata: the keys below)
 //
 // Both files' metadata (string -> string; other readers ignore keys they do not know) holds

@@ -344,12 +344,6 @@ bool exists(const std::string& path) {
   return std::filesystem::exists(path, ec);
 }
 
-bool valid_device(const std::string& d) {
-  if (d == "auto" || d == "cpu" || d == "cuda") return true;
-  if (!d.starts_with("cuda:") || d.size() == 5 || d.size() > 8) return false;
-  return std::all_of(d.begin() + 5, d.end(), [](char c) { return c >= '0' && c <= '9'; });
-}
-
 bool regular_file(const std::string& path) {
   std::error_code ec;
   return std::filesystem::is_regular_file(path, ec);
@@ -394,7 +388,8 @@ void read_data(Section& s, DataConfig& d) {
   s.require("label_column", d.label_column, d.label_column >= -1,
             "must be -1 (the last column) or a column index from 0");
   s.require("label_column", d.label_column, d.label_column <= kMaxWidth, kMaxWidthText);
-  s.get("header", d.header);
+  s.choice("header", d.header, {"auto", "true", "false"});
+  s.get("standardize", d.standardize);
   s.get("val_fraction", d.val_fraction);
   s.require("val_fraction", d.val_fraction, d.val_fraction >= 0 && d.val_fraction < 1,
             "must be in [0, 1)");
@@ -453,6 +448,9 @@ void read_optim(Section s, OptimConfig& o) {
   s.require("min_lr", o.min_lr, o.min_lr >= 0, "must be >= 0");
   s.get("steps", o.steps);
   s.require("steps", o.steps, o.steps >= 1, "must be at least 1");
+  s.get("epochs", o.epochs);
+  s.require("epochs", o.epochs, o.epochs >= 0, "must be >= 0 (0: optim.steps sets the length)");
+  s.require("epochs", o.epochs, o.epochs <= kMaxSamples, kMaxSamplesText);
   s.get("batch_size", o.batch_size);
   s.require("batch_size", o.batch_size, o.batch_size >= 1, "must be at least 1");
   s.require("batch_size", o.batch_size, o.batch_size <= kMaxSamples, kMaxSamplesText);
@@ -468,8 +466,6 @@ void read_optim(Section s, OptimConfig& o) {
             "must not exceed optim.batch_size = " + std::to_string(o.batch_size));
   s.require("min_lr", o.min_lr, o.min_lr <= o.lr,
             "must not exceed optim.lr = " + format_double(o.lr));
-  s.require("warmup_steps", o.warmup_steps, o.warmup_steps <= o.steps,
-            "must not exceed optim.steps = " + std::to_string(o.steps));
   if (o.name == "sgd" && o.nesterov && o.momentum == 0)
     s.fail("nesterov", "needs optim.momentum > 0");
 }
@@ -552,22 +548,49 @@ Config read_config(const Origin& origin, const YAML::Node& root) {
   return c;
 }
 
-// Sets root[k1][k2]...= value, creating the mappings on the way.
+// Merges the mapping `from` into the mapping `into`, key by key: a mapping into a mapping merges
+// further down, anything else (a scalar, a list) replaces. `leaves` collects the key path of
+// every value set, so that messages name the --set that gave each one.
+void merge(YAML::Node into, const YAML::Node& from, const std::string& path,
+           std::vector<std::string>& leaves, const std::string& text) {
+  for (const auto& pair : from) {
+    if (!pair.first.IsScalar())
+      throw ConfigError("--set " + text + ": keys must be plain names, got " +
+                        describe(pair.first));
+    const std::string k = pair.first.Scalar(), key = path + "." + k;
+    YAML::Node child = into[k];
+    if (pair.second.IsMap() && child.IsMap()) {
+      merge(child, pair.second, key, leaves, text);
+    } else {
+      into[k] = pair.second;
+      leaves.push_back(key);
+    }
+  }
+}
+
+// Sets root[k1][k2]...= value, creating the mappings on the way. A mapping set where a mapping is
+// merges into it (`--set 'optim={lr: 0.01}'` changes optim.lr and keeps the rest of optim).
 void set_path(YAML::Node node, const std::vector<std::string>& keys, size_t i,
-              const YAML::Node& value, const Origin& origin, const std::string& text) {
+              const YAML::Node& value, const Origin& origin, const std::string& text,
+              std::vector<std::string>& leaves) {
+  std::string path;
+  for (size_t j = 0; j <= i; ++j) path += (j ? "." : "") + keys[j];
   if (i + 1 == keys.size()) {
-    node[keys[i]] = value;
+    YAML::Node target = node[keys[i]];
+    if (value.IsMap() && target.IsMap()) {
+      merge(target, value, path, leaves, text);
+    } else {
+      node[keys[i]] = value;
+      leaves.push_back(path);
+    }
     return;
   }
   YAML::Node child = node[keys[i]];
-  if (child.IsDefined() && !child.IsNull() && !child.IsMap()) {
-    std::string path;
-    for (size_t j = 0; j <= i; ++j) path += (j ? "." : "") + keys[j];
+  if (child.IsDefined() && !child.IsNull() && !child.IsMap())
     origin.fail(path, child, "expected a mapping, got " + describe(child),
                 " (while applying --set " + text + ")");
-  }
   if (!child.IsMap()) child = YAML::Node(YAML::NodeType::Map);
-  set_path(child, keys, i + 1, value, origin, text);
+  set_path(child, keys, i + 1, value, origin, text, leaves);
 }
 
 void apply_override(YAML::Node& root, const std::string& text, Origin& origin) {
@@ -587,8 +610,9 @@ void apply_override(YAML::Node& root, const std::string& text, Origin& origin) {
   } catch (const YAML::Exception& e) {
     throw ConfigError("--set " + text + ": the value is not valid YAML: " + e.msg);
   }
-  set_path(root, keys, 0, value, origin, text);
-  origin.overrides.emplace_back(key, text);
+  std::vector<std::string> leaves;
+  set_path(root, keys, 0, value, origin, text, leaves);
+  for (const std::string& leaf : leaves) origin.overrides.emplace_back(leaf, text);
 }
 
 // Where each document of a stream starts; builds nothing.
@@ -641,6 +665,12 @@ std::string quote(const std::string& s) {
 }
 
 }  // namespace
+
+bool valid_device(const std::string& d) {
+  if (d == "auto" || d == "cpu" || d == "cuda") return true;
+  if (!d.starts_with("cuda:") || d.size() == 5 || d.size() > 8) return false;
+  return std::all_of(d.begin() + 5, d.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
 
 Config parse_config(const std::string& yaml, const std::string& name,
                     const std::vector<std::string>& overrides) {
@@ -731,7 +761,8 @@ std::string to_yaml(const Config& c) {
     << "  path: " << quote(c.data.path) << "\n"
     << "  test_path: " << quote(c.data.test_path) << "\n"
     << "  label_column: " << c.data.label_column << "\n"
-    << "  header: " << flag(c.data.header) << "\n"
+    << "  header: " << c.data.header << "\n"
+    << "  standardize: " << flag(c.data.standardize) << "\n"
     << "  val_fraction: " << num(c.data.val_fraction) << "\n"
     << "  shuffle: " << flag(c.data.shuffle) << "\n"
     << "  seed: " << c.data.seed << "\n"
@@ -747,6 +778,7 @@ std::string to_yaml(const Config& c) {
     << "  warmup_steps: " << c.optim.warmup_steps << "\n"
     << "  min_lr: " << num(c.optim.min_lr) << "\n"
     << "  steps: " << c.optim.steps << "\n"
+    << "  epochs: " << c.optim.epochs << "\n"
     << "  batch_size: " << c.optim.batch_size << "\n"
     << "  microbatches: " << c.optim.microbatches << "\n"
     << "  clip_norm: " << num(c.optim.clip_norm) << "\n"

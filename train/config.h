@@ -53,7 +53,8 @@ struct DataConfig {
   std::string path;                // mnist / csv: the training data
   std::string test_path;           // optional held-out test data
   int64_t label_column = -1;       // csv: -1 = last
-  bool header = false;             // csv: skip the first line
+  std::string header = "auto";     // csv: auto (per file: a first line that is not all numbers) | true | false
+  bool standardize = false;        // features to mean 0, std 1 by the training split's statistics
   double val_fraction = 0.1;       // share of the training data held out for validation
   bool shuffle = true;
   uint64_t seed = 1;  // shuffling and the synthetic data
@@ -79,6 +80,7 @@ struct OptimConfig {
   int64_t warmup_steps = 20;
   double min_lr = 0.0;  // where the cosine ends
   int64_t steps = 300;  // optimizer steps
+  int64_t epochs = 0;   // > 0: train this many passes over the training split instead of `steps`
   int64_t batch_size = 256;
   int64_t microbatches = 4;  // the batch is split into this many backward passes
   double clip_norm = 1.0;    // max global gradient norm; 0 = no clipping
@@ -142,6 +144,9 @@ Config parse_config(const std::string& yaml, const std::string& name,
 
 // A complete YAML document for `c`, every key written out: parse_config(to_yaml(c)) == c.
 std::string to_yaml(const Config& c);
+
+// Whether `spec` names a device: auto, cpu, cuda or cuda:N.
+bool valid_device(const std::string& spec);
 
 // Where metrics and the loss curve go: the configured path, or the default inside checkpoint.dir.
 std::string metrics_path(const Config& c);

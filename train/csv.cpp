@@ -112,4 +112,31 @@ CsvData read_csv(const std::string& path, int64_t label_column, bool header) {
   return out;
 }
 
+bool csv_header(const std::string& setting, const std::string& path) {
+  if (setting != "auto") return setting == "true";
+  std::error_code ec;
+  MT_CHECK(std::filesystem::is_regular_file(path, ec) || !std::filesystem::exists(path, ec), path,
+           ": not a regular file; a device or pipe may never end, so it is not read");
+  std::ifstream in(path, std::ios::binary);
+  MT_CHECK(in, path, ": cannot open: ", std::strerror(errno));
+  std::string line;
+  std::vector<Cell> cells;
+  for (int64_t lineno = 1; std::getline(in, line); ++lineno) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (lineno == 1 && line.starts_with("\xEF\xBB\xBF")) line.erase(0, 3);
+    if (blank(line)) continue;
+    // Only the first line can be a header: a blank line before the first text means none.
+    if (lineno != 1) return false;
+    split(line, cells);
+    for (const Cell& c : cells) {
+      double v = 0;
+      const char* end = c.text.data() + c.text.size();
+      auto [p, err] = std::from_chars(c.text.data(), end, v);
+      if (err == std::errc() && p == end) return false;  // a number: a data row (perhaps with a typo)
+    }
+    return true;
+  }
+  return false;
+}
+
 }  // namespace mt

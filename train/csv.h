@@ -27,4 +27,10 @@ inline constexpr int64_t kNoLabelColumn = -2;
 // pipe such as /dev/zero has no size, so nothing would bound the read).
 CsvData read_csv(const std::string& path, int64_t label_column = -1, bool header = false);
 
+// data.header for one file: "true", "false", or "auto": whether the file's first line holds no
+// number at all (a header of names: "x1,x2,label"). A first line with any number is data, so that
+// a typo in it is reported as a bad cell rather than skipped; a header of numbers only ("0,1,2")
+// needs data.header: true. Throws like read_csv for a file it cannot open.
+bool csv_header(const std::string& setting, const std::string& path);
+
 }  // namespace mt

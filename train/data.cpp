@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <limits>
+
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -112,7 +115,9 @@ Dataset load_csv(const std::string& path, int64_t label_column, bool header) {
   MT_CHECK(max_label < std::numeric_limits<int64_t>::max(), path, ": label ", max_label,
            " is too large to count the classes");
   d.classes = max_label + 1;
-  MT_CHECK(d.classes >= 2, path, ": needs at least two classes (labels 0 and 1), found ", d.classes);
+  MT_CHECK(d.classes >= 2, path, ": needs at least two classes (labels 0 and 1), but column ",
+           label_column < 0 ? c.cols : label_column, ", the label column (data.label_column = ",
+           label_column, label_column < 0 ? ": the last" : "", "), holds only label 0");
   return d;
 }
 
@@ -122,8 +127,83 @@ Dataset load_dataset(const DataConfig& d, const ModelConfig& m, bool test) {
                                  d.seed, 1)
                 : make_synthetic(d.samples, m.input, m.classes, d.noise, d.seed, 0);
   }
-  if (d.kind == "mnist") return load_mnist(test ? d.test_path : d.path, test);
-  return load_csv(test ? d.test_path : d.path, d.label_column, d.header);
+  const std::string& path = test ? d.test_path : d.path;
+  try {
+    Dataset set;
+    if (d.kind == "mnist") {
+      set = load_mnist(path, test);
+    } else {
+      const bool header = csv_header(d.header, path);
+      set = load_csv(path, d.label_column, header);
+      set.had_header = header;
+    }
+    set.file = path;
+    return set;
+  } catch (const DataError&) {
+    throw;
+  } catch (const Error& e) {
+    throw DataError(e.what());
+  }
+}
+
+Standardization standardization_of(const Dataset& set, const std::vector<int64_t>& rows) {
+  const size_t D = size_t(set.dim);
+  std::vector<double> sum(D, 0.0), sq(D, 0.0);
+  for (int64_t r : rows)
+    for (size_t k = 0; k < D; ++k) sum[k] += set.features[size_t(r) * D + k];
+  const double n = double(std::max<size_t>(rows.size(), 1));
+  Standardization s;
+  for (size_t k = 0; k < D; ++k) s.mean.push_back(float(sum[k] / n));
+  for (int64_t r : rows)  // two passes: the squares of deviations, not E[x²] - E[x]², which cancels
+    for (size_t k = 0; k < D; ++k) {
+      const double dev = set.features[size_t(r) * D + k] - double(s.mean[k]);
+      sq[k] += dev * dev;
+    }
+  for (size_t k = 0; k < D; ++k) {
+    const double sd = std::sqrt(sq[k] / n);
+    s.std.push_back(sd > 0 && std::isfinite(float(sd)) ? float(sd) : 1.0f);
+  }
+  return s;
+}
+
+void standardize(std::vector<float>& features, const Standardization& s) {
+  const size_t D = s.mean.size();
+  if (D == 0) return;
+  MT_CHECK(features.size() % D == 0, "standardize: ", features.size(),
+           " values are not rows of ", D, " features");
+  for (size_t i = 0; i < features.size(); ++i)
+    features[i] = (features[i] - s.mean[i % D]) / s.std[i % D];
+}
+
+std::string to_text(const Standardization& s) {
+  auto list = [](const std::vector<float>& v) {
+    std::string t = "[";
+    char buf[32];
+    for (size_t i = 0; i < v.size(); ++i) {
+      std::snprintf(buf, sizeof buf, "%.9g", double(v[i]));  // 9 digits: the float exactly
+      t += (i ? "," : "") + std::string(buf);
+    }
+    return t + "]";
+  };
+  return "{\"mean\": " + list(s.mean) + ", \"std\": " + list(s.std) + "}";
+}
+
+Standardization standardization_from_text(const std::string& text, const std::string& where) {
+  Standardization s;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(text);
+    s.mean = j.at("mean").get<std::vector<float>>();
+    s.std = j.at("std").get<std::vector<float>>();
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(where + ": the feature standardization is not readable: " + e.what());
+  }
+  if (s.mean.size() != s.std.size() ||
+      std::any_of(s.std.begin(), s.std.end(), [](float v) { return !(v > 0) || !std::isfinite(v); }) ||
+      std::any_of(s.mean.begin(), s.mean.end(), [](float v) { return !std::isfinite(v); }))
+    throw DataError(where + ": the feature standardization is damaged (" +
+                    std::to_string(s.mean.size()) + " means, " + std::to_string(s.std.size()) +
+                    " stds, every std must be finite and > 0)");
+  return s;
 }
 
 bool has_test_set(const DataConfig& d) { return d.kind == "synthetic" || !d.test_path.empty(); }

@@ -19,11 +19,20 @@ struct ModelConfig;
 
 namespace mt::data {
 
+// A data file that cannot be read or parsed: the message names the file and, for text, the line
+// and column. `train` exits with code 4. (Data that parses but does not fit the config, such as
+// the wrong number of features for model.input, is a ConfigError: the fix is in the config.)
+struct DataError : Error {
+  using Error::Error;
+};
+
 struct Dataset {
   std::vector<float> features;  // [size, dim], row-major
   std::vector<int64_t> labels;  // [size], in [0, classes)
   int64_t size = 0, dim = 0, classes = 0;
   std::string name;
+  std::string file;        // the file it was read from (empty: generated), for messages
+  bool had_header = false;  // csv: its first line was a header, skipped
 
   // The rows `indices` as tensors: x [n, dim] f32 and y [n] i64, on `device`.
   std::pair<Tensor, Tensor> gather(const std::vector<int64_t>& indices, Device device) const;
@@ -44,10 +53,28 @@ Dataset load_mnist(const std::string& dir, bool test);
 // Numeric CSV: every column but the label is a feature.
 Dataset load_csv(const std::string& path, int64_t label_column, bool header);
 
+// Standardization of the features (data.standardize): x' = (x - mean) / std per feature, with
+// the mean and the population std of the training split (never the validation or test rows, so
+// nothing held out leaks into training). A feature that is constant there has std 1: it becomes
+// 0. The statistics are saved with every checkpoint, so `train eval` and `train predict` apply
+// exactly the run's transform to new data.
+struct Standardization {
+  std::vector<float> mean, std;  // [dim] each; empty: none
+  bool empty() const { return mean.empty(); }
+};
+Standardization standardization_of(const Dataset& set, const std::vector<int64_t>& rows);
+// Applies `s` to `features` ([n, s.mean.size()], row-major) in place.
+void standardize(std::vector<float>& features, const Standardization& s);
+// As text for a checkpoint's metadata ({"mean": [...], "std": [...]} with every float exact)
+// and back; from_text throws DataError for text that is not such an object.
+std::string to_text(const Standardization& s);
+Standardization standardization_from_text(const std::string& text, const std::string& where);
+
 // The data a config's `data` section names: the training set, or with `test` the test set
 // (the synthetic task's is an independent draw from the same clusters; for files, data.test_path).
 // Whatever a loader applies (MNIST's normalization, say) is applied the same for every caller:
-// training, `train eval` and `train predict` see the same features.
+// training, `train eval` and `train predict` see the same features. A file that cannot be read
+// or parsed is a DataError. data.header "auto" is decided for each file on its own.
 Dataset load_dataset(const DataConfig& d, const ModelConfig& m, bool test);
 // Whether there is a test set: always for the synthetic task, for files only with data.test_path.
 bool has_test_set(const DataConfig& d);

@@ -15,6 +15,7 @@
 #include "train/checkpoint.h"
 #include "train/csv.h"
 #include "train/data.h"
+#include "train/metrics.h"
 #include "train/models.h"
 #include "train/task.h"
 #include "train/trainer.h"
@@ -67,6 +68,11 @@ SavedModel load_saved_model(const std::string& checkpoint, const std::vector<std
   if (config == file.metadata.end())
     throw InferenceError(m.path + ": has no 'config' in its metadata: not a model file `train` saved");
   m.config = parse_config(config->second, m.path + " (its config)", overrides);
+  if (auto st = file.metadata.find("standardization"); st != file.metadata.end())
+    m.standardization = data::standardization_from_text(st->second, m.path);
+  if (m.config.data.standardize && m.standardization.empty())
+    throw InferenceError(m.path + ": its config has data.standardize but the file holds no "
+                         "feature statistics");
   const Config& c = m.config;
   m.device = resolve_device(c.device);
   set_deterministic(c.precision.deterministic);
@@ -93,7 +99,7 @@ CheckpointEvaluation evaluate_checkpoint(const std::string& checkpoint, const st
   if (split == "test" && !data::has_test_set(c.data))
     throw ConfigError("data.test_path: the run has no test set; give one with --set "
                       "data.test_path=FILE, or evaluate the validation split with --split val");
-  const data::Dataset set = data::load_dataset(c.data, c.model, split == "test");
+  data::Dataset set = data::load_dataset(c.data, c.model, split == "test");
   std::vector<int64_t> rows;
   if (split == "test") {
     for (int64_t i = 0; i < set.size; ++i) rows.push_back(i);
@@ -107,6 +113,7 @@ CheckpointEvaluation evaluate_checkpoint(const std::string& checkpoint, const st
     throw ConfigError(detail::concat("model.input: the checkpoint's model takes ", c.model.input,
                                      " features but the ", split, " data (", set.name, ") has ",
                                      set.dim));
+  data::standardize(set.features, m.standardization);  // the run's statistics, not this data's
   for (int64_t y : set.labels)
     if (y < 0 || y >= c.model.classes)
       throw ConfigError(detail::concat("model.classes: the checkpoint's model has ", c.model.classes,
@@ -121,7 +128,7 @@ CheckpointEvaluation evaluate_checkpoint(const std::string& checkpoint, const st
 }
 
 std::string format_evaluation(const CheckpointEvaluation& e) {
-  return fmt::format("{}: loss {:.4f}{} ({} samples)", e.split, e.loss, metrics_text(e.metrics, ""),
+  return fmt::format("{}: loss {}{} ({} samples)", e.split, format_value(e.loss), metrics_text(e.metrics, ""),
                      e.samples);
 }
 
@@ -131,14 +138,15 @@ int64_t predict_csv(const std::string& checkpoint, const std::string& input,
   const ModelConfig& mc = m.config.model;
   CsvData in;
   try {
-    in = read_csv(input, kNoLabelColumn, m.config.data.header);
+    in = read_csv(input, kNoLabelColumn, csv_header(m.config.data.header, input));
   } catch (const Error& e) {
-    throw InferenceError(e.what());
+    throw data::DataError(e.what());
   }
   if (in.cols != mc.input)
     throw InferenceError(detail::concat(input, ":", in.first_line, ": the row has ", in.cols,
                                         " features, but the model takes ", mc.input,
                                         " (model.input; the input has no label column)"));
+  data::standardize(in.features, m.standardization);
 
   const size_t C = size_t(mc.classes), D = size_t(in.cols), bs = size_t(m.config.eval.batch_size);
   std::string text = "class";

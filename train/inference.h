@@ -21,6 +21,7 @@
 #include "core/error.h"
 #include "nn/module.h"
 #include "train/config.h"
+#include "train/data.h"
 #include "train/evaluate.h"
 
 namespace mt::train {
@@ -37,6 +38,7 @@ struct SavedModel {
   Config config;     // the one stored in it, with the overrides applied
   Device device;     // config.device, resolved
   std::shared_ptr<nn::Module> model;  // on `device`, in eval mode, in the run's compute dtype
+  data::Standardization standardization;  // the run's (data.standardize), applied to every input
 };
 
 // Loads a model file, or a checkpoint directory's newest intact checkpoint (as --resume does),
@@ -63,10 +65,11 @@ CheckpointEvaluation evaluate_checkpoint(const std::string& checkpoint,
 std::string format_evaluation(const CheckpointEvaluation& e);
 
 // Reads `input` (features only, model.input numbers a row; a header line when data.header says
-// so), and writes `output` as "class,p0,...,p{C-1}" and one row per sample, probabilities to 9
+// so, or for "auto" when its first line is not all numbers), standardizes it as the run did
+// (data.standardize), and writes `output` as "class,p0,...,p{C-1}" and one row per sample, probabilities to 9
 // significant digits (a float's round trip). The output is written to a temp file and renamed
-// into place: it appears whole or not at all. An input that cannot be read or has the wrong
-// width is an InferenceError naming the file and line. Returns the number of rows written.
+// into place: it appears whole or not at all. An input that cannot be read or parsed is a
+// data::DataError, one of the wrong width an InferenceError, each naming the file and line. Returns the number of rows written.
 int64_t predict_csv(const std::string& checkpoint, const std::string& input,
                     const std::string& output, const std::vector<std::string>& overrides = {});
 

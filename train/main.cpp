@@ -13,11 +13,15 @@
 // process, joined by the in-process communicator. A process started by another launcher with
 // RANK / WORLD_SIZE / LOCAL_RANK / MT_DIST_FILE set (parallel/launch.h) joins that job instead.
 //
-// Exit codes: 0 success (also resuming a run that is already complete); 1 a runtime error (bad
-// data file, a failed write, CUDA error); 2 a usage or configuration error, a --resume checkpoint
-// that is missing, damaged or does not fit, or a checkpoint.dir that another run holds or has
-// files in (nothing is written); for eval and predict also a checkpoint or an input file they
-// cannot use; 3 a non-finite loss or gradient.
+// Exit codes (kUsage prints the same table; docs/guide.md, "Troubleshooting"):
+//   0  success, also resuming a run that is already complete
+//   1  a runtime error: a failed write, a CUDA error, anything unexpected
+//   2  a usage or config error: the command line, the config, a device that is not there, a
+//      --resume / --checkpoint that is missing, damaged or does not fit, a checkpoint.dir another
+//      run holds, data that does not fit the model (nothing is written)
+//   3  a non-finite loss, gradient or state: the run stops before saving it
+//   4  a data error: a data file that cannot be read or parsed (the message names file and line)
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -30,6 +34,7 @@
 #include "parallel/launch.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
+#include "train/data.h"
 #include "train/inference.h"
 #include "train/trainer.h"
 #ifdef MT_WITH_NCCL
@@ -40,30 +45,78 @@ namespace {
 
 const char* kUsage =
     "usage: train --config FILE [--set key.path=value]... [--device auto|cpu|cuda[:N]]\n"
-    "             [--resume CHECKPOINT]\n"
+    "             [--resume CHECKPOINT] [--nproc N] [--print-config]\n"
     "       train eval --checkpoint CKPT [--split test|val] [--set data.KEY=VALUE]...\n"
     "       train predict --checkpoint CKPT --input X.csv --output P.csv [--set ...]...\n"
     "       train --list-ops | --help | --version\n"
     "\n"
     "  --config FILE      the run's YAML config (docs/config.md lists every key)\n"
-    "  --set KEY=VALUE    override one config key, e.g. --set optim.lr=1e-3 (repeatable)\n"
+    "  --set KEY=VALUE    override one config key, e.g. --set optim.lr=1e-3 (repeatable); a\n"
+    "                     mapping merges into its section: --set 'optim={lr: 0.01, steps: 50}'\n"
     "  --device DEVICE    where to train; overrides the config's `device` (default auto:\n"
     "                     the GPU when there is one)\n"
     "  --resume PATH      continue a run from a checkpoint file or its directory\n"
     "  --nproc N          data parallel over N ranks: N GPUs (one process each, NCCL), or on\n"
     "                     the CPU N threads; optim.batch_size stays the global batch\n"
+    "  --print-config     print the resolved config (file, --set, --device) as YAML and exit\n"
     "  --list-ops         print the registered ops and their kernels\n"
+    "  --version          the version, git commit, build type and CUDA architectures\n"
     "\n"
     "  eval               print a saved model's test loss and accuracy as its run printed them\n"
     "                     (--split val: on the run's validation split)\n"
     "  predict            write the predicted class and class probabilities of each row of a\n"
     "                     CSV of features (no label column) as a CSV: class,p0,p1,...\n"
     "  --checkpoint CKPT  a model file (step-N.safetensors) or a checkpoint directory (its\n"
-    "                     newest intact checkpoint); --set may change data.*, eval.*, device\n";
+    "                     newest intact checkpoint); --set may change data.*, eval.*, device\n"
+    "\n"
+    "A run writes into checkpoint.dir (default runs/mlp): step-NNNNNN.safetensors (the model)\n"
+    "and step-NNNNNN.optim.safetensors (optimizer state) every checkpoint.every steps, the last\n"
+    "checkpoint.keep_last of them kept; metrics.jsonl (one JSON record per log line, evaluation\n"
+    "and test); curve.svg (the loss and accuracy curves); a lock file while it runs.\n"
+    "\n"
+    "Exit codes: 0 success; 1 runtime error (a failed write, a CUDA error); 2 usage or config\n"
+    "error (also a device that is not there, a checkpoint that cannot be used, data that does\n"
+    "not fit the model; nothing is written); 3 a non-finite loss or gradient; 4 a data file that\n"
+    "cannot be read or parsed. docs/guide.md explains each.\n";
+
+// --version: what the build was configured with (CMakeLists.txt passes these to this file only).
+#ifndef MT_GIT_COMMIT
+#define MT_GIT_COMMIT "unknown"
+#endif
+#ifndef MT_BUILD_TYPE
+#define MT_BUILD_TYPE "unknown"
+#endif
+#ifndef MT_CUDA_ARCHS
+#define MT_CUDA_ARCHS "none"
+#endif
+
+void print_version() {
+  std::printf("minitrain %s\ncommit %s\nbuild type %s\nCUDA %s\nNCCL %s\n", MT_VERSION,
+              MT_GIT_COMMIT, MT_BUILD_TYPE,
+#ifdef MT_WITH_CUDA
+              "on, architectures " MT_CUDA_ARCHS,
+#else
+              "off (a CPU-only build)",
+#endif
+#ifdef MT_WITH_NCCL
+              "on"
+#else
+              "off"
+#endif
+  );
+}
 
 struct UsageError : mt::Error {
   using mt::Error::Error;
 };
+
+// --device is checked here, so that its error names --device rather than the --set it becomes.
+void check_device_flag(const std::string& d) {
+  if (mt::valid_device(d)) return;
+  const bool gpu = d == "gpu" || d.starts_with("gpu:");
+  throw UsageError("--device: expected auto, cpu, cuda or cuda:N, got '" + d + "'" +
+                   (gpu ? "; did you mean '" + ("cuda" + d.substr(3)) + "'?" : ""));
+}
 
 // This process as one rank of a job another launcher (or --nproc) started.
 void run_worker(const mt::Config& cfg, const mt::parallel::World& world, const std::string& resume) {
@@ -112,6 +165,7 @@ int inference_command(int argc, char** argv) {
       overrides.push_back(value());
     } else if (a == "--device") {
       overrides.push_back("device=" + value());
+      check_device_flag(argv[i]);
     } else if (a == "--split" && command == "eval") {
       split = value();
     } else if ((a == "--input" || a == "--output") && command == "predict") {
@@ -140,7 +194,7 @@ int main(int argc, char** argv) {
   std::string config_path, device, resume;
   std::vector<std::string> overrides, worker_args;  // worker_args: argv without --nproc
   int nproc = 1;
-  bool have_config = false;
+  bool have_config = false, print_config = false;
   try {
     if (argc > 1 && (std::strcmp(argv[1], "eval") == 0 || std::strcmp(argv[1], "predict") == 0))
       return inference_command(argc, argv);
@@ -154,8 +208,11 @@ int main(int argc, char** argv) {
         std::fputs(kUsage, stdout);
         return 0;
       } else if (a == "--version") {
-        std::printf("minitrain %s\n", MT_VERSION);
+        print_version();
         return 0;
+      } else if (a == "--print-config") {
+        print_config = true;
+        continue;
       } else if (a == "--list-ops") {
         std::fputs(mt::OpRegistry::instance().table().c_str(), stdout);
         mt::verify_ops();  // a missing kernel or a wrong signature: exit 1, naming the op
@@ -167,6 +224,7 @@ int main(int argc, char** argv) {
         overrides.push_back(value());
       } else if (a == "--device") {
         device = value();
+        check_device_flag(device);
       } else if (a == "--resume") {
         resume = value();
       } else if (a == "--nproc") {
@@ -184,6 +242,10 @@ int main(int argc, char** argv) {
     if (!have_config) throw UsageError("--config FILE is required");
     if (!device.empty()) overrides.push_back("device=" + device);
     mt::Config cfg = mt::load_config(config_path, overrides);
+    if (print_config) {
+      std::fputs(mt::to_yaml(cfg).c_str(), stdout);
+      return 0;
+    }
     spdlog::set_pattern("[%H:%M:%S] %v");
     const mt::parallel::World world = mt::parallel::world_from_env();
     if (world.size > 1) {
@@ -221,6 +283,9 @@ int main(int argc, char** argv) {
   } catch (const mt::train::NonFiniteError& e) {
     std::fprintf(stderr, "\ntrain: %s\n", e.what());
     return 3;
+  } catch (const mt::data::DataError& e) {
+    std::fprintf(stderr, "\ntrain: data error: %s\n", e.what());
+    return 4;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "\ntrain: error: %s\n", e.what());
     return 1;

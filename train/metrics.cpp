@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <iomanip>
 #include <sstream>
@@ -53,11 +55,59 @@ MetricsWriter::MetricsWriter(const std::string& path, int64_t resume_step) : pat
   MT_CHECK(out_.good(), "metrics: cannot open '", path, "' for writing");
 }
 
-void MetricsWriter::write(const nlohmann::json& record) {
+void MetricsWriter::write(nlohmann::json record) {
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t t = std::chrono::system_clock::to_time_t(now);
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  std::tm utc{};
+  gmtime_r(&t, &utc);
+  char stamp[40];
+  std::snprintf(stamp, sizeof stamp, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", utc.tm_year + 1900,
+                utc.tm_mon + 1, utc.tm_mday, utc.tm_hour, utc.tm_min, utc.tm_sec, int(ms));
+  record["time"] = stamp;
+  record["elapsed_s"] =
+      std::round(std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count() * 1e3) / 1e3;
   out_ << record.dump() << '\n';
   out_.flush();  // a killed run keeps every line it logged
   // A failed write (a full disk) stops the run: the stream would drop every later record.
   MT_CHECK(out_.good(), "metrics: cannot write to '", path_, "': ", std::strerror(errno));
+}
+
+std::string format_value(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.4g", v);
+  return buf;
+}
+
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const auto s = static_cast<long long>(std::llround(seconds));
+  char buf[32];
+  if (s < 60) std::snprintf(buf, sizeof buf, "%llds", s);
+  else if (s < 3600) std::snprintf(buf, sizeof buf, "%lldm%02llds", s / 60, s % 60);
+  else std::snprintf(buf, sizeof buf, "%lldh%02lldm", s / 3600, s / 60 % 60);
+  return buf;
+}
+
+std::string progress_line(int64_t step, int64_t total, double loss, double samples_per_s,
+                          double elapsed, double eta) {
+  constexpr int64_t kWidth = 20;
+  const int64_t filled = total > 0 ? std::clamp<int64_t>(step * kWidth / total, 0, kWidth) : 0;
+  std::string line =
+      "[" + std::string(size_t(filled), '#') + std::string(size_t(kWidth - filled), '-') + "]";
+  char buf[64];
+  const int digits = int(std::to_string(total).size());
+  std::snprintf(buf, sizeof buf, " %*lld/%lld", digits, static_cast<long long>(step),
+                static_cast<long long>(total));
+  line += buf;
+  if (std::isfinite(loss)) line += "  loss " + format_value(loss);
+  if (std::isfinite(samples_per_s)) {
+    const double v = samples_per_s;
+    const char* unit = v >= 1e6 ? "M" : v >= 1e3 ? "k" : "";
+    std::snprintf(buf, sizeof buf, "  %.3g%s samples/s", v >= 1e6 ? v / 1e6 : v >= 1e3 ? v / 1e3 : v, unit);
+    line += buf;
+  }
+  return line + "  " + format_duration(elapsed) + " elapsed  " + format_duration(eta) + " left";
 }
 
 Curves read_curves(const std::string& metrics_path) {
@@ -150,11 +200,28 @@ void draw_axes(std::ostream& svg, const Panel& p, const std::vector<double>& y_t
         << p.top + p.height << "' stroke='#e6e6e6'/>\n"
         << "<text x='" << p.x(s) << "' y='" << p.top + p.height + 16
         << "' text-anchor='middle' fill='#444'>" << int64_t(std::llround(s)) << "</text>\n";
-  for (double v : y_ticks)
+  // A grid line at every tick; a label only where it clears the one below by a text height, so
+  // a log axis over many decades labels its powers of ten rather than overprinting 1-2-5.
+  double closest = INFINITY;
+  for (size_t i = 1; i < y_ticks.size(); ++i)
+    closest = std::min(closest, std::abs(p.y(y_ticks[i]) - p.y(y_ticks[i - 1])));
+  std::vector<double> labelled;
+  for (double v : y_ticks) {
+    const double m = v / std::pow(10.0, std::floor(std::log10(v) + 1e-9));
+    if (!p.log_scale || closest >= 18 || std::abs(m - 1) < 1e-6) labelled.push_back(v);
+  }
+  if (labelled.size() < 2) labelled = y_ticks;
+  double last_label_y = INFINITY;
+  for (double v : y_ticks) {
     svg << "<line x1='" << p.left << "' y1='" << p.y(v) << "' x2='" << p.left + p.width << "' y2='"
-        << p.y(v) << "' stroke='#e6e6e6'/>\n"
-        << "<text x='" << p.left - 6 << "' y='" << p.y(v) + 4 << "' text-anchor='end' fill='#444'>"
+        << p.y(v) << "' stroke='#e6e6e6'/>\n";
+    if (std::find(labelled.begin(), labelled.end(), v) == labelled.end() ||
+        last_label_y - p.y(v) < 14)
+      continue;
+    last_label_y = p.y(v);
+    svg << "<text x='" << p.left - 6 << "' y='" << p.y(v) + 4 << "' text-anchor='end' fill='#444'>"
         << num(v) << "</text>\n";
+  }
   svg << "<rect x='" << p.left << "' y='" << p.top << "' width='" << p.width << "' height='"
       << p.height << "' fill='none' stroke='#999'/>\n"
       << "<text x='" << p.left << "' y='" << p.top - 8 << "' font-size='13' font-weight='bold'>"
@@ -163,15 +230,22 @@ void draw_axes(std::ostream& svg, const Panel& p, const std::vector<double>& y_t
       << "' text-anchor='middle' fill='#444'>optimizer step</text>\n";
 }
 
-// A series as a line with a dot at every logged point (validation dashed).
+// Series with more points than this are drawn as lines only: dots that touch hide the line.
+constexpr size_t kMaxDots = 60;
+
+// A series as a line with a dot at every logged point, when there are few enough (validation
+// dashed).
 void draw_series(std::ostream& svg, const Panel& p, const std::vector<CurvePoint>& points,
                  const char* color, bool dashed) {
   std::ostringstream line, dots;
   line << std::fixed << std::setprecision(1);
   dots << std::fixed << std::setprecision(1);
+  const size_t shown = size_t(std::count_if(points.begin(), points.end(),
+                                            [&](const CurvePoint& pt) { return p.shows(pt.value); }));
   for (const auto& pt : points) {
     if (!p.shows(pt.value)) continue;
     line << p.x(double(pt.step)) << ',' << p.y(pt.value) << ' ';
+    if (shown > kMaxDots) continue;
     dots << "<circle cx='" << p.x(double(pt.step)) << "' cy='" << p.y(pt.value) << "' r='"
          << (dashed ? 3.5 : 2.5) << "' fill='" << color << "'/>\n";
   }
@@ -180,29 +254,19 @@ void draw_series(std::ostream& svg, const Panel& p, const std::vector<CurvePoint
       << dots.str();
 }
 
-// The legend in the upper right, or the lower right when the curves end in the upper half.
-void draw_legend(std::ostream& svg, const Panel& p, const std::vector<CurvePoint>& train,
-                 const std::vector<CurvePoint>& val, const std::string& what) {
-  double end_sum = 0;
-  int ends = 0;
-  for (const auto* s : {&train, &val})
-    if (!s->empty() && p.shows(s->back().value)) {
-      end_sum += p.y(s->back().value);
-      ++ends;
-    }
-  const bool top = ends == 0 || end_sum / ends > p.top + p.height / 2;
-  const double w = 150, h = 44, x0 = p.left + p.width - w - 8;
-  const double y0 = top ? p.top + 8 : p.top + p.height - h - 8;
-  svg << "<rect x='" << x0 << "' y='" << y0 << "' width='" << w << "' height='" << h
-      << "' fill='white' fill-opacity='0.9' stroke='#ccc' rx='3'/>\n";
-  const std::pair<const char*, const char*> rows[] = {{"training ", kTrainColor},
-                                                      {"validation ", kValColor}};
+// The legend in the margin above the panel, right-aligned beside its title: outside the plot,
+// so no curve ever runs through it.
+void draw_legend(std::ostream& svg, const Panel& p) {
+  const std::pair<const char*, const char*> rows[] = {{"validation", kValColor}, {"training", kTrainColor}};
+  const double widths[] = {92, 80};  // line, gap and label
+  double x = p.left + p.width;
+  const double y = p.top - 8;
   for (int i = 0; i < 2; ++i) {
-    const double yy = y0 + 15 + 18 * i;
-    svg << "<line x1='" << x0 + 8 << "' y1='" << yy - 4 << "' x2='" << x0 + 30 << "' y2='"
-        << yy - 4 << "' stroke='" << rows[i].second << "' stroke-width='2'"
-        << (i == 1 ? " stroke-dasharray='6 4'" : "") << "/>\n"
-        << "<text x='" << x0 + 36 << "' y='" << yy << "'>" << rows[i].first << what << "</text>\n";
+    x -= widths[i];
+    svg << "<line x1='" << x << "' y1='" << y - 4 << "' x2='" << x + 20 << "' y2='" << y - 4
+        << "' stroke='" << rows[i].second << "' stroke-width='2'"
+        << (i == 0 ? " stroke-dasharray='6 4'" : "") << "/>\n"
+        << "<text x='" << x + 25 << "' y='" << y << "' fill='#444'>" << rows[i].first << "</text>\n";
   }
 }
 
@@ -252,11 +316,11 @@ void write_curve_svg(const std::string& path, const Curves& c, const std::string
   draw_axes(svg, loss, loss_ticks, "loss (log scale)");
   draw_series(svg, loss, c.train_loss, kTrainColor, false);
   draw_series(svg, loss, c.val_loss, kValColor, true);
-  draw_legend(svg, loss, c.train_loss, c.val_loss, "loss");
+  draw_legend(svg, loss);
   draw_axes(svg, acc, acc_ticks, "accuracy");
   draw_series(svg, acc, c.train_accuracy, kTrainColor, false);
   draw_series(svg, acc, c.val_accuracy, kValColor, true);
-  draw_legend(svg, acc, c.train_accuracy, c.val_accuracy, "accuracy");
+  draw_legend(svg, acc);
   svg << "</svg>\n";
 
   std::ofstream out(path, std::ios::trunc);

@@ -6,10 +6,15 @@
 #include <string>
 #include <vector>
 
+#include <chrono>
+
 #include <nlohmann/json.hpp>
 
 namespace mt::train {
 
+// metrics.jsonl: one JSON object a line. Every record has "step", "time" (UTC, ISO 8601, to the
+// millisecond) and "elapsed_s" (seconds since this writer opened: the run's start, or its resume);
+// the trainer's records are listed in docs/guide.md ("What a run writes").
 class MetricsWriter {
  public:
   // Starts `path` afresh, or, resuming a run from step `resume_step` (>= 0), appends to it so that
@@ -17,14 +22,28 @@ class MetricsWriter {
   // its last checkpoint logged steps that the resumed run logs again.
   // Only a regular file is read back; anything else (a pipe, /dev/stdout) is just appended to.
   MetricsWriter(const std::string& path, int64_t resume_step);
-  // Appends and flushes one record; a failed write is an mt::Error naming the file.
-  void write(const nlohmann::json& record);
+  // Appends and flushes one record, with "time" and "elapsed_s" added; a failed write is an
+  // mt::Error naming the file.
+  void write(nlohmann::json record);
   const std::string& path() const { return path_; }
 
  private:
   std::string path_;
   std::ofstream out_;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
+
+// How the log prints numbers and times. A value as %.4g: four significant digits at any scale,
+// so a small loss stays readable (0.0001234, not 0.0000).
+std::string format_value(double v);
+// A duration as 42s, 3m07s or 2h05m.
+std::string format_duration(double seconds);
+// The terminal's live status line: a bar, the step, the smoothed (last window's mean) loss, the
+// throughput, elapsed time and the estimate of the time left, e.g.
+//   [########------------]   437/3000  loss 0.4123  31.2k samples/s  26s elapsed  1m02s left
+// `loss` or `samples_per_s` NaN: not known yet (before the first logged step), left out.
+std::string progress_line(int64_t step, int64_t total, double loss, double samples_per_s,
+                          double elapsed, double eta);
 
 struct CurvePoint {
   int64_t step;

@@ -38,8 +38,12 @@ namespace mt::train {
 Device resolve_device(const std::string& spec) {
   if (spec == "auto") return cuda_available() ? cuda_device(0) : kCPU;
   Device d = Device::parse(spec);
-  MT_CHECK(d.is_cpu() || cuda_available(), "device ", d.str(), " requested, but ",
-           cuda_available() ? "it does not exist" : "no CUDA device is available");
+  // A device that is not there is a usage error (exit code 2), like a misspelled one.
+  if (d.is_cuda() && (!cuda_available() || d.index >= cuda_device_count()))
+    throw ConfigError(detail::concat(
+        "device: ", d.str(), " requested, but ",
+        cuda_available() ? detail::concat("only ", cuda_device_count(), " GPUs are visible")
+                         : std::string("no CUDA device is available (use --device cpu or auto)")));
   return d;
 }
 
@@ -64,20 +68,21 @@ void check_writable(const std::string& key, const std::filesystem::path& dir) {
 // The config's model must fit its data.
 void check_fits(const data::Dataset& set, const ModelConfig& m) {
   if (set.size == 0) return;
+  const std::string which = set.file.empty() ? set.name : set.name + " file " + set.file;
   if (set.dim != m.input)
-    throw ConfigError(detail::concat("model.input: is ", m.input, " but the ", set.name,
-                                     " data has ", set.dim, " features per sample"));
-  for (int64_t y : set.labels)
-    if (y < 0 || y >= m.classes)
-      throw ConfigError(detail::concat("model.classes: is ", m.classes, " but the ", set.name,
-                                       " data has label ", y));
+    throw ConfigError(detail::concat("model.input: is ", m.input, " but the ", which,
+                                     " has ", set.dim, " features per sample"));
+  for (size_t i = 0; i < set.labels.size(); ++i)
+    if (set.labels[i] < 0 || set.labels[i] >= m.classes)
+      throw ConfigError(detail::concat("model.classes: is ", m.classes, " but the ", which,
+                                       " has label ", set.labels[i], " (sample ", i, ")"));
 }
 
 void check_finite(const data::Dataset& set) {
   // One NaN or inf feature would turn every parameter into NaN in the first step that draws it.
   for (size_t i = 0; i < set.features.size(); ++i)
     if (!std::isfinite(set.features[i]))
-      throw NonFiniteError(detail::concat("the ", set.name, " data: sample ", i / size_t(set.dim),
+      throw data::DataError(detail::concat("the ", set.name, " data: sample ", i / size_t(set.dim),
                                           ", feature ", i % size_t(set.dim), " is ",
                                           set.features[i]));
 }
@@ -152,9 +157,42 @@ Trainer::Trainer(Config config, std::shared_ptr<nn::Module> model, std::shared_p
   if (cfg_.optim.batch_size < world * cfg_.optim.microbatches)
     throw ConfigError(detail::concat("optim.batch_size: ", cfg_.optim.batch_size, " samples cannot give ",
                                      world, " ranks ", cfg_.optim.microbatches, " microbatches each"));
+  if (cfg_.data.standardize) {
+    standardization_ = data::standardization_of(train_set_, split_.train);
+    for (data::Dataset* set : {&train_set_, &test_set_})
+      data::standardize(set->features, standardization_);
+  }
+  if (lead()) {
+    auto source = [](const data::Dataset& set) {
+      return set.file.empty() ? std::string("generated")
+                              : set.file + (set.had_header ? ", header line skipped" : "");
+    };
+    spdlog::info("data: {} {} features, {} classes: {} training, {} validation samples ({}); test: {}",
+                 train_set_.name, train_set_.dim, train_set_.classes, split_.train.size(),
+                 split_.val.size(), source(train_set_),
+                 test_set_.size > 0 ? detail::concat(test_set_.size, " samples (", source(test_set_), ")")
+                                    : std::string("none"));
+    if (cfg_.data.standardize)
+      spdlog::info("data: features standardized by the mean and std of the {} training samples",
+                   split_.train.size());
+  }
   loader_ = std::make_unique<data::Loader>(train_set_, split_.train, cfg_.optim.batch_size,
                                            cfg_.optim.microbatches, cfg_.data.shuffle, cfg_.data.seed,
                                            comm_ ? comm_->rank() : 0, world);
+  // optim.epochs: the run's length in passes over the training split (whole batches only).
+  if (cfg_.optim.epochs > 0) {
+    cfg_.optim.steps = cfg_.optim.epochs * loader_->steps_per_epoch();
+    if (lead())
+      spdlog::info("optim.epochs = {}: {} steps ({} per epoch of {} training samples)",
+                   cfg_.optim.epochs, cfg_.optim.steps, loader_->steps_per_epoch(), split_.train.size());
+  }
+  // A warmup longer than the run (a smoke run: --set optim.steps=10) warms up over the whole run.
+  if (cfg_.optim.warmup_steps > cfg_.optim.steps) {
+    if (lead())
+      spdlog::warn("optim.warmup_steps = {} is longer than the run's {} steps: shortened to {}",
+                   cfg_.optim.warmup_steps, cfg_.optim.steps, cfg_.optim.steps);
+    cfg_.optim.warmup_steps = cfg_.optim.steps;
+  }
 
   if (config_model) {
     manual_seed(cfg_.seed);  // the model's initialization
@@ -218,8 +256,10 @@ std::string Trainer::save(int64_t step) {
   nn::StateDict optimizer = optimizer_->state_dict();
   for (const auto& [name, t] : scaler_.state_dict())
     optimizer.emplace_back(std::string(kScalerPrefix) + name, t);
-  return save_checkpoint(cfg_.checkpoint.dir, run_id_, step, model_->state_dict(), optimizer,
-                         {{"config", to_yaml(cfg_)}}, cfg_.checkpoint.keep_last);
+  std::map<std::string, std::string> meta = {{"config", to_yaml(cfg_)}};
+  if (!standardization_.empty()) meta["standardization"] = data::to_text(standardization_);
+  return save_checkpoint(cfg_.checkpoint.dir, run_id_, step, model_->state_dict(), optimizer, meta,
+                         cfg_.checkpoint.keep_last);
 }
 
 void Trainer::microbatch_passes(const std::vector<data::Loader::Microbatch>& batches,
@@ -233,6 +273,9 @@ void Trainer::microbatch_passes(const std::vector<data::Loader::Microbatch>& bat
     // Normalized by the whole step's sample count (over all ranks): k backward passes on each of
     // N ranks add up to the full batch.
     Tensor loss = task_->loss(*model_, task_batches[i], double(cfg_.optim.batch_size), metrics);
+    // The logged step's own loss, a sum like the task's metrics, which the log pairs it with. Read
+    // here, where the task read those, before a backward that may start collectives.
+    if (metrics != nullptr) (*metrics)["batch_loss"] += loss.item() * double(cfg_.optim.batch_size);
     // Data parallel: the last backward all-reduces each gradient bucket as soon as it is final.
     if (reducer_ && i + 1 == batches.size()) reducer_->prepare_for_last_backward();
     loss.backward(scaler_.seed_for(loss));  // f16: the gradients come out times the scale
@@ -335,6 +378,7 @@ RunSummary Trainer::run() {
   if (use_graph && (cfg_.logging.every == 1 || cfg_.checkpoint.every == 1))
     spdlog::warn("cuda_graph: every step is logged or saved, and those run eagerly: none is replayed");
   bool warmed_up = false;  // an eager step of this run has created the state a capture records
+  double shown_loss = NAN, shown_sps = NAN, last_draw = -1;  // the live line's (terminal only)
   for (; step_ < o.steps; ++step_) {
     const bool log_now = (step_ + 1) % cfg_.logging.every == 0 || step_ + 1 == o.steps;
     const bool eval_now = (step_ + 1) % cfg_.eval.every == 0 || step_ + 1 == o.steps;
@@ -359,7 +403,7 @@ RunSummary Trainer::run() {
       const bool overflow = scaler_.unscale_and_check(params);  // before clipping sees the norm
       const bool skip = scaler_.update(overflow);
       if (skip) {
-        if (tty) std::printf("\r");
+        if (tty) std::printf("\r\033[K");
         spdlog::warn("step {}: gradient overflow, loss scale {} -> {}, step skipped", step_ + 1, scale,
                      scaler_.scale());
       } else {
@@ -395,11 +439,13 @@ RunSummary Trainer::run() {
     warmed_up = true;
     ++window_steps;
 
-    if (tty) {
-      const double elapsed = seconds_since(run_start);
-      const double eta = elapsed / double(step_ + 1 - first_step) * double(o.steps - step_ - 1);
-      std::printf("\r  step %lld/%lld  lr %.2e  %.0fs left   ", static_cast<long long>(step_ + 1),
-                  static_cast<long long>(o.steps), lr, eta);
+    const double elapsed = seconds_since(run_start);
+    const double eta = elapsed / double(step_ + 1 - first_step) * double(o.steps - step_ - 1);
+    // The live line, redrawn at most ten times a second (and on the last step); "\033[K" clears
+    // what a longer line before it left.
+    if (tty && (elapsed - last_draw >= 0.1 || step_ + 1 == o.steps)) {
+      last_draw = elapsed;
+      std::printf("\r%s\033[K", progress_line(step_ + 1, o.steps, shown_loss, shown_sps, elapsed, eta).c_str());
       std::fflush(stdout);
     }
     if (!(log_now || save_now || eval_now)) continue;
@@ -408,18 +454,25 @@ RunSummary Trainer::run() {
       const double secs = seconds_since(window_start);
       const double sps = double(window_steps * o.batch_size) / secs;
       Metrics means = sum_over_ranks(step_metrics);
-      std::string shown;  // " | accuracy 0.973" for each of the task's metrics
-      for (auto& [name, v] : means) {
-        v /= double(o.batch_size);
-        shown += fmt::format(" | {} {:.3f}", name, v);
-      }
-      if (tty) std::printf("\r");
+      for (auto& [name, v] : means) v /= double(o.batch_size);
+      const double batch_loss = means["batch_loss"];
+      means.erase("batch_loss");
+      // "loss" is the window's mean; the task's metrics (accuracy) are the logged step's batch,
+      // shown beside that batch's own loss so that the two describe the same samples.
+      std::string shown = " | batch: loss " + format_value(batch_loss);
+      for (const auto& [name, v] : means) shown += " " + name + " " + format_value(v);
+      if (tty) std::printf("\r\033[K");
       if (lead())
-        spdlog::info("step {:>5}/{} | loss {:.4f}{} | grad_norm {:.3f} | lr {:.2e} | "
-                     "{:.0f} samples/s | {:.2f} ms/step",
-                     step_ + 1, o.steps, loss, shown, gn, lr, sps, 1e3 * secs / double(window_steps));
-      nlohmann::json record = {{"step", step_ + 1}, {"loss", loss}, {"grad_norm", gn}, {"lr", lr},
-                               {"samples_per_s", sps},
+        spdlog::info("step {:>{}}/{} | loss {}{} | grad_norm {} | lr {} | {:.0f} samples/s | "
+                     "{} ms/step | {} elapsed, {} left",
+                     step_ + 1, std::to_string(o.steps).size(), o.steps, format_value(loss), shown,
+                     format_value(gn), format_value(lr), sps,
+                     format_value(1e3 * secs / double(window_steps)), format_duration(elapsed),
+                     format_duration(eta));
+      shown_loss = loss;
+      shown_sps = sps;
+      nlohmann::json record = {{"step", step_ + 1}, {"loss", loss}, {"batch_loss", batch_loss},
+                               {"grad_norm", gn}, {"lr", lr}, {"samples_per_s", sps},
                                {"ms_per_step", 1e3 * secs / double(window_steps)}};
       for (const auto& [name, v] : means) record[name] = v;
       if (scaler_.enabled()) {
@@ -441,8 +494,9 @@ RunSummary Trainer::run() {
       if (comm_) comm_->synchronize();  // evaluation reads values back
       Evaluation e = evaluate(*model_, *task_, train_set_, split_.val, cfg_.eval.batch_size, device_, dt);
       if (metrics) {
-        spdlog::info("step {:>5}/{} | val_loss {:.4f}{}", step_ + 1, o.steps, e.loss,
-                     metrics_text(e.metrics, "val_"));
+        if (tty) std::printf("\r\033[K");
+        spdlog::info("step {:>{}}/{} | val_loss {}{}", step_ + 1, std::to_string(o.steps).size(),
+                     o.steps, format_value(e.loss), metrics_text(e.metrics, "val_"));
         nlohmann::json record = {{"step", step_ + 1}, {"val_loss", e.loss}};
         for (const auto& [name, v] : e.metrics) record["val_" + name] = v;
         metrics->write(record);
@@ -470,7 +524,7 @@ RunSummary Trainer::run() {
     for (int64_t i = 0; i < test_set_.size; ++i) all[size_t(i)] = i;
     Evaluation e = evaluate(*model_, *task_, test_set_, all, cfg_.eval.batch_size, device_, dt);
     if (metrics) {
-      spdlog::info("test: loss {:.4f}{} ({} samples)", e.loss, metrics_text(e.metrics, ""),
+      spdlog::info("test: loss {}{} ({} samples)", format_value(e.loss), metrics_text(e.metrics, ""),
                    test_set_.size);
       nlohmann::json record = {{"step", step_}, {"test_loss", e.loss}};
       for (const auto& [name, v] : e.metrics) record["test_" + name] = v;

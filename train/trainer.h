@@ -47,8 +47,8 @@
 
 namespace mt::train {
 
-// A NaN or inf in the data, the loss, a gradient or the state about to be saved: the run stops;
-// `train` exits with code 3.
+// A NaN or inf in the loss, a gradient or the state about to be saved: the run stops; `train`
+// exits with code 3. (One in the data is a data::DataError when it is loaded: exit code 4.)
 struct NonFiniteError : Error {
   using Error::Error;
 };
@@ -148,6 +148,7 @@ class Trainer {
   Device device_;
   data::Dataset train_set_, test_set_;
   data::Split split_;
+  data::Standardization standardization_;  // data.standardize: the training split's, saved with each checkpoint
   std::shared_ptr<parallel::Communicator> comm_;  // null: one process, no data parallelism
   std::unique_ptr<data::Loader> loader_;
   std::shared_ptr<nn::Module> model_;
