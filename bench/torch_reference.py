@@ -135,7 +135,10 @@ def train_step(model, optimizer, params, x, y, microbatch, zero_grad=True, mark_
     torch.nn.utils.clip_grad_norm_(params, CLIP_NORM)
     optimizer.step()
     if zero_grad:
-        optimizer.zero_grad(set_to_none=True)
+        # Under torch.compile's CUDA graphs a gradient set to None would next be taken over from
+        # the backward graph's output memory, which the next replay overwrites: keep the buffers
+        # and add into them instead.
+        optimizer.zero_grad(set_to_none=not mark_step)
     return loss_sum
 
 
@@ -316,12 +319,15 @@ def run_size(name, directory):
     def compiled(mode):
         def run():
             optimizer = fresh_start()
+            graphs = mode in ("reduce-overhead", "max-autotune")
+            if graphs:  # gradient buffers of their own before the first backward (see train_step)
+                for p in params:
+                    p.grad = torch.zeros_like(p)
             torch._dynamo.reset()  # each mode compiles afresh
             net = torch.compile(model) if mode is None else torch.compile(model, mode=mode)
 
             def step():
-                last["loss"] = train_step(net, optimizer, params, x, y, mb,
-                                          mark_step=mode in ("reduce-overhead", "max-autotune"))
+                last["loss"] = train_step(net, optimizer, params, x, y, mb, mark_step=graphs)
             t0 = time.perf_counter()
             step()  # compiles the forward and the backward: the first of the warm-up steps
             torch.cuda.synchronize()

@@ -254,7 +254,8 @@ struct Function {
     }
     if (any_needs) {
       node->sequence_nr = detail::next_sequence_nr();
-      if constexpr (std::is_same_v<Out, Tensor>) detail::link_outputs(Derived::name, node, ctx, {out}, tensor_args);
+      if constexpr (std::is_same_v<Out, Tensor>)
+        detail::link_outputs(Derived::name, node, ctx, std::vector<Tensor>{out}, tensor_args);
       else detail::link_outputs(Derived::name, node, ctx, out, tensor_args);
     }
     return out;
