@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "core/arena.h"
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "tests/expect_error.h"
@@ -199,4 +200,24 @@ TEST(TensorErrors, ShapesWhoseCountsOverflowAreErrorsNotSmallAllocations) {
   expect_error([&] { zeros({4}).view({2, -3}); }, {"view", "negative", "[2, -3]"});
   expect_error([&] { from_vector(std::vector<double>{1}, {big, big}); }, {"from_vector", "int64"});
   expect_error([&] { Storage::allocate(SIZE_MAX, kCPU); }, {"Storage::allocate", "bytes"});
+}
+
+// The bookkeeping of a CUDA graph's memory block (core/arena.h), on the CPU.
+TEST(Arena, BestFitReusesFreedBytesAndMergesNeighbours) {
+  Arena a(4096, 256);
+  const size_t x = *a.allocate(100), y = *a.allocate(300), z = *a.allocate(256);
+  EXPECT_EQ(x, 0u);
+  EXPECT_EQ(y, 256u);   // 100 bytes take one 256-byte unit
+  EXPECT_EQ(z, 768u);   // 300 take two
+  EXPECT_EQ(a.used(), 1024u);
+  a.free(y);
+  EXPECT_EQ(*a.allocate(200), 256u);  // the freed hole, the best fit, before the big tail
+  a.free(256);
+  a.free(x);
+  a.free(z);  // every neighbour merged again: the whole range is one free block
+  EXPECT_EQ(a.used(), 0u);
+  EXPECT_EQ(a.live(), 0u);
+  EXPECT_EQ(*a.allocate(4096), 0u);
+  EXPECT_FALSE(a.allocate(1).has_value());  // full: the caller falls back
+  EXPECT_THROW(a.free(17), Error);          // never handed out
 }

@@ -56,6 +56,8 @@ Graph Graph::capture(int device, const std::function<void()>& body) {
   cudaStream_t s = stream(device);
   // Thread-local mode: a call of this thread that is unsafe during a capture (a cudaMalloc, a
   // synchronous copy) fails, instead of silently running outside the graph.
+  // The graph's own memory, reserved before the capture (runtime.h, GraphMemory).
+  GraphMemory* memory = begin_graph_memory(device, graph_memory_hint(device));
   MT_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
   cudaGraph_t graph = nullptr;
   std::string failure;
@@ -64,6 +66,7 @@ Graph Graph::capture(int device, const std::function<void()>& body) {
   } catch (const std::exception& e) {
     failure = e.what();
   }
+  end_graph_memory();
   // Ending the capture is what returns the stream to normal, even after a failure.
   const cudaError_t end = cudaStreamEndCapture(s, &graph);
   (void)cudaGetLastError();  // a refused call during the capture is not a sticky error
@@ -71,9 +74,11 @@ Graph Graph::capture(int device, const std::function<void()>& body) {
     failure = detail::concat(cudaGetErrorName(end), ": ", cudaGetErrorString(end));
   if (!failure.empty()) {
     if (graph != nullptr) (void)cudaGraphDestroy(graph);
+    release_graph_memory(memory);
     MT_THROW("CUDA graph capture on cuda:", device, " failed: ", failure);
   }
   Graph g;
+  g.memory_ = memory;
   g.device_ = device;
   g.graph_ = graph;
   MT_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &g.nodes_));
@@ -91,6 +96,7 @@ Graph& Graph::operator=(Graph&& other) noexcept {
   std::swap(exec_, other.exec_);
   std::swap(nodes_, other.nodes_);
   std::swap(kinds_, other.kinds_);
+  std::swap(memory_, other.memory_);
   return *this;
 }
 
@@ -98,6 +104,10 @@ Graph::~Graph() {
   // Destructors must not throw; CUDA keeps the executable alive until a pending launch is done.
   if (exec_ != nullptr) (void)cudaGraphExecDestroy(exec_);
   if (graph_ != nullptr) (void)cudaGraphDestroy(graph_);
+  try {
+    release_graph_memory(memory_);  // freed in stream order, after any pending replay
+  } catch (...) {
+  }
 }
 
 void Graph::replay() const {

@@ -16,8 +16,9 @@
 // run); breaking the others gives wrong replays or a failing second replay:
 //  - no host synchronization and no synchronous copy (CUDA refuses them during a capture);
 //  - whatever outlives a replay (parameters, .grad, optimizer state, input buffers, the loss
-//    accumulator) exists before the capture: memory allocated inside body() and freed inside it
-//    is the graph's own, set aside at instantiation and reused by every replay;
+//    accumulator) exists before the capture: memory allocated inside body() is carved from a
+//    block the graph reserves just before the capture (core/cuda/runtime.h, GraphMemory), and
+//    bytes freed inside body() are reused by later allocations of the same capture;
 //  - what changes from step to step is read from device memory written before each replay (the
 //    batch, copied into the same input tensors; AdamW's lr and bias corrections, prepare_step).
 // body()'s host-side effects (autograd bookkeeping, counters) happen once, at capture.
@@ -28,6 +29,8 @@
 #include <cuda_runtime.h>
 
 namespace mt::cuda {
+
+struct GraphMemory;  // core/cuda/runtime.h
 
 class Graph {
  public:
@@ -56,6 +59,7 @@ class Graph {
   cudaGraphExec_t exec_ = nullptr;
   size_t nodes_ = 0;
   std::string kinds_;
+  GraphMemory* memory_ = nullptr;  // the block the capture's allocations were carved from
 };
 
 }  // namespace mt::cuda

@@ -2,11 +2,14 @@
 // of each device, each made once, on first use, and kept for the life of the process.
 #include "core/cuda/runtime.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <vector>
 
+#include "core/arena.h"
 #include "core/cuda/check.h"
 
 namespace mt::cuda {
@@ -137,8 +140,73 @@ cudaStream_t stream(int device) {
   return st.stream;
 }
 
+struct GraphMemory {
+  int device;
+  cudaStream_t stream;
+  char* base;
+  Arena arena;
+  bool released = false;  // the graph is gone; the block goes when its last tensor does
+};
+
+namespace {
+std::mutex graph_memory_mutex;
+std::vector<std::unique_ptr<GraphMemory>> graph_blocks;  // every block still allocated
+thread_local GraphMemory* carving = nullptr;             // this thread's capture, if any
+
+// With graph_memory_mutex held: frees the block of a released graph once nothing uses it.
+void drop_if_unused(size_t i) {
+  GraphMemory& m = *graph_blocks[i];
+  if (!m.released || m.arena.live() > 0) return;
+  MT_CUDA_CHECK(cudaFreeAsync(m.base, m.stream));
+  graph_blocks.erase(graph_blocks.begin() + std::ptrdiff_t(i));
+}
+}  // namespace
+
+GraphMemory* begin_graph_memory(int device, size_t bytes) {
+  MT_CHECK(carving == nullptr, "begin_graph_memory: this thread is already capturing");
+  auto m = std::make_unique<GraphMemory>(
+      GraphMemory{device, stream(device), nullptr, Arena(bytes), false});
+  m->base = static_cast<char*>(alloc_on(m->stream, m->arena.capacity(), device));
+  std::lock_guard<std::mutex> lock(graph_memory_mutex);
+  graph_blocks.push_back(std::move(m));
+  carving = graph_blocks.back().get();
+  return carving;
+}
+
+void end_graph_memory() { carving = nullptr; }
+
+void release_graph_memory(GraphMemory* m) {
+  if (m == nullptr) return;
+  std::lock_guard<std::mutex> lock(graph_memory_mutex);
+  for (size_t i = 0; i < graph_blocks.size(); ++i)
+    if (graph_blocks[i].get() == m) {
+      m->released = true;
+      drop_if_unused(i);
+      return;
+    }
+}
+
+size_t graph_memory_hint(int device) {
+  uint64_t used = 0, high = 0;
+  MT_CUDA_CHECK(cudaMemPoolGetAttribute(pool(device), cudaMemPoolAttrUsedMemCurrent, &used));
+  MT_CUDA_CHECK(cudaMemPoolGetAttribute(pool(device), cudaMemPoolAttrUsedMemHigh, &high));
+  uint64_t reset = 0;
+  MT_CUDA_CHECK(cudaMemPoolSetAttribute(pool(device), cudaMemPoolAttrUsedMemHigh, &reset));
+  size_t free_bytes = 0, total = 0;
+  {
+    DeviceGuard guard(device);
+    MT_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+  }
+  const size_t want = std::max<size_t>(size_t(high - std::min(high, used)), size_t(16) << 20);
+  return std::min(want, free_bytes / 2);
+}
+
 void* alloc_on(cudaStream_t s, size_t nbytes, int device) {
   if (nbytes == 0) return nullptr;
+  if (GraphMemory* m = carving; m != nullptr && m->device == device && m->stream == s) {
+    std::lock_guard<std::mutex> lock(graph_memory_mutex);
+    if (std::optional<size_t> off = m->arena.allocate(nbytes)) return m->base + *off;
+  }
   pool(device);  // configure the pool before its first allocation
   void* ptr = nullptr;
   cudaError_t err = cudaMallocAsync(&ptr, nbytes, s);
@@ -156,6 +224,18 @@ void* alloc_on(cudaStream_t s, size_t nbytes, int device) {
 
 void free_on(cudaStream_t s, void* ptr) {
   if (ptr == nullptr) return;
+  {
+    std::lock_guard<std::mutex> lock(graph_memory_mutex);
+    const char* p = static_cast<const char*>(ptr);
+    for (size_t i = 0; i < graph_blocks.size(); ++i) {
+      GraphMemory& m = *graph_blocks[i];
+      if (p >= m.base && p < m.base + m.arena.capacity()) {  // carved: back to its graph's block
+        m.arena.free(size_t(p - m.base));
+        drop_if_unused(i);
+        return;
+      }
+    }
+  }
   MT_CUDA_CHECK(cudaFreeAsync(ptr, s));
 }
 

@@ -30,6 +30,24 @@ size_t pool_used_bytes(int device);
 void* alloc_on(cudaStream_t s, size_t nbytes, int device);
 void free_on(cudaStream_t s, void* ptr);
 
+// The memory of a CUDA graph. cudaMallocAsync inside a capture records an allocation node and
+// its cudaFreeAsync a free node, both replayed every time: a small training step had more of them
+// (238) than kernels (149). So while this thread captures (core/cuda/graph.cpp), every allocation
+// on the captured stream is carved out of one block reserved just before the capture (best fit,
+// freed bytes reused: core/arena.h), and the graph holds only the work. An allocation that does
+// not fit falls back to cudaMallocAsync, a node again. The block lives until the graph is
+// destroyed and the last tensor carved from it is freed.
+struct GraphMemory;
+// Reserves `bytes` on `device`'s framework stream and carves this thread's allocations there
+// until end_graph_memory(). Returns the block's handle for release_graph_memory().
+GraphMemory* begin_graph_memory(int device, size_t bytes);
+void end_graph_memory();
+void release_graph_memory(GraphMemory* m);
+// What a capture on `device` reserves: the largest transient the pool has held beyond its live
+// bytes since the previous capture (an eager step before the capture sets it), at least 16 MiB,
+// at most half the free device memory. Resets the pool's high-water mark.
+size_t graph_memory_hint(int device);
+
 // Page-locked host memory for fast, asynchronous host->device copies (the data loader).
 void* alloc_pinned(size_t nbytes);
 void free_pinned(void* ptr);
