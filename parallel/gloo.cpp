@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <vector>
@@ -66,6 +67,9 @@ gloo::transport::tcp::attr device_attr(const World& w) {
 class GlooCommunicator final : public Communicator {
  public:
   explicit GlooCommunicator(const World& w) : world_(w) {
+    // A write to a dead peer's socket must fail the collective (EPIPE, a DistError below), not
+    // kill this process with SIGPIPE before it can say why.
+    std::signal(SIGPIPE, SIG_IGN);
     auto device = gloo::transport::tcp::CreateDevice(device_attr(w));
     auto ctx = std::make_shared<gloo::rendezvous::Context>(w.rank, w.size);
     ctx->setTimeout(w.timeout);

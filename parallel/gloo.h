@@ -19,7 +19,8 @@
 // all-gather.
 //
 // No hanging forever: every collective is bounded by world.timeout; a peer that dies closes its
-// sockets, and the survivors' next collective fails at once. Either is a DistError naming the rank,
+// sockets, and the survivors' next collective fails at once (SIGPIPE is ignored from the first
+// Gloo communicator on, so a write to a closed socket is an error, not the end of the process). Either is a DistError naming the rank,
 // the collective and its number. abort() marks the communicator broken: later collectives throw.
 #include <memory>
 

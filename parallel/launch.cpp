@@ -192,6 +192,16 @@ int run_workers(int nproc, const std::string& program, const std::vector<std::st
     running[size_t(r)] = false;
     --left;
     const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    // A worker killed by a signal we did not send is the likelier cause than one that exited with
+    // an error a moment earlier (its peer's death is an error in every other worker): it becomes
+    // the job's reported failure, even if it is reaped second.
+    const bool killed = WIFSIGNALED(status) && WTERMSIG(status) != SIGTERM &&
+                        (!stopping || std::chrono::steady_clock::now() < kill_at);
+    if (!ok && failed_rank >= 0 && killed && failure.starts_with("exited")) {
+      failed_rank = r;
+      result = 1;
+      failure = detail::concat("was killed by signal ", WTERMSIG(status), " (", strsignal(WTERMSIG(status)), ")");
+    }
     if (!ok && failed_rank == -1) {
       failed_rank = r;
       result = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
