@@ -66,7 +66,9 @@ class NcclCommunicator : public Communicator {
     ::setenv("NCCL_NVLS_ENABLE", "0", 1);
     cuda::set_device(device);
     ncclUniqueId id;
-    if (!id_file.empty()) {
+    if (size == 1) {
+      check(ncclGetUniqueId(&id), "ncclGetUniqueId");  // nobody to tell
+    } else if (!id_file.empty()) {
       if (rank == 0) {
         check(ncclGetUniqueId(&id), "ncclGetUniqueId");
         write_id(id, id_file);

@@ -169,6 +169,18 @@ TEST(MultiProcess, NprocAndTorchrunStyleRanksTrainLikeOneRank) {
     for (pid_t pid : start_ranks(n, run_args(by_hand, 1), dir))
       EXPECT_EQ(wait_for(pid), 0) << read_file(dir / "rank0.log") << read_file(dir / "rank1.log");
     EXPECT_LE(max_weight_diff(by_hand, one), 1e-10) << n << " ranks by hand";
+    // ZeRO-1 over Gloo: reduce-scatter (an all-reduce in Gloo), the sharded update, all-gather.
+    const std::string zero = dir / ("zero" + std::to_string(n));
+    auto zero_args = run_args(zero, 1);
+    zero_args.insert(zero_args.end(), {"--set", "optim.shard_state=true"});
+    if (n == 1) {  // one rank of a launcher's job: the sharded path over a communicator of one
+      for (pid_t pid : start_ranks(1, zero_args, dir)) EXPECT_EQ(wait_for(pid), 0) << read_file(dir / "rank0.log");
+      EXPECT_NE(read_file(dir / "rank0.log").find("ZeRO-1"), std::string::npos) << read_file(dir / "rank0.log");
+    } else {
+      zero_args.insert(zero_args.end(), {"--nproc", std::to_string(n)});
+      EXPECT_EQ(wait_for(spawn_train(zero_args, {}, zero + ".log")), 0) << read_file(zero + ".log");
+    }
+    EXPECT_LE(max_weight_diff(zero, one), 1e-10) << "ZeRO-1, " << n << " ranks";
     if (n > 1)  // the log says how the ranks met
       EXPECT_NE(read_file(dir / "rank0.log").find("data parallel: " + std::to_string(n) + " ranks"),
                 std::string::npos);

@@ -196,7 +196,9 @@ int main(int argc, char** argv) {
     mt::Config cfg = mt::load_config(config_path, overrides);
     spdlog::set_pattern("[%H:%M:%S] %v");
     const mt::parallel::World world = mt::parallel::world_from_env();
-    if (world.size > 1) {
+    // A launcher's job of one rank runs unlike a plain process only with ZeRO-1 (the sharded
+    // path, over a communicator of one).
+    if (world.size > 1 || (!world.launcher.empty() && cfg.optim.shard_state)) {
       if (nproc != 1) throw UsageError("--nproc starts a job; this process is already rank " +
                                        std::to_string(world.rank) + " of one (RANK is set)");
       run_worker(cfg, world, resume);
