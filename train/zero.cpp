@@ -39,12 +39,20 @@ ShardedAdamW::ShardedAdamW(std::vector<optim::ParamGroup> groups, optim::AdamWOp
       MT_CHECK(it != index.end(), "ShardedAdamW: a parameter of the reducer is in no group");
       const int64_t off = bucket.offsets[j], begin = std::max(off, lo), end = std::min(off + p.numel(), hi);
       if (begin >= end) continue;
-      Piece piece{it->second, b, begin - off, end - begin, begin, {}};
+      Piece piece{it->second, bucket.params[j], b, begin - off, end - begin, begin, {}};
       piece.view = p.view({p.numel()}).slice_rows(piece.begin, piece.begin + piece.numel);
       piece.view.set_grad(bucket.buffer.slice_rows(begin, end));
       pieces_.push_back(std::move(piece));
     }
   }
+  // The norm sums the pieces in the model's parameter order, as the unsharded norm sums the
+  // parameters: with one rank, the same sum in the same order.
+  std::vector<const Piece*> order;
+  for (const Piece& piece : pieces_) order.push_back(&piece);
+  std::stable_sort(order.begin(), order.end(), [](const Piece* a, const Piece* b) {
+    return a->reduced != b->reduced ? a->reduced < b->reduced : a->begin < b->begin;
+  });
+  for (const Piece* piece : order) clip_order_.push_back(piece->view);
   // In the groups' parameter order, so the shard's groups follow the full ones.
   std::stable_sort(pieces_.begin(), pieces_.end(),
                    [](const Piece& a, const Piece& b) { return a.param < b.param; });
@@ -55,9 +63,7 @@ ShardedAdamW::ShardedAdamW(std::vector<optim::ParamGroup> groups, optim::AdamWOp
 }
 
 Tensor ShardedAdamW::clip_grad_norm_(double max_norm) {
-  std::vector<Tensor> views;
-  for (const Piece& piece : pieces_) views.push_back(piece.view);
-  return optim::clip_grad_norm_(views, max_norm, [&](const Tensor& sum_of_squares) {
+  return optim::clip_grad_norm_(clip_order_, max_norm, [&](const Tensor& sum_of_squares) {
     comm_->all_reduce_sum(sum_of_squares);
     comm_->wait();
   });

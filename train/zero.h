@@ -70,6 +70,7 @@ class ShardedAdamW {
  private:
   struct Piece {
     size_t param;         // index across the groups
+    size_t reduced;       // index in the reducer's parameters (the model's order)
     size_t bucket;
     int64_t begin, numel;  // in the parameter's flat elements
     int64_t offset;        // where it starts in the bucket's buffer
@@ -81,6 +82,7 @@ class ShardedAdamW {
   std::shared_ptr<parallel::Communicator> comm_;
   parallel::GradReducer& reducer_;
   std::vector<Piece> pieces_;
+  std::vector<Tensor> clip_order_;  // the pieces' views in the reducer's parameter order
   std::unique_ptr<optim::AdamW> shard_;
 };
 
