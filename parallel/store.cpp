@@ -119,9 +119,13 @@ struct TcpStore::Server {
           std::erase_if(waiting, [c](const auto& w) { return w.first == c; });
         }
       }
+      // Answer the gets whose key is there now. A send that fails: that rank is gone, and its
+      // socket reports the close at the next poll.
       std::erase_if(waiting, [&](const auto& w) {
         auto it = values.find(w.second);
-        return it != values.end() && (send_string(w.first, it->second) || true);
+        if (it == values.end()) return false;
+        send_string(w.first, it->second);
+        return true;
       });
     }
     for (int c : clients) ::close(c);
@@ -137,15 +141,24 @@ TcpStore::TcpStore(const std::string& host, int port, int rank, int size,
   if (rank == 0) {
     server_ = std::make_unique<Server>();
     Server& s = *server_;
+    // IPv6 on every interface takes IPv4 too (dual stack); a kernel without IPv6 gets IPv4 only.
+    sockaddr_in6 a6{};
+    a6.sin6_family = AF_INET6;
+    a6.sin6_addr = in6addr_any;
+    a6.sin6_port = htons(uint16_t(port));
+    sockaddr_in a4{};
+    a4.sin_family = AF_INET;
+    a4.sin_addr.s_addr = htonl(INADDR_ANY);
+    a4.sin_port = htons(uint16_t(port));
     s.listen_fd = ::socket(AF_INET6, SOCK_STREAM, 0);
-    sockaddr_in6 a{};
-    a.sin6_family = AF_INET6;
-    a.sin6_addr = in6addr_any;  // IPv4 too (dual stack)
-    a.sin6_port = htons(uint16_t(port));
+    const bool v6 = s.listen_fd >= 0;
+    if (!v6) s.listen_fd = ::socket(AF_INET, SOCK_STREAM, 0);
     const int one = 1, zero = 0;
     ::setsockopt(s.listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    ::setsockopt(s.listen_fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
-    if (s.listen_fd < 0 || ::bind(s.listen_fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+    if (v6) ::setsockopt(s.listen_fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+    const sockaddr* addr = v6 ? reinterpret_cast<const sockaddr*>(&a6) : reinterpret_cast<const sockaddr*>(&a4);
+    const socklen_t addr_len = v6 ? sizeof a6 : sizeof a4;
+    if (s.listen_fd < 0 || ::bind(s.listen_fd, addr, addr_len) != 0 ||
         ::listen(s.listen_fd, size + 16) != 0) {
       const std::string why = std::strerror(errno);
       throw DistError(detail::concat("rank 0: the TCP rendezvous cannot listen on port ", port, ": ",

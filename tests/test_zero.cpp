@@ -309,3 +309,15 @@ TEST(Zero, TrainerResumesBitwiseWithTheSameNAndReshardsWithAnother) {
     EXPECT_LE(max_rel_diff(params_of(*moved.ranks[0]), params_of(*straight.ranks[0])), 1e-12) << n;
   }
 }
+
+TEST(Zero, F16LossScalingIsRefused) {
+  TempDir d;
+  Config cfg = zero_config(d, true);
+  cfg.precision.compute_dtype = DType::f16;
+  try {
+    train::run_local_ranks(cfg, 2);
+    ADD_FAILURE() << "expected a ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("optim.shard_state: not with f16 loss scaling"), std::string::npos) << e.what();
+  }
+}

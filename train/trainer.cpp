@@ -166,6 +166,9 @@ Trainer::Trainer(Config config, std::shared_ptr<nn::Module> model, std::shared_p
   // After the move to the device: the reducer makes each .grad a view of a bucket there. ZeRO-1
   // (train/zero.h) reduce-scatters the buckets instead, also for a world of one.
   const bool shard = cfg_.optim.shard_state && comm_ != nullptr;
+  if (shard && scaler_.enabled())
+    throw ConfigError("optim.shard_state: not with f16 loss scaling: the scaler checks every "
+                      "gradient for overflow, and a sharded rank holds only its shard of them");
   if (cfg_.optim.shard_state && !shard)
     spdlog::warn("optim.shard_state: one process and no communicator, so nothing to shard over; "
                  "AdamW's state stays whole");

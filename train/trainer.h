@@ -88,7 +88,9 @@ class Trainer {
   // global batch, optim.microbatches is per rank), its gradients are all-reduced once per step
   // after the last microbatch (parallel::GradReducer), losses and accuracy are summed over the ranks
   // for the log, and only rank 0 logs, writes metrics and saves checkpoints. Every rank must be
-  // built from the same config and run() together.
+  // built from the same config and run() together. With optim.shard_state the buckets are
+  // reduce-scattered instead and AdamW's state is sharded over the ranks (ZeRO-1, train/zero.h),
+  // also for a communicator of one rank.
   Trainer(Config config, std::shared_ptr<nn::Module> model, std::shared_ptr<Task> task,
           Device device, std::shared_ptr<parallel::Communicator> comm = nullptr,
           std::optional<Datasets> data = std::nullopt);
