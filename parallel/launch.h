@@ -55,7 +55,8 @@ World world_from_env();  // this process's environment
 // RANK comes first. Waits for them all.
 // When one exits with an error or is killed, the others get SIGTERM (SIGKILL 5 s later) and the
 // job ends: the return value is that worker's exit code (1 for a signal), with a message on
-// stderr naming it. 0 when every worker succeeded. A SIGINT, SIGTERM or SIGHUP sent to the
+// stderr naming it (a worker killed by a signal is named over one that exited with an error a
+// moment before: that error is usually the peer's death seen from the other side). 0 when every worker succeeded. A SIGINT, SIGTERM or SIGHUP sent to the
 // launcher is passed on to the workers the same way (return value 128 + the signal).
 int run_workers(int nproc, const std::string& program, const std::vector<std::string>& args);
 
