@@ -604,7 +604,7 @@ bool run_data_parallel(const Size& s, const parallel::World& world) {
   cuda::set_device(dev.index);
   std::shared_ptr<parallel::Communicator> comm;
   if (world.size > 1)
-    comm = parallel::make_nccl_communicator(world.rank, world.size, dev.index, world.id_file, world.timeout);
+    comm = parallel::make_nccl_communicator(world, dev.index);
   manual_seed(kSeed);
   nn::Sequential model = make_model(s);
   manual_seed(kSeed + 1 + uint64_t(world.rank));  // this rank's share of the global batch

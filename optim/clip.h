@@ -8,12 +8,22 @@
 // gradients). On CUDA the norm is one fused reduction over all gradients and the factor is
 // computed and applied on the device, so clipping never waits for the GPU (the returned norm is
 // read only when it is logged). On the CPU the sum runs in double.
+//
+// Sharded gradients (ZeRO-1, train/zero.h), where each rank holds a disjoint part of them:
+// `sum_over_ranks` is called on Σ g² of this rank's part (a 1-element f64 tensor on the CPU, the
+// 0-dim f32 device scalar on CUDA) and must replace it, in place, with the sum over all ranks;
+// the norm and the factor then come from that global sum. It is called on every rank, also one
+// whose part is empty.
+#include <functional>
 #include <vector>
 
 #include "core/tensor.h"
 
 namespace mt::optim {
 
-Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm);
+using SumOverRanks = std::function<void(const Tensor& sum_of_squares)>;
+
+Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm,
+                       const SumOverRanks& sum_over_ranks = {});
 
 }  // namespace mt::optim

@@ -20,6 +20,25 @@ void Communicator::all_reduce_sum(const Tensor& t) {
   do_all_reduce_sum(t);
 }
 
+// The chunked collectives: N equal chunks.
+static void check_chunks(const Tensor& t, const char* call, int rank, int size) {
+  check_tensor(t, call, rank);
+  MT_CHECK(t.numel() % size == 0, "rank ", rank, ": ", call, ": ", t.numel(), " elements do not "
+           "split into ", size, " equal chunks (pad the buffer to a multiple of the world size)");
+}
+
+void Communicator::reduce_scatter_sum(const Tensor& t) {
+  check_chunks(t, "reduce_scatter_sum", rank(), size());
+  ++reduce_scatter_calls_;
+  do_reduce_scatter_sum(t);
+}
+
+void Communicator::all_gather(const Tensor& t) {
+  check_chunks(t, "all_gather", rank(), size());
+  ++all_gather_calls_;
+  do_all_gather(t);
+}
+
 void Communicator::broadcast(const Tensor& t, int root) {
   check_tensor(t, "broadcast", rank());
   MT_CHECK(root >= 0 && root < size(), "rank ", rank(), ": broadcast: root ", root,
@@ -39,11 +58,13 @@ void Communicator::broadcast(const Tensor& t, int root) {
 
 namespace {
 
-enum class Op { AllReduce, Broadcast, Barrier };
+enum class Op { AllReduce, ReduceScatter, AllGather, Broadcast, Barrier };
 
 const char* op_name(Op op) {
   switch (op) {
     case Op::AllReduce: return "all_reduce_sum";
+    case Op::ReduceScatter: return "reduce_scatter_sum";
+    case Op::AllGather: return "all_gather";
     case Op::Broadcast: return "broadcast";
     case Op::Barrier: return "barrier";
   }
@@ -74,15 +95,18 @@ struct Group {
   std::string broken_why;
 };
 
+// Elements [begin, end) of every rank's tensor summed in rank order; the sum goes to every rank
+// (all_reduce_sum), or only to rank `only` (reduce_scatter_sum: the others keep their values, so
+// a caller that reads another chunk sees wrong numbers in the tests).
 template <class T>
-void sum_in_rank_order(const std::vector<Group::Deposit>& d) {
-  const int64_t n = d[0].t.numel();
+void sum_in_rank_order(const std::vector<Group::Deposit>& d, int64_t begin, int64_t end, int only) {
   std::vector<T*> p;
   for (const auto& dep : d) p.push_back(dep.t.template data<T>());
-  for (int64_t i = 0; i < n; ++i) {
+  for (int64_t i = begin; i < end; ++i) {
     T s = p[0][i];
     for (size_t r = 1; r < p.size(); ++r) s += p[r][i];
-    for (T* q : p) q[i] = s;  // all read before any write, so aliased tensors are fine too
+    if (only >= 0) p[size_t(only)][i] = s;
+    else for (T* q : p) q[i] = s;  // all read before any write, so aliased tensors are fine too
   }
 }
 
@@ -120,10 +144,20 @@ std::string complete(Group& g, uint64_t number) {
     const Tensor& src = d[size_t(d[0].root)].t;
     for (const auto& dep : d)
       if (dep.t.data_ptr() != src.data_ptr()) std::memcpy(dep.t.data_ptr(), src.data_ptr(), src.nbytes());
-  } else if (d[0].t.dtype() == DType::f64) {
-    sum_in_rank_order<double>(d);
+  } else if (d[0].op == Op::AllGather) {
+    const int64_t chunk = d[0].t.numel() / g.size;
+    const size_t bytes = size_t(chunk) * dtype_size(d[0].t.dtype());
+    for (int r = 0; r < g.size; ++r) {
+      const char* src = static_cast<const char*>(d[size_t(r)].t.data_ptr()) + size_t(r) * bytes;
+      for (const auto& dep : d)
+        if (dep.t.data_ptr() != d[size_t(r)].t.data_ptr())
+          std::memcpy(static_cast<char*>(dep.t.data_ptr()) + size_t(r) * bytes, src, bytes);
+    }
   } else {
-    sum_in_rank_order<float>(d);
+    auto sum = d[0].t.dtype() == DType::f64 ? sum_in_rank_order<double> : sum_in_rank_order<float>;
+    const int64_t n = d[0].t.numel();
+    if (d[0].op == Op::AllReduce) sum(d, 0, n, -1);
+    else for (int r = 0; r < g.size; ++r) sum(d, r * (n / g.size), (r + 1) * (n / g.size), r);
   }
   for (const auto& dep : d) dep.t.bump_version();
   return "";
@@ -137,6 +171,8 @@ class LocalCommunicator final : public Communicator {
 
  protected:
   void do_all_reduce_sum(const Tensor& t) override { run(Op::AllReduce, t, 0); }
+  void do_reduce_scatter_sum(const Tensor& t) override { run(Op::ReduceScatter, t, 0); }
+  void do_all_gather(const Tensor& t) override { run(Op::AllGather, t, 0); }
   void do_broadcast(const Tensor& t, int root) override { run(Op::Broadcast, t, root); }
   void do_barrier() override { run(Op::Barrier, Tensor(), 0); }
   void do_wait() override {}  // every collective has finished when it returns

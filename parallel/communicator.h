@@ -10,6 +10,12 @@
 //                       mean: each rank's loss is already divided by the GLOBAL batch size (the
 //                       cross_entropy normalizer), so the sum of the ranks' gradients is the
 //                       full-batch gradient, exactly as with gradient-accumulation microbatches.
+//   reduce_scatter_sum(t)  t is N equal chunks (numel divisible by N): afterwards rank r's chunk r
+//                       holds t₀ + ... + t_{N−1} of that chunk, as all_reduce_sum would; the
+//                       other chunks are unspecified. ZeRO-1 (parallel/zero.h): each rank needs
+//                       only the gradient of the parameters it updates.
+//   all_gather(t)       t is N equal chunks: chunk r ← rank r's chunk r, on every rank, in
+//                       place (the updated parameter shards of ZeRO-1).
 //   broadcast(t, root)  t ← t_root on every rank (initial weights, so replicas start identical).
 //   barrier()           returns once every rank has entered it.
 //   wait()              asynchronous backends (NCCL on its own stream) return from a collective
@@ -53,6 +59,8 @@ class Communicator {
 
   // In place; `t` must be contiguous f32 or f64.
   void all_reduce_sum(const Tensor& t);
+  void reduce_scatter_sum(const Tensor& t);
+  void all_gather(const Tensor& t);
   void broadcast(const Tensor& t, int root);
   void barrier() { do_barrier(); }
   void wait() { do_wait(); }
@@ -62,10 +70,15 @@ class Communicator {
   // all_reduce_sum calls made through this rank so far: data parallelism promises one per
   // gradient bucket per optimizer step, and the tests hold it to that.
   int64_t all_reduce_calls() const { return all_reduce_calls_; }
+  // Likewise for ZeRO-1: one reduce-scatter and one all-gather per bucket per step.
+  int64_t reduce_scatter_calls() const { return reduce_scatter_calls_; }
+  int64_t all_gather_calls() const { return all_gather_calls_; }
 
  protected:
   // The wrappers above have checked the tensor (defined, contiguous, f32/f64) and the root.
   virtual void do_all_reduce_sum(const Tensor& t) = 0;
+  virtual void do_reduce_scatter_sum(const Tensor& t) = 0;
+  virtual void do_all_gather(const Tensor& t) = 0;
   virtual void do_broadcast(const Tensor& t, int root) = 0;
   virtual void do_barrier() = 0;
   virtual void do_wait() = 0;
@@ -73,7 +86,7 @@ class Communicator {
   virtual void do_abort(const std::string& why) = 0;
 
  private:
-  int64_t all_reduce_calls_ = 0;
+  int64_t all_reduce_calls_ = 0, reduce_scatter_calls_ = 0, all_gather_calls_ = 0;
 };
 
 // A group of `size` ranks in this process; element i is rank i, to be used from its own thread.

@@ -25,9 +25,9 @@ namespace {
 // The signal the launcher received while waiting for its workers (0: none).
 volatile std::sig_atomic_t g_signal = 0;
 
-// The integer in environment variable `name`, or `fallback` when it is unset.
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
+// The integer in variable `name`, or `fallback` when it is unset.
+int env_int(const EnvLookup& env, const char* name, int fallback) {
+  const char* v = env(name);
   if (v == nullptr) return fallback;
   int out = 0;
   const char* end = v + std::strlen(v);
@@ -37,24 +37,68 @@ int env_int(const char* name, int fallback) {
   return out;
 }
 
+// One launcher's names for rank, world size, local rank and local world size.
+struct LauncherVars {
+  const char* launcher;
+  const char *rank, *size, *local_rank, *local_size;
+};
+constexpr LauncherVars kLaunchers[] = {
+    {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+    {"Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+     "OMPI_COMM_WORLD_LOCAL_SIZE"},
+    {"Slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr},
+};
+
 }  // namespace
 
-World world_from_env() {
+World world_from_env(const EnvLookup& env) {
   World w;
-  if (std::getenv("RANK") == nullptr) return w;
-  w.rank = env_int("RANK", 0);
-  w.size = env_int("WORLD_SIZE", 1);
-  w.local_rank = env_int("LOCAL_RANK", w.rank);
-  const int timeout_s = env_int("MT_DIST_TIMEOUT", 120);
-  MT_CHECK(w.size >= 1 && w.rank >= 0 && w.rank < w.size && w.local_rank >= 0 && timeout_s > 0,
-           "environment: RANK=", w.rank, ", WORLD_SIZE=", w.size, ", LOCAL_RANK=", w.local_rank,
-           ", MT_DIST_TIMEOUT=", timeout_s, ": need 0 <= RANK < WORLD_SIZE, LOCAL_RANK >= 0 and a "
-           "positive timeout");
+  const int timeout_s = env_int(env, "MT_DIST_TIMEOUT", 120);
+  MT_CHECK(timeout_s > 0, "environment: MT_DIST_TIMEOUT=", timeout_s,
+           ": need a positive number of seconds");
   w.timeout = std::chrono::seconds(timeout_s);
-  if (const char* f = std::getenv("MT_DIST_FILE")) w.id_file = f;
-  MT_CHECK(w.size == 1 || !w.id_file.empty(), "environment: WORLD_SIZE=", w.size, " but no "
-           "MT_DIST_FILE: set it to a fresh path every rank can read (rank 0 writes NCCL's id there)");
+  const LauncherVars* vars = nullptr;
+  for (const LauncherVars& l : kLaunchers)
+    if (env(l.rank) != nullptr) {
+      vars = &l;
+      break;
+    }
+  if (vars == nullptr) return w;
+  w.launcher = vars->launcher;
+  MT_CHECK(env(vars->size) != nullptr, "environment: ", vars->rank, " is set (", w.launcher,
+           ") but ", vars->size, " is not");
+  w.rank = env_int(env, vars->rank, 0);
+  w.size = env_int(env, vars->size, 1);
+  w.local_rank = env_int(env, vars->local_rank, w.rank);
+  w.local_size = vars->local_size ? env_int(env, vars->local_size, 0) : 0;
+  MT_CHECK(w.size >= 1 && w.rank >= 0 && w.rank < w.size && w.local_rank >= 0 &&
+               (w.local_size == 0 || w.local_rank < w.local_size),
+           "environment (", w.launcher, "): ", vars->rank, "=", w.rank, ", ", vars->size, "=",
+           w.size, ", ", vars->local_rank, "=", w.local_rank,
+           w.local_size ? detail::concat(", ", vars->local_size, "=", w.local_size) : "",
+           ": need 0 <= rank < world size and 0 <= local rank < local world size");
+  if (w.size == 1) return w;
+  if (const char* f = env("MT_DIST_FILE")) {
+    w.id_file = f;
+    return w;
+  }
+  const char* addr = env("MASTER_ADDR");
+  MT_CHECK(addr != nullptr && *addr != '\0', "environment: ", vars->size, "=", w.size, " (",
+           w.launcher, ") but neither MASTER_ADDR nor MT_DIST_FILE is set: set MASTER_ADDR (and "
+           "MASTER_PORT) to rank 0's host for the TCP rendezvous, or MT_DIST_FILE to a fresh path "
+           "every rank can read");
+  w.master_addr = addr;
+  const int master_port = env_int(env, "MASTER_PORT", 29500);
+  // torchrun's agent store listens on MASTER_PORT itself: ours takes the next port.
+  w.store_port = env_int(env, "MT_DIST_PORT", master_port + 1);
+  MT_CHECK(w.store_port >= 1 && w.store_port <= 65535, "environment: the rendezvous port ",
+           w.store_port, env("MT_DIST_PORT") ? " (MT_DIST_PORT)" : " (MASTER_PORT + 1)",
+           " is not in 1..65535");
   return w;
+}
+
+World world_from_env() {
+  return world_from_env([](const char* name) { return static_cast<const char*>(std::getenv(name)); });
 }
 
 int run_workers(int nproc, const std::string& program, const std::vector<std::string>& args) {
@@ -69,13 +113,15 @@ int run_workers(int nproc, const std::string& program, const std::vector<std::st
     for (char** e = environ; *e != nullptr; ++e) {
       const std::string kv = *e;
       bool ours = false;  // set below, for this worker
-      for (const char* name : {"RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "MT_DIST_FILE=", "NCCL_NVLS_ENABLE="})
+      for (const char* name : {"RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE=",
+                               "MT_DIST_FILE=", "NCCL_NVLS_ENABLE="})
         ours = ours || kv.starts_with(name);
       if (!ours) env_strings.push_back(kv);
     }
     for (const std::string& kv :
          {"RANK=" + std::to_string(r), "WORLD_SIZE=" + std::to_string(nproc),
-          "LOCAL_RANK=" + std::to_string(r), "MT_DIST_FILE=" + id_file, std::string("NCCL_NVLS_ENABLE=0")})
+          "LOCAL_RANK=" + std::to_string(r), "LOCAL_WORLD_SIZE=" + std::to_string(nproc),
+          "MT_DIST_FILE=" + id_file, std::string("NCCL_NVLS_ENABLE=0")})
       env_strings.push_back(kv);
     std::vector<char*> envp, argv{const_cast<char*>(program.c_str())};
     for (std::string& kv : env_strings) envp.push_back(kv.data());
@@ -146,6 +192,16 @@ int run_workers(int nproc, const std::string& program, const std::vector<std::st
     running[size_t(r)] = false;
     --left;
     const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    // A worker killed by a signal we did not send is the likelier cause than one that exited with
+    // an error a moment earlier (its peer's death is an error in every other worker): it becomes
+    // the job's reported failure, even if it is reaped second.
+    const bool killed = WIFSIGNALED(status) && WTERMSIG(status) != SIGTERM &&
+                        (!stopping || std::chrono::steady_clock::now() < kill_at);
+    if (!ok && failed_rank >= 0 && killed && failure.starts_with("exited")) {
+      failed_rank = r;
+      result = 1;
+      failure = detail::concat("was killed by signal ", WTERMSIG(status), " (", strsignal(WTERMSIG(status)), ")");
+    }
     if (!ok && failed_rank == -1) {
       failed_rank = r;
       result = WIFEXITED(status) ? WEXITSTATUS(status) : 1;

@@ -16,6 +16,7 @@
 
 #include "core/cuda/check.h"
 #include "core/cuda/runtime.h"
+#include "parallel/store.h"
 
 namespace mt::parallel {
 namespace {
@@ -58,17 +59,33 @@ ncclUniqueId read_id(const std::string& path, int rank, std::chrono::millisecond
 
 class NcclCommunicator : public Communicator {
  public:
-  NcclCommunicator(int rank, int size, int device, const std::string& id_file,
-                   std::chrono::milliseconds timeout)
-      : rank_(rank), size_(size), device_(device), timeout_(timeout) {
+  NcclCommunicator(const World& world, int device)
+      : rank_(world.rank), size_(world.size), device_(device), timeout_(world.timeout) {
+    const int rank = world.rank, size = world.size;
+    const std::string& id_file = world.id_file;
     ::setenv("NCCL_NVLS_ENABLE", "0", 1);
     cuda::set_device(device);
     ncclUniqueId id;
-    if (rank == 0) {
-      check(ncclGetUniqueId(&id), "ncclGetUniqueId");
-      write_id(id, id_file);
+    if (size == 1) {
+      check(ncclGetUniqueId(&id), "ncclGetUniqueId");  // nobody to tell
+    } else if (!id_file.empty()) {
+      if (rank == 0) {
+        check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+        write_id(id, id_file);
+      } else {
+        id = read_id(id_file, rank, timeout_);
+      }
     } else {
-      id = read_id(id_file, rank, timeout);
+      // Through rank 0's TCP store; it stays up until every rank has read the id.
+      TcpStore store(world.master_addr, world.store_port, rank, size, timeout_);
+      if (rank == 0) {
+        check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+        store.set("nccl-id", std::string(reinterpret_cast<const char*>(&id), sizeof id));
+      }
+      const std::string got = store.get("nccl-id");
+      MT_CHECK(got.size() == sizeof id, "rank ", rank, ": the TCP rendezvous gave an NCCL id of ",
+               got.size(), " bytes, not ", sizeof id);
+      std::memcpy(&id, got.data(), sizeof id);
     }
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
@@ -76,7 +93,7 @@ class NcclCommunicator : public Communicator {
     settle("joining the other ranks (ncclCommInitRankConfig)");
     try {
       std::error_code ec;
-      if (rank == 0) std::filesystem::remove(id_file, ec);  // a leftover file is harmless
+      if (rank == 0 && !id_file.empty()) std::filesystem::remove(id_file, ec);  // a leftover file is harmless
       // The highest priority: a bucket's all-reduce gets SMs as soon as the backward's kernels
       // free any, rather than after them, so it is done by the time the backward is.
       int least = 0, greatest = 0;
@@ -105,6 +122,25 @@ class NcclCommunicator : public Communicator {
     leave("all_reduce_sum");
   }
 
+  // In place: NCCL's chunk r of the buffer is rank r's (recvbuff = sendbuff + r · chunk).
+  void do_reduce_scatter_sum(const Tensor& t) override {
+    enter("reduce_scatter_sum", t);
+    const size_t chunk = size_t(t.numel() / size_);
+    char* base = static_cast<char*>(t.data_ptr());
+    check(ncclReduceScatter(base, base + size_t(rank_) * chunk * dtype_size(t.dtype()), chunk,
+                            nccl_type(t), ncclSum, comm_, stream_),
+          "ncclReduceScatter");
+    leave("reduce_scatter_sum");
+  }
+  void do_all_gather(const Tensor& t) override {
+    enter("all_gather", t);
+    const size_t chunk = size_t(t.numel() / size_);
+    char* base = static_cast<char*>(t.data_ptr());
+    check(ncclAllGather(base + size_t(rank_) * chunk * dtype_size(t.dtype()), base, chunk,
+                        nccl_type(t), comm_, stream_),
+          "ncclAllGather");
+    leave("all_gather");
+  }
   void do_broadcast(const Tensor& t, int root) override {
     enter("broadcast", t);
     check(ncclBroadcast(t.data_ptr(), t.data_ptr(), size_t(t.numel()), nccl_type(t), root, comm_,
@@ -243,10 +279,8 @@ class NcclCommunicator : public Communicator {
 
 }  // namespace
 
-std::shared_ptr<Communicator> make_nccl_communicator(int rank, int size, int device,
-                                                     const std::string& id_file,
-                                                     std::chrono::milliseconds timeout) {
-  return std::make_shared<NcclCommunicator>(rank, size, device, id_file, timeout);
+std::shared_ptr<Communicator> make_nccl_communicator(const World& world, int device) {
+  return std::make_shared<NcclCommunicator>(world, device);
 }
 
 }  // namespace mt::parallel

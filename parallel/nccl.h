@@ -3,11 +3,11 @@
 // the contract; parallel/launch.h starts the processes).
 //
 // Rendezvous. NCCL's ranks find each other through a 128-byte unique id that rank 0 creates and
-// every other rank must read before they all call ncclCommInitRank. Here rank 0 writes it to a
-// file on a path every rank sees (`id_file`: a fresh temporary file made by `train --nproc`, or
-// MT_DIST_FILE on a shared filesystem for jobs started by another launcher), written to a
-// temporary name and renamed, so a reader never sees half an id; rank 0 removes it once the
-// communicator exists.
+// every other rank must read before they all call ncclCommInitRank. World (parallel/launch.h)
+// says how: with an `id_file` (a fresh temporary file made by `train --nproc`, or MT_DIST_FILE on
+// a shared filesystem) rank 0 writes it there through a temporary name and a rename, so a reader
+// never sees half an id, and removes it once the communicator exists; otherwise rank 0 sets it in
+// its TCP store (parallel/store.h) at MASTER_ADDR and the others get it there.
 //
 // Streams. Collectives run on a stream of their own, after an event recorded on the framework
 // stream, so the gradient all-reduce of one bucket overlaps the rest of the backward. wait()
@@ -28,11 +28,11 @@
 #include <string>
 
 #include "parallel/communicator.h"
+#include "parallel/launch.h"
 
 namespace mt::parallel {
 
-std::shared_ptr<Communicator> make_nccl_communicator(int rank, int size, int device,
-                                                     const std::string& id_file,
-                                                     std::chrono::milliseconds timeout);
+// Rank world.rank of world.size on cuda:`device`; world.timeout bounds every wait.
+std::shared_ptr<Communicator> make_nccl_communicator(const World& world, int device);
 
 }  // namespace mt::parallel

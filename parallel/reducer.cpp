@@ -15,6 +15,7 @@ struct GradReducer::State {
   std::vector<Bucket> buckets;
   std::vector<size_t> bucket_of;  // per parameter
   bool overlap = true;            // all-reduce buckets during the backward, or all in finish()
+  bool shard = false;             // reduce-scatter instead (ZeRO-1)
   std::vector<Tensor> views;      // per parameter: its .grad, a slice of its bucket's buffer
 
   // Between prepare_for_last_backward() and finish().
@@ -42,12 +43,17 @@ struct GradReducer::State {
     ready[i] = true;
     --pending[bucket_of[i]];
     // Strictly in index order, so every rank issues the same sequence of collectives.
-    while (overlap && next < buckets.size() && pending[next] == 0) comm->all_reduce_sum(buckets[next++].buffer);
+    while (overlap && next < buckets.size() && pending[next] == 0) reduce(buckets[next++]);
+  }
+
+  void reduce(const Bucket& b) {
+    if (shard) comm->reduce_scatter_sum(b.buffer);
+    else comm->all_reduce_sum(b.buffer);
   }
 };
 
 GradReducer::GradReducer(std::vector<Tensor> params, std::shared_ptr<Communicator> comm,
-                         size_t bucket_bytes)
+                         size_t bucket_bytes, bool shard)
     : state_(std::make_shared<State>()) {
   MT_CHECK(!params.empty(), "GradReducer: no parameters to reduce");
   MT_CHECK(comm != nullptr, "GradReducer: no communicator");
@@ -71,6 +77,8 @@ GradReducer::GradReducer(std::vector<Tensor> params, std::shared_ptr<Communicato
   State& s = *state_;
   s.params = std::move(params);
   s.comm = std::move(comm);
+  s.shard = shard;
+  const int64_t align = shard ? 16 * s.comm->size() : 16;  // the whole buffer, into equal chunks
   const DType gd = grad_dtype_for(s.params[0].dtype());
   const Device dev = s.params[0].device();
   const size_t esize = dtype_size(gd);
@@ -96,7 +104,7 @@ GradReducer::GradReducer(std::vector<Tensor> params, std::shared_ptr<Communicato
   s.views.resize(s.params.size());
   for (size_t b = 0; b < s.buckets.size(); ++b) {
     Bucket& bucket = s.buckets[b];
-    bucket.numel = pad(bucket.numel);
+    bucket.numel = (bucket.numel + align - 1) / align * align;
     bucket.buffer = zeros({bucket.numel}, gd, dev);
     for (size_t j = 0; j < bucket.params.size(); ++j) {
       const size_t i = bucket.params[j];
@@ -148,7 +156,7 @@ void GradReducer::finish() {
              "prepare_for_last_backward() and finish()");
   // Buckets whose parameters got no gradient this step (unused layers) still hold this rank's
   // share of the step, possibly zeros, and every rank must reduce them to stay in step.
-  while (s.next < s.buckets.size()) s.comm->all_reduce_sum(s.buckets[s.next++].buffer);
+  while (s.next < s.buckets.size()) s.reduce(s.buckets[s.next++]);
   s.comm->wait();
   s.armed = false;
 }
@@ -157,6 +165,10 @@ void GradReducer::set_overlap(bool overlap) {
   MT_CHECK(!state_->armed, "GradReducer::set_overlap: not between prepare_for_last_backward() and finish()");
   state_->overlap = overlap;
 }
+
+bool GradReducer::sharded() const { return state_->shard; }
+
+const std::vector<Tensor>& GradReducer::params() const { return state_->params; }
 
 int GradReducer::num_buckets() const { return int(state_->buckets.size()); }
 

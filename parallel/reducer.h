@@ -29,6 +29,11 @@
 // The buckets live on the parameters' device at construction: build the reducer after moving
 // the model (Module::to), and after anything else that replaces parameters or their .grad.
 //
+// Sharded (ZeRO-1, train/zero.h): each bucket is reduce-scattered instead of all-reduced, so rank
+// r holds the global gradient only in chunk r of every bucket, the part of the parameters whose
+// optimizer state it keeps. Buffers are then padded to a multiple of 16 · N elements, so every
+// chunk is equal and starts aligned.
+//
 // zero_grad should keep the views (set_to_none=false, which fills them with zeros). If .grad
 // was freed or replaced anyway, prepare_for_last_backward() puts the view back, carrying over the
 // values the earlier microbatches accumulated.
@@ -46,7 +51,7 @@ class GradReducer {
  public:
   // `params`: leaves that require grad, all on one device with one gradient dtype.
   GradReducer(std::vector<Tensor> params, std::shared_ptr<Communicator> comm,
-              size_t bucket_bytes = size_t(25) << 20);
+              size_t bucket_bytes = size_t(25) << 20, bool shard = false);
   ~GradReducer();
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;
@@ -69,6 +74,8 @@ class GradReducer {
     int64_t numel = 0;             // the buffer's length, padding included
     Tensor buffer;                 // the flat gradient buffer the parameters' .grad views
   };
+  bool sharded() const;
+  const std::vector<Tensor>& params() const;  // the constructor's, which Bucket::params index
   int num_buckets() const;
   const std::vector<Bucket>& buckets() const;
   std::string layout_str() const;  // one line per bucket, for logs

@@ -137,6 +137,25 @@ for dt in bf16 f16 f16-overflow; do
   check "$dt vs f32" python3 scripts/compare_metrics.py "$build/runs/f32/metrics.jsonl" \
     "$build/runs/$dt/metrics.jsonl" --tolerance 0.05 "${last[@]}"
 done
+# ZeRO-1 over NCCL with one rank: RANK=0 WORLD_SIZE=1 is a launcher's job of one, which with
+# optim.shard_state takes the sharded path (reduce-scatter, the fused AdamW on the shard, the
+# all-gather, the bf16 copies refreshed). It must train like the plain run of each dtype; with one
+# rank it computes the same arithmetic in the same order, so the weights should match bitwise too
+# (noted, not required).
+for dt in f32 bf16; do
+  log=$build/runs/train-zero1-$dt.log
+  RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 timeout 120 "$build/train" --config configs/mlp.yaml --device cuda \
+    --set checkpoint.dir="$build/runs/zero1-$dt" --set precision.compute_dtype=$dt \
+    --set optim.shard_state=true >"$log" 2>&1
+  rc=$?
+  note "train zero1-$dt (NCCL, world size 1; rc $rc): $(grep -E 'step +[0-9]+/[0-9]+ \| loss' "$log" | tail -1 | cut -c21-)"
+  note "  $(grep -m1 -o 'ZeRO-1: [0-9].*' "$log")"
+  (( rc == 0 )) || fail "train zero1-$dt (rc $rc, see $log)"
+  check "ZeRO-1 $dt vs plain $dt" python3 scripts/compare_metrics.py "$build/runs/$dt/metrics.jsonl" \
+    "$build/runs/zero1-$dt/metrics.jsonl" --tolerance 1e-4
+  note "  ZeRO-1 $dt vs plain $dt, final weights: $(python3 scripts/same_weights.py \
+    "$build/runs/$dt/step-000300.safetensors" "$build/runs/zero1-$dt/step-000300.safetensors" 2>&1)"
+done
 # Device memory over a long run (3000 steps): the pool's live bytes at the first and last log.
 train long-f32 precision.compute_dtype=f32 optim.steps=3000 logging.every=500 eval.every=3000 \
   checkpoint.every=3000

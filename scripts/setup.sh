@@ -5,9 +5,10 @@ set -euo pipefail
 
 libraries=(libspdlog-dev libyaml-cpp-dev libgtest-dev libopenblas-dev nlohmann-json3-dev
            zlib1g-dev)
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 missing=()
 for p in "${libraries[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  installed "$p" || missing+=("$p")
 done
 # Tools may come from outside dpkg (a newer CMake from pip, say): any on PATH will do.
 for tool in cmake:cmake g++:g++ make:make pkg-config:pkg-config ninja:ninja-build; do
@@ -17,8 +18,7 @@ done
 # Optional, asked for by scripts/fuzz.sh only (`setup.sh --fuzz`): clang and its libFuzzer
 # runtime. Whether they are there is tested by linking a fuzzer, since distributions package the
 # runtime differently (Ubuntu 22.04 has it in libclang-common-14-dev). If they cannot be
-# installed, setup only warns and fuzz.sh skips. Plain builds never ask, so an offline machine
-# with everything else installed never touches apt.
+# installed, setup only warns and fuzz.sh skips.
 optional=()
 [[ ${1:-} == --fuzz ]] && optional=(clang libclang-rt-dev)
 have_libfuzzer() {
@@ -31,6 +31,10 @@ have_libfuzzer() {
   ((ok))
 }
 ((${#optional[@]} > 0)) && command -v clang++ >/dev/null && have_libfuzzer && optional=()
+# libgloo-dev: the multi-process CPU backend. Optional in CMake (a machine without it, such as
+# one offline that lacks it, only warns here and builds without it); CI configures with
+# MT_GLOO=ON (.ci/run), so there it must install.
+installed libgloo-dev || optional+=(libgloo-dev)
 
 if ((${#missing[@]} + ${#optional[@]} == 0)); then
   echo "setup: all packages present"
@@ -51,7 +55,8 @@ fi
 # One at a time, after the required ones: a package this distribution lacks (Ubuntu 22.04 has no
 # libclang-rt-dev; its clang brings libFuzzer along) must not keep the others from installing.
 for p in "${optional[@]}"; do
-  echo "setup: installing $p (optional: scripts/fuzz.sh)"
+  echo "setup: installing $p (optional)"
   "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "$p" ||
-    echo "setup: warning: could not install $p; scripts/fuzz.sh skips without libFuzzer" >&2
+    echo "setup: warning: could not install $p (libgloo-dev: builds without the multi-process" \
+      "CPU backend; clang: scripts/fuzz.sh skips)" >&2
 done

@@ -196,6 +196,8 @@ class RecordingComm final : public parallel::Communicator {
     reduced.push_back(t.data_ptr());
     inner_->all_reduce_sum(t);
   }
+  void do_reduce_scatter_sum(const Tensor& t) override { inner_->reduce_scatter_sum(t); }
+  void do_all_gather(const Tensor& t) override { inner_->all_gather(t); }
   void do_broadcast(const Tensor& t, int root) override { inner_->broadcast(t, root); }
   void do_barrier() override { inner_->barrier(); }
   void do_wait() override { inner_->wait(); }

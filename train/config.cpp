@@ -441,6 +441,7 @@ void read_optim(Section s, OptimConfig& o) {
   s.get("momentum", o.momentum);
   s.require("momentum", o.momentum, o.momentum >= 0 && o.momentum < 1, "must be in [0, 1)");
   s.get("nesterov", o.nesterov);
+  s.get("shard_state", o.shard_state);
   s.choice("schedule", o.schedule, {"constant", "cosine"});
   s.get("warmup_steps", o.warmup_steps);
   s.require("warmup_steps", o.warmup_steps, o.warmup_steps >= 0, "must be >= 0");
@@ -468,6 +469,7 @@ void read_optim(Section s, OptimConfig& o) {
             "must not exceed optim.lr = " + format_double(o.lr));
   if (o.name == "sgd" && o.nesterov && o.momentum == 0)
     s.fail("nesterov", "needs optim.momentum > 0");
+  if (o.shard_state && o.name != "adamw") s.fail("shard_state", "shards AdamW's state: needs optim.name adamw");
 }
 
 void read_precision(Section s, PrecisionConfig& p, const std::string& device) {
@@ -774,6 +776,7 @@ std::string to_yaml(const Config& c) {
     << "  eps: " << num(c.optim.eps) << "\n"
     << "  momentum: " << num(c.optim.momentum) << "\n"
     << "  nesterov: " << flag(c.optim.nesterov) << "\n"
+    << "  shard_state: " << flag(c.optim.shard_state) << "\n"
     << "  schedule: " << quote(c.optim.schedule) << "\n"
     << "  warmup_steps: " << c.optim.warmup_steps << "\n"
     << "  min_lr: " << num(c.optim.min_lr) << "\n"

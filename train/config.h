@@ -76,6 +76,7 @@ struct OptimConfig {
   double eps = 1e-8;                           // adamw
   double momentum = 0.9;                       // sgd
   bool nesterov = false;                       // sgd
+  bool shard_state = false;  // adamw, data parallel: ZeRO-1, the state sharded over the ranks (train/zero.h)
   std::string schedule = "cosine";             // constant | cosine
   int64_t warmup_steps = 20;
   double min_lr = 0.0;  // where the cosine ends

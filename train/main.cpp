@@ -9,9 +9,9 @@
 // eval and predict use a saved model (train/inference.h; docs/config.md, "Using a saved model").
 //
 // Data parallelism (docs/distributed.md): --nproc N on GPUs starts N worker processes of this
-// program, one per GPU, joined through NCCL; on the CPU it runs N ranks as threads of this
-// process, joined by the in-process communicator. A process started by another launcher with
-// RANK / WORLD_SIZE / LOCAL_RANK / MT_DIST_FILE set (parallel/launch.h) joins that job instead.
+// program, one per GPU, joined through NCCL; on the CPU, N processes joined through Gloo (in a
+// build without Gloo, N ranks as threads of this process). A process started by torchrun, srun
+// or mpirun (parallel/launch.h reads their variables) joins that job instead.
 //
 // Exit codes (kUsage prints the same table; docs/guide.md, "Troubleshooting"):
 //   0  success, also resuming a run that is already complete
@@ -40,6 +40,9 @@
 #ifdef MT_WITH_NCCL
 #include "parallel/nccl.h"
 #endif
+#ifdef MT_WITH_GLOO
+#include "parallel/gloo.h"
+#endif
 
 namespace {
 
@@ -57,7 +60,7 @@ const char* kUsage =
     "                     the GPU when there is one)\n"
     "  --resume PATH      continue a run from a checkpoint file or its directory\n"
     "  --nproc N          data parallel over N ranks: N GPUs (one process each, NCCL), or on\n"
-    "                     the CPU N threads; optim.batch_size stays the global batch\n"
+    "                     the CPU N processes (Gloo); optim.batch_size stays the global batch\n"
     "  --print-config     print the resolved config (file, --set, --device) as YAML and exit\n"
     "  --list-ops         print the registered ops and their kernels\n"
     "  --version          the version, git commit, build type and CUDA architectures\n"
@@ -118,18 +121,30 @@ void check_device_flag(const std::string& d) {
                    (gpu ? "; did you mean '" + ("cuda" + d.substr(3)) + "'?" : ""));
 }
 
-// This process as one rank of a job another launcher (or --nproc) started.
+// This process as one rank of a job another launcher (or --nproc) started: NCCL on its GPU, or
+// Gloo on the CPU.
 void run_worker(const mt::Config& cfg, const mt::parallel::World& world, const std::string& resume) {
   spdlog::set_pattern("[%H:%M:%S] [rank " + std::to_string(world.rank) + "] %v");
   if (world.rank != 0) spdlog::set_level(spdlog::level::warn);
   const mt::Device device = mt::train::resolve_device(cfg.device);
-  if (!device.is_cuda())
-    throw mt::ConfigError("device: a worker of a multi-process job (RANK is set) needs a GPU; for "
-                          "CPU ranks run `train --nproc N` without RANK");
+  std::shared_ptr<mt::parallel::Communicator> comm;
+  mt::Device mine = device;
+  if (device.is_cuda()) {
 #ifdef MT_WITH_NCCL
-  const mt::Device mine = mt::cuda_device(world.local_rank);
-  auto comm = mt::parallel::make_nccl_communicator(world.rank, world.size, mine.index, world.id_file,
-                                               world.timeout);
+    mine = mt::cuda_device(world.local_rank);
+    comm = mt::parallel::make_nccl_communicator(world, mine.index);
+#else
+    MT_THROW("WORLD_SIZE=", world.size, ": this build has no NCCL (install libnccl-dev and rebuild)");
+#endif
+  } else {
+#ifdef MT_WITH_GLOO
+    comm = mt::parallel::make_gloo_communicator(world);
+#else
+    throw mt::ConfigError("device: CPU ranks in separate processes need Gloo, which this build "
+                          "lacks (install libgloo-dev and rebuild); `train --nproc N` without "
+                          "RANK runs CPU ranks as threads");
+#endif
+  }
   try {
     mt::train::Trainer trainer(cfg, mine, comm);
     if (!resume.empty()) trainer.resume(resume);
@@ -139,10 +154,6 @@ void run_worker(const mt::Config& cfg, const mt::parallel::World& world, const s
     comm->abort(e.what());
     throw;
   }
-#else
-  (void)resume;
-  MT_THROW("WORLD_SIZE=", world.size, ": this build has no NCCL (install libnccl-dev and rebuild)");
-#endif
 }
 
 // `train eval ...` and `train predict ...`: argv[1] is the subcommand.
@@ -248,7 +259,9 @@ int main(int argc, char** argv) {
     }
     spdlog::set_pattern("[%H:%M:%S] %v");
     const mt::parallel::World world = mt::parallel::world_from_env();
-    if (world.size > 1) {
+    // A launcher's job of one rank runs unlike a plain process only with ZeRO-1 (the sharded
+    // path, over a communicator of one).
+    if (world.size > 1 || (!world.launcher.empty() && cfg.optim.shard_state)) {
       if (nproc != 1) throw UsageError("--nproc starts a job; this process is already rank " +
                                        std::to_string(world.rank) + " of one (RANK is set)");
       run_worker(cfg, world, resume);
@@ -256,8 +269,12 @@ int main(int argc, char** argv) {
     }
     if (nproc > 1) {
       if (mt::train::resolve_device(cfg.device).is_cpu()) {
+#ifdef MT_WITH_GLOO
+        return mt::parallel::run_workers(nproc, "/proc/self/exe", worker_args);  // over Gloo
+#else
         mt::train::run_local_ranks(cfg, nproc, resume);
         return 0;
+#endif
       }
       if (mt::cuda_device_count() < nproc)
         throw mt::ConfigError("--nproc " + std::to_string(nproc) + ": only " +

@@ -12,11 +12,11 @@ namespace mt::train {
 
 std::string Trainer::graph_blocker() const {
   if (!device_.is_cuda()) return "the device is " + device_.str() + ", and CUDA graphs need a GPU";
+  if (reducer_) return "data parallelism all-reduces on a stream of its own, outside the graph";
   if (!optimizer_->capturable())
     return "optimizer " + cfg_.optim.name + " keeps its per-step values on the host (adamw does not)";
   if (scaler_.enabled()) return "f16 loss scaling decides on the host whether each step is applied";
   if (step_callback_) return "a step callback is set, and it runs between the backward and the update";
-  if (reducer_) return "data parallelism all-reduces on a stream of its own, outside the graph";
   return "";
 }
 

@@ -202,12 +202,24 @@ Trainer::Trainer(Config config, std::shared_ptr<nn::Module> model, std::shared_p
   model_->to(device_);
   if (cfg_.precision.compute_dtype != DType::f64) model_->set_compute_dtype(cfg_.precision.compute_dtype);
 
-  // After the move to the device: the reducer makes each .grad a view of a bucket there.
-  if (world > 1) reducer_ = std::make_unique<parallel::GradReducer>(model_->parameters(), comm_);
+  // After the move to the device: the reducer makes each .grad a view of a bucket there. ZeRO-1
+  // (train/zero.h) reduce-scatters the buckets instead, also for a world of one.
+  const bool shard = cfg_.optim.shard_state && comm_ != nullptr;
+  if (shard && scaler_.enabled())
+    throw ConfigError("optim.shard_state: not with f16 loss scaling: the scaler checks every "
+                      "gradient for overflow, and a sharded rank holds only its shard of them");
+  if (cfg_.optim.shard_state && !shard)
+    spdlog::warn("optim.shard_state: one process and no communicator, so nothing to shard over; "
+                 "AdamW's state stays whole");
+  if (world > 1 || shard)
+    reducer_ = std::make_unique<parallel::GradReducer>(model_->parameters(), comm_, size_t(25) << 20, shard);
 
   const OptimConfig& o = cfg_.optim;
   auto groups = optim::Optimizer::decay_groups(*model_, o.weight_decay);
-  if (o.name == "adamw")
+  if (shard)
+    zero_ = std::make_unique<ShardedAdamW>(
+        groups, optim::AdamWOptions{o.lr, {o.betas[0], o.betas[1]}, o.eps, o.weight_decay}, comm_, *reducer_);
+  else if (o.name == "adamw")
     optimizer_ = std::make_unique<optim::AdamW>(
         groups, optim::AdamWOptions{o.lr, {o.betas[0], o.betas[1]}, o.eps, o.weight_decay});
   else
@@ -231,11 +243,12 @@ void Trainer::resume(const std::string& path) {
       if (name.starts_with(kScalerPrefix)) scaler.emplace_back(name.substr(kScalerPrefix.size()), t);
       else optimizer.emplace_back(name, t);
     }
-    optimizer_->load_state_dict(optimizer);
+    if (zero_) zero_->load_state_dict(optimizer);  // this rank's pieces of the full state
+    else optimizer_->load_state_dict(optimizer);
     scaler_.load_state_dict(scaler);
     // Every step is an update or a skipped one (f16 loss scaling); without a scaler the skipped
     // count is unknown (a run may switch from f16 on resume), so it is only a bound.
-    const int64_t applied = optimizer_->steps_taken(), step = candidate.step;
+    const int64_t applied = this->optimizer().steps_taken(), step = candidate.step;
     MT_CHECK(scaler_.enabled() ? applied + scaler_.skipped_steps() == step : applied <= step,
              "the optimizer state has taken ", applied, " steps",
              scaler_.enabled() ? detail::concat(" and skipped ", scaler_.skipped_steps()) : "",
@@ -252,8 +265,7 @@ void Trainer::resume(const std::string& path) {
   if (lead()) spdlog::info("resumed from {} at step {}", c.path, step_);
 }
 
-std::string Trainer::save(int64_t step) {
-  nn::StateDict optimizer = optimizer_->state_dict();
+std::string Trainer::save(int64_t step, nn::StateDict optimizer) {
   for (const auto& [name, t] : scaler_.state_dict())
     optimizer.emplace_back(std::string(kScalerPrefix) + name, t);
   std::map<std::string, std::string> meta = {{"config", to_yaml(cfg_)}};
@@ -351,8 +363,10 @@ RunSummary Trainer::run() {
                  cfg_.precision.deterministic ? "deterministic" : "non-deterministic");
   if (reducer_) {
     if (lead())
-      spdlog::info("data parallel: {} ranks, {} samples per rank per step; gradients in {} buckets:\n{}",
-                   comm_->size(), loader_->shard_size(), reducer_->num_buckets(), reducer_->layout_str());
+      spdlog::info("data parallel: {} ranks, {} samples per rank per step; gradients in {} buckets{}:\n{}",
+                   comm_->size(), loader_->shard_size(), reducer_->num_buckets(),
+                   zero_ ? ", reduce-scattered (ZeRO-1: AdamW's state sharded over the ranks)" : "",
+                   reducer_->layout_str());
     // The replicas start equal by construction (one seed); rank 0's weights make sure of it.
     NoGradGuard no_grad;
     for (const Tensor& p : params) comm_->broadcast(p, 0);
@@ -384,7 +398,7 @@ RunSummary Trainer::run() {
     const bool eval_now = (step_ + 1) % cfg_.eval.every == 0 || step_ + 1 == o.steps;
     const bool save_now = (step_ + 1) % cfg_.checkpoint.every == 0 || step_ + 1 == o.steps;
     const double lr = schedule_->lr_at(step_);
-    optimizer_->set_lr(lr);
+    optimizer().set_lr(lr);
 
     Metrics step_metrics;  // filled on logged steps
     double loss = 0, gn = 0;
@@ -408,7 +422,8 @@ RunSummary Trainer::run() {
                      scaler_.scale());
       } else {
         // max_norm = inf computes the norm for the log without clipping.
-        grad_norm.copy_(optim::clip_grad_norm_(params, o.clip_norm > 0 ? o.clip_norm : INFINITY));
+        const double max_norm = o.clip_norm > 0 ? o.clip_norm : INFINITY;
+        grad_norm.copy_(zero_ ? zero_->clip_grad_norm_(max_norm) : optim::clip_grad_norm_(params, max_norm));
       }
       // The only host synchronization of a step: reading back what is logged. It comes before the
       // update, so that a NaN or inf stops the run while the tensors that show its origin are intact.
@@ -431,10 +446,12 @@ RunSummary Trainer::run() {
               "; stopping without saving (the last checkpoint on disk is intact)"));
         last_check = step_ + 1;
       }
-      if (!skip) optimizer_->step();
+      if (!skip && zero_) zero_->step();  // this rank's shard, then the all-gather
+      else if (!skip) optimizer_->step();
       // A skipped step's gradients are dropped too. Under a CUDA graph, or when .grad is a view of
       // a data-parallel bucket, .grad keeps its buffer.
-      optimizer_->zero_grad(/*set_to_none=*/!use_graph && !reducer_);
+      if (zero_) zero_->zero_grad();
+      else optimizer_->zero_grad(/*set_to_none=*/!use_graph && !reducer_);
     }
     warmed_up = true;
     ++window_steps;
@@ -506,18 +523,24 @@ RunSummary Trainer::run() {
     }
     if (save_now) {
       // A NaN the loss never saw (behind a ReLU, say, or in the optimizer's state) stops here.
-      for (const nn::StateDict& state : {model_->state_dict(), optimizer_->state_dict()})
+      // Sharded, the full state is gathered: every rank takes part.
+      nn::StateDict optimizer = zero_ ? zero_->state_dict() : optimizer_->state_dict();
+      for (const nn::StateDict& state : {model_->state_dict(), optimizer})
         if (std::string bad = first_non_finite(state); !bad.empty())
           throw NonFiniteError(detail::concat("step ", step_ + 1, ": non-finite values in ", bad,
                                               "; not saving (the last checkpoint on disk is intact)"));
-      if (lead()) summary.checkpoint = save(step_ + 1);
+      if (lead()) summary.checkpoint = save(step_ + 1, std::move(optimizer));
       if (comm_) comm_->barrier();  // no rank runs ahead of a checkpoint it could be resumed from
     }
   }
   summary.steps = step_;
-  if (reducer_ && lead())
+  if (reducer_ && lead() && !zero_)
     spdlog::info("data parallel: {} gradient all-reduces in {} steps ({} buckets)", gradient_all_reduces_,
                  step_ - first_step, reducer_->num_buckets());
+  if (zero_ && lead())
+    spdlog::info("ZeRO-1: {} bytes of AdamW state on rank 0 of {}; per step {} reduce-scatters, 1 "
+                 "all-reduce (the gradient norm) and {} all-gathers", zero_->state_bytes(),
+                 comm_->size(), reducer_->num_buckets(), reducer_->num_buckets());
 
   if (test_set_.size > 0) {
     std::vector<int64_t> all(static_cast<size_t>(test_set_.size));

@@ -44,6 +44,7 @@
 #include "train/config.h"
 #include "train/data.h"
 #include "train/task.h"
+#include "train/zero.h"
 
 namespace mt::train {
 
@@ -87,7 +88,9 @@ class Trainer {
   // global batch, optim.microbatches is per rank), its gradients are all-reduced once per step
   // after the last microbatch (parallel::GradReducer), losses and accuracy are summed over the ranks
   // for the log, and only rank 0 logs, writes metrics and saves checkpoints. Every rank must be
-  // built from the same config and run() together.
+  // built from the same config and run() together. With optim.shard_state the buckets are
+  // reduce-scattered instead and AdamW's state is sharded over the ranks (ZeRO-1, train/zero.h),
+  // also for a communicator of one rank.
   Trainer(Config config, std::shared_ptr<nn::Module> model, std::shared_ptr<Task> task,
           Device device, std::shared_ptr<parallel::Communicator> comm = nullptr,
           std::optional<Datasets> data = std::nullopt);
@@ -120,7 +123,9 @@ class Trainer {
 
   nn::Module& model() { return *model_; }
   Task& task() { return *task_; }
-  optim::Optimizer& optimizer() { return *optimizer_; }
+  // With optim.shard_state, this rank's shard of AdamW (train/zero.h).
+  optim::Optimizer& optimizer() { return zero_ ? zero_->shard() : *optimizer_; }
+  ShardedAdamW* sharded_optimizer() { return zero_.get(); }  // null unless optim.shard_state
   const optim::LossScaler& loss_scaler() const { return scaler_; }
   int64_t step() const { return step_; }
 
@@ -131,7 +136,7 @@ class Trainer {
   // The loader's microbatches as the task sees them: x in the compute dtype.
   std::vector<Batch> task_batches(const std::vector<data::Loader::Microbatch>& batches) const;
   bool lead() const { return comm_ == nullptr || comm_->rank() == 0; }
-  std::string save(int64_t step);
+  std::string save(int64_t step, nn::StateDict optimizer);
   // The task's loss and its backward for each microbatch; the losses are added into loss_sum, and
   // when `metrics` is given, the task's metric sums into it (a host read).
   void microbatch_passes(const std::vector<data::Loader::Microbatch>& batches, const Tensor& loss_sum,
@@ -153,7 +158,8 @@ class Trainer {
   std::unique_ptr<data::Loader> loader_;
   std::shared_ptr<nn::Module> model_;
   std::shared_ptr<Task> task_;
-  std::unique_ptr<optim::Optimizer> optimizer_;
+  std::unique_ptr<optim::Optimizer> optimizer_;  // null with ZeRO-1
+  std::unique_ptr<ShardedAdamW> zero_;            // optim.shard_state with a communicator
   std::unique_ptr<optim::LRSchedule> schedule_;
   std::unique_ptr<parallel::GradReducer> reducer_;  // data parallelism with more than one rank
   int64_t gradient_all_reduces_ = 0;            // the reducer's collectives in this run
