@@ -20,11 +20,14 @@
 #include "parallel/launch.h"
 #include "parallel/store.h"
 #include "tests/expect_error.h"
+#include "tests/ranks.h"
 #ifdef MT_WITH_GLOO
 #include "parallel/gloo.h"
 #endif
 
 using namespace mt;
+using mt::test::free_port;
+using mt::test::on_threads;
 using mt::test::expect_error;
 using Env = std::map<std::string, std::string>;
 
@@ -35,36 +38,6 @@ parallel::World world_of(const Env& env) {
     auto it = env.find(name);
     return it == env.end() ? nullptr : it->second.c_str();
   });
-}
-
-// A port nobody listens on now (the kernel's pick; released at once, so only probably free).
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
-// Runs f(rank) on `n` threads; rethrows the first exception.
-void on_threads(int n, const std::function<void(int)>& f) {
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        f(r);
-      } catch (...) {
-        errors[size_t(r)] = std::current_exception();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {

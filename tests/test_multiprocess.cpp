@@ -23,28 +23,18 @@
 
 #include "tests/temp_dir.h"
 #include "train/checkpoint.h"
+#include "tests/ranks.h"
 
 extern char** environ;
 
 using namespace mt;
+using mt::test::free_port;
 using mt::test::TempDir;
 namespace fs = std::filesystem;
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
 
 // The small run every test trains: f64, a global batch of 24 in 20 steps.
 std::vector<std::string> run_args(const std::string& ckpt, int microbatches, int steps = 20) {

@@ -22,6 +22,7 @@
 #include "parallel/communicator.h"
 #include "parallel/reducer.h"
 #include "tests/max_rel_diff.h"
+#include "tests/ranks.h"
 #include "tests/temp_dir.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
@@ -29,26 +30,11 @@
 #include "train/zero.h"
 
 using namespace mt;
+using mt::test::on_threads;
 using mt::test::max_rel_diff;
 using mt::test::TempDir;
 
 namespace {
-
-void on_threads(int n, const std::function<void(int)>& f) {
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        f(r);
-      } catch (...) {
-        errors[size_t(r)] = std::current_exception();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
-}
 
 // A weight matrix, a bias and a norm weight, twice: 6 parameters of 62 elements in all.
 std::vector<Tensor> make_params() {
