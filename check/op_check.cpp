@@ -351,8 +351,29 @@ class Checker {
              dtype_name(grad_dtype_for(in[i].dtype())));
       got += (got.empty() ? "" : ", ") + name_of(i);
     }
+    std::string partial;
+    if (r.outputs.size() > 1) {
+      // Several outputs: a backward that reaches only some of them (the others' gradients
+      // undefined) must work, and the parts must add up to the whole.
+      std::vector<Tensor> sums(in.size());
+      for (size_t k = 0; k < r.outputs.size(); ++k) {
+        if (!up[k].defined()) continue;
+        std::vector<Tensor> only_k(up.size());
+        only_k[k] = up[k];
+        std::vector<Tensor> fresh = run_.prepare(made(1, size_at(1)), DType::f64, kCPU);
+        Run part = run_.run(fresh, only_k, g);
+        for (size_t i : differentiable())
+          if (part.grads[i].defined())
+            sums[i] = sums[i].defined() ? mt::add(sums[i], part.grads[i]) : part.grads[i].clone();
+      }
+      for (size_t i : differentiable())
+        if (!sums[i].defined() || normwise(sums[i], r.grads[i]) > 1e-12)
+          fail("input '" + name_of(i) + "': the gradients from one output at a time do not add up "
+               "to the gradient from all outputs at once");
+      partial = "; each output alone works and the parts add up";
+    }
     return std::to_string(spec_.inputs.size()) + " inputs, " + std::to_string(r.outputs.size()) +
-           " output(s); gradients for " + (got.empty() ? "none" : got);
+           " output(s); gradients for " + (got.empty() ? "none" : got) + partial;
   }
 
   // gradcheck: analytic gradient of <outputs, R> against central differences, in f64.
@@ -511,9 +532,9 @@ class Checker {
       run_.run(empty_in, up, g);
       return ran + " and 0 (empty)";
     }
+    empty_in = run_.prepare(made(6, 0), DType::f64, kCPU);
     try {
-      empty_in = run_.prepare(made(6, 0), DType::f64, kCPU);
-      run_.run(empty_in, up, g);
+      spec_.op(empty_in);  // the op itself must refuse, not the checker's backward after it
     } catch (const Error&) {
       return ran + "; 0 (empty) is refused with an mt::Error, as declared";
     }
@@ -663,18 +684,32 @@ class Checker {
       Runner::backward_from(outs, up);
       for (size_t k = 0; k < outs.size(); ++k) buffers[k].copy_(outs[k].detach());
     });
+    // Replay 1 on the captured inputs; replay 2 after new values were copied into them, against
+    // an eager run on those values: a replay must read the memory as it is when it runs.
+    const std::vector<Tensor> m2 = made(11, size_at(2));
     for (int replay = 1; replay <= 2; ++replay) {
+      Run expected = eager;
+      if (replay == 2) {
+        std::vector<Tensor> fresh = run_.prepare(m2, dt, dev), up2 = up;
+        for (size_t i : differentiable())
+          fresh[i].set_grad(zeros(fresh[i].shape(), grad_dtype_for(fresh[i].dtype()), dev));
+        expected = snapshot(run_.run(fresh, up2, g));
+        for (size_t i = 0; i < in.size(); ++i) in[i].detach().copy_(fresh[i].detach());
+      }
       reset();
+      for (const Tensor& b : buffers) b.fill_(0.0);
       graph.replay();
       Run replayed;
       replayed.outputs = buffers;
       for (const Tensor& t : in) replayed.grads.push_back(t.requires_grad() ? t.grad() : Tensor());
-      const std::string d = first_difference(spec_, eager, replayed);
+      const std::string d = first_difference(spec_, expected, replayed);
       if (!d.empty())
-        fail(d + " differs between replay " + std::to_string(replay) + " and the eager run: the "
-             "op reads something at capture time that changes, or syncs with the host");
+        fail(d + " differs between replay " + std::to_string(replay) + " and the eager run" +
+             (replay == 2 ? " on the new inputs" : "") + ": the op reads something at capture "
+             "time that changes, or syncs with the host");
     }
-    return std::to_string(graph.num_nodes()) + " graph nodes, two replays = eager, bitwise";
+    return std::to_string(graph.num_nodes()) + " graph nodes; replays = eager, bitwise, also "
+           "after new inputs were copied in";
   }
 #endif
 

@@ -17,7 +17,8 @@
 //
 //   CPU, in f64
 //     contract        backward returns one gradient per forward argument, each the argument's
-//                     shape and dtype ({} for a non-differentiable one): the engine's errors
+//                     shape and dtype ({} for a non-differentiable one): the engine's errors;
+//                     with several outputs, each output alone works and the parts add up
 //     gradcheck       analytic gradients = central finite differences of <outputs, R>
 //     accumulation    backward twice = twice every .grad, through the grad sink (leaf inputs)
 //                     and through returned gradients (inputs that are outputs of another op)
@@ -32,7 +33,7 @@
 //     strided         strided inputs and upstream gradients give the contiguous run's bits
 //     deterministic   two runs, and inputs at another address, give the same bits; inputs
 //                     misaligned by one element too, unless the op says its bits depend on it
-//     cuda graph      captured and replayed = eager, bitwise, replayed twice
+//     cuda graph      captured and replayed = eager, bitwise; again after new inputs are copied in
 //     inputs intact   as on the CPU
 #include <cstdint>
 #include <functional>

@@ -139,6 +139,7 @@ void detail::link_outputs(const std::string& op, const std::shared_ptr<Node>& no
   for (size_t k = 0; k < outputs.size(); ++k) {
     const Tensor& out = outputs[k];
     ctx.unlink_saved_output(out);
+    if (!is_floating(out.dtype())) continue;  // an index output has no gradient
     out.impl().grad_fn = node;
     out.impl().output_nr = uint32_t(k);
     out.impl().requires_grad = true;

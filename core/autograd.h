@@ -18,7 +18,8 @@
 // Its backward then receives one gradient per output, in order, undefined for an output that
 // received none (it was not used, or only through non-differentiable paths), and still returns
 // one gradient per forward argument. apply() returns the outputs, each one remembering which of
-// the node's outputs it is. A wrong count, or a
+// the node's outputs it is. An integer output (an argmax, say) is not differentiable: it gets no
+// history, and its slot in backward is always undefined. A wrong count, or a
 // gradient whose shape, dtype or device differs from its input's, is an mt::Error naming the op,
 // the argument and both shapes.
 //

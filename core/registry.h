@@ -13,8 +13,8 @@
 //
 //   kernel<ScaledSiLUForwardFn>("scaled_silu", Phase::Forward, x.device())(x, w, y);
 //
-// Registration is static (namespace scope, in any file: a .cpp, a .cu, or the header of an op
-// that lives in one header), so adding a backend means adding a file, not editing a switch.
+// Registration is static (namespace scope of a .cpp or .cu; MT_*_IN_HEADER for an op that lives
+// in one header), so adding a backend means adding a file, not editing a switch.
 // verify_ops() checks the whole table when a program starts (the trainer and `train` call it;
 // so does `train --list-ops`): a kernel missing for a backend this build has, a kernel whose
 // signature differs from the op's definition, or kernels for an op never defined, are one
@@ -101,16 +101,29 @@ struct OpDefinition {
   }
 };
 
-// Both macros define an inline variable named after the op (and phase and device), so an op may
-// register from a header included by several files: the variable, and so the registration, exists
-// once in the program. Use them at namespace scope, outside any anonymous namespace.
+#define MT_CONCAT_INNER(a, b) a##b
+#define MT_CONCAT(a, b) MT_CONCAT_INNER(a, b)
+// At namespace scope of the op's .cpp or .cu: each use registers once per program, so a kernel
+// registered twice (two files, one op) is reported by verify_ops().
 //
 // MT_DEFINE_OP(scaled_silu, "y = w*x*sigmoid(x)", ScaledSiLUForwardFn, ScaledSiLUBackwardFn);
 #define MT_DEFINE_OP(op, math, ForwardFn, BackwardFn)                                       \
-  inline const ::mt::OpDefinition mt_op_definition_##op(                                   \
+  static const ::mt::OpDefinition MT_CONCAT(mt_op_definition_, __COUNTER__)(               \
       #op, math, ::mt::signature_of<ForwardFn>(), ::mt::signature_of<BackwardFn>())
 // MT_REGISTER_KERNEL(scaled_silu, Forward, CPU, forward_cpu);
 #define MT_REGISTER_KERNEL(op, phase, device, fn)                                           \
+  static const ::mt::KernelRegistrar MT_CONCAT(mt_registrar_, __COUNTER__)(                \
+      #op, ::mt::Phase::phase, ::mt::DeviceType::device, fn)
+
+// The same for an op that lives in one header, included by several files: an inline variable
+// named after the op (and phase and device) exists once in the program, so the header registers
+// once however many files include it. The kernels it names must have external linkage (inline
+// functions, not static ones), and a second registration of the same name elsewhere is merged
+// by the linker, not reported: use these only in that header.
+#define MT_DEFINE_OP_IN_HEADER(op, math, ForwardFn, BackwardFn)                             \
+  inline const ::mt::OpDefinition mt_op_definition_##op(                                   \
+      #op, math, ::mt::signature_of<ForwardFn>(), ::mt::signature_of<BackwardFn>())
+#define MT_REGISTER_KERNEL_IN_HEADER(op, phase, device, fn)                                 \
   inline const ::mt::KernelRegistrar mt_kernel_##op##_##phase##_##device(                  \
       #op, ::mt::Phase::phase, ::mt::DeviceType::device, fn)
 

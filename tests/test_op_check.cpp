@@ -342,3 +342,47 @@ TEST(OpCheckCatches, AnUpstreamGradientReadAsContiguous) {
 TEST(OpCheckCatches, AWrongGradientCount) {
   expect_fails(check_broken<OneTooMany>(), "contract", "returned 2 gradient(s) but forward took 1");
 }
+
+namespace {
+// sincos whose backward assumes both outputs received a gradient.
+struct SinCosNeedsBoth : Function<SinCosNeedsBoth> {
+  static constexpr const char* name = "sincos_that_needs_both";
+  static std::vector<Tensor> forward(Context& ctx, const Tensor& x) { return SinCos::forward(ctx, x); }
+  static GradList backward(Context& ctx, const GradList& grads) {
+    (void)grads[1].contiguous();  // throws when only the first output was used
+    return SinCos::backward(ctx, grads);
+  }
+};
+// (x · 2, the index of each row's largest element): a value and an integer output.
+struct WithIndex : Function<WithIndex> {
+  static constexpr const char* name = "with_index";
+  static std::vector<Tensor> forward(Context&, const Tensor& x) {
+    return {scale(x, 2.0), zeros({x.size(0)}, DType::i64)};
+  }
+  static GradList backward(Context&, const GradList& grads) {
+    EXPECT_FALSE(grads[1].defined());  // the index output never receives a gradient
+    return {scale(grads[0], 2.0)};
+  }
+};
+}  // namespace
+
+TEST(OpCheckCatches, ABackwardThatNeedsEveryOutputsGradient) {
+  OpSpec s;
+  s.name = "sincos_that_needs_both";
+  s.inputs = {{"x", Cast::Compute, true, true}};
+  s.op = [](const Inputs& in) { return SinCosNeedsBoth::apply(in[0]); };
+  s.make = [](Generator& g, int64_t n) { return Inputs{normal(g, {n, 2})}; };
+  Options cpu_only;
+  cpu_only.cuda = false;
+  expect_fails(op_check(s, cpu_only), "contract", "threw");
+}
+
+TEST(MultiOutput, AnIntegerOutputHasNoHistory) {
+  Tensor x = randn({3, 2}, DType::f64).set_requires_grad();
+  std::vector<Tensor> out = WithIndex::apply(x);
+  EXPECT_TRUE(out[0].requires_grad());
+  EXPECT_FALSE(out[1].requires_grad());
+  EXPECT_EQ(out[1].grad_fn(), nullptr);
+  sum(out[0]).backward();
+  EXPECT_EQ(x.grad().to_vector(), std::vector<double>(6, 2.0));
+}

@@ -56,8 +56,19 @@ Graph Graph::capture(int device, const std::function<void()>& body) {
   cudaStream_t s = stream(device);
   // Thread-local mode: a call of this thread that is unsafe during a capture (a cudaMalloc, a
   // synchronous copy) fails, instead of silently running outside the graph.
-  // The graph's own memory, reserved before the capture (runtime.h, GraphMemory).
-  GraphMemory* memory = begin_graph_memory(device, graph_memory_hint(device));
+  // The graph's own memory, reserved before the capture (runtime.h, GraphMemory). The guard
+  // stops the carving on every way out of here, and gives the block back unless a Graph took it.
+  struct Carving {
+    GraphMemory* memory;
+    bool kept = false;
+    ~Carving() {
+      end_graph_memory();
+      try {
+        if (!kept) release_graph_memory(memory);
+      } catch (const std::exception&) {  // a destructor must not throw; the block is only leaked
+      }
+    }
+  } carving{begin_graph_memory(device, graph_memory_hint(device))};
   MT_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
   cudaGraph_t graph = nullptr;
   std::string failure;
@@ -65,6 +76,8 @@ Graph Graph::capture(int device, const std::function<void()>& body) {
     body();
   } catch (const std::exception& e) {
     failure = e.what();
+  } catch (...) {
+    failure = "body() threw something that is not a std::exception";
   }
   end_graph_memory();
   // Ending the capture is what returns the stream to normal, even after a failure.
@@ -74,11 +87,11 @@ Graph Graph::capture(int device, const std::function<void()>& body) {
     failure = detail::concat(cudaGetErrorName(end), ": ", cudaGetErrorString(end));
   if (!failure.empty()) {
     if (graph != nullptr) (void)cudaGraphDestroy(graph);
-    release_graph_memory(memory);
     MT_THROW("CUDA graph capture on cuda:", device, " failed: ", failure);
   }
   Graph g;
-  g.memory_ = memory;
+  g.memory_ = carving.memory;
+  carving.kept = true;
   g.device_ = device;
   g.graph_ = graph;
   MT_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &g.nodes_));
@@ -106,7 +119,7 @@ Graph::~Graph() {
   if (graph_ != nullptr) (void)cudaGraphDestroy(graph_);
   try {
     release_graph_memory(memory_);  // freed in stream order, after any pending replay
-  } catch (...) {
+  } catch (const std::exception&) {  // a destructor must not throw; the block is only leaked
   }
 }
 

@@ -149,16 +149,29 @@ struct GraphMemory {
 };
 
 namespace {
-std::mutex graph_memory_mutex;
-std::vector<std::unique_ptr<GraphMemory>> graph_blocks;  // every block still allocated
-thread_local GraphMemory* carving = nullptr;             // this thread's capture, if any
+// Never destroyed (like the streams above): a CUDA tensor freed during static destruction still
+// finds them.
+std::mutex& graph_memory_mutex = *new std::mutex;
+std::vector<std::unique_ptr<GraphMemory>>& graph_blocks =  // every block still allocated
+    *new std::vector<std::unique_ptr<GraphMemory>>;
+thread_local GraphMemory* carving = nullptr;  // this thread's capture, if any
 
-// With graph_memory_mutex held: frees the block of a released graph once nothing uses it.
-void drop_if_unused(size_t i) {
-  GraphMemory& m = *graph_blocks[i];
-  if (!m.released || m.arena.live() > 0) return;
-  MT_CUDA_CHECK(cudaFreeAsync(m.base, m.stream));
-  graph_blocks.erase(graph_blocks.begin() + std::ptrdiff_t(i));
+// With graph_memory_mutex held: frees the blocks of released graphs that nothing uses any more.
+// Not while their stream is being captured: a free there would become part of that capture
+// (and fail it, since the block was allocated outside); the next free after it tries again.
+void drop_unused() {
+  for (size_t i = 0; i < graph_blocks.size();) {
+    GraphMemory& m = *graph_blocks[i];
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (m.released && m.arena.live() == 0 &&
+        cudaStreamIsCapturing(m.stream, &status) == cudaSuccess &&
+        status == cudaStreamCaptureStatusNone) {
+      MT_CUDA_CHECK(cudaFreeAsync(m.base, m.stream));
+      graph_blocks.erase(graph_blocks.begin() + std::ptrdiff_t(i));
+    } else {
+      ++i;
+    }
+  }
 }
 }  // namespace
 
@@ -178,12 +191,9 @@ void end_graph_memory() { carving = nullptr; }
 void release_graph_memory(GraphMemory* m) {
   if (m == nullptr) return;
   std::lock_guard<std::mutex> lock(graph_memory_mutex);
-  for (size_t i = 0; i < graph_blocks.size(); ++i)
-    if (graph_blocks[i].get() == m) {
-      m->released = true;
-      drop_if_unused(i);
-      return;
-    }
+  for (const auto& block : graph_blocks)
+    if (block.get() == m) m->released = true;
+  drop_unused();
 }
 
 size_t graph_memory_hint(int device) {
@@ -231,7 +241,7 @@ void free_on(cudaStream_t s, void* ptr) {
       GraphMemory& m = *graph_blocks[i];
       if (p >= m.base && p < m.base + m.arena.capacity()) {  // carved: back to its graph's block
         m.arena.free(size_t(p - m.base));
-        drop_if_unused(i);
+        drop_unused();
         return;
       }
     }

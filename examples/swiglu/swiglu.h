@@ -107,12 +107,12 @@ inline void backward_cpu(const Tensor& a, const Tensor& b, const Tensor& dy, con
 // The op users call.
 inline Tensor swiglu(const Tensor& a, const Tensor& b) { return SwiGLUFn::apply(a, b); }
 
-// Registered once per program however many files include this header (the macros define inline
-// variables). verify_ops() then checks, at startup, that a CUDA build also has swiglu.cu's kernels
-// with these signatures.
-MT_DEFINE_OP(swiglu, "y = silu(a)*b; da = dy*b*(s + a*s*(1-s)), db = dy*a*s", SwiGLUForwardFn,
-             SwiGLUBackwardFn);
-MT_REGISTER_KERNEL(swiglu, Forward, CPU, forward_cpu);
-MT_REGISTER_KERNEL(swiglu, Backward, CPU, backward_cpu);
+// Registered once per program however many files include this header (the _IN_HEADER macros
+// define inline variables). verify_ops() then checks, at startup, that a CUDA build also has
+// swiglu.cu's kernels with these signatures.
+MT_DEFINE_OP_IN_HEADER(swiglu, "y = silu(a)*b; da = dy*b*(s + a*s*(1-s)), db = dy*a*s",
+                       SwiGLUForwardFn, SwiGLUBackwardFn);
+MT_REGISTER_KERNEL_IN_HEADER(swiglu, Forward, CPU, forward_cpu);
+MT_REGISTER_KERNEL_IN_HEADER(swiglu, Backward, CPU, backward_cpu);
 
 }  // namespace swiglu_example
