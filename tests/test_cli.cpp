@@ -2,7 +2,6 @@
 // --print-config, --version, --device, the exit-code table, per-file CSV headers, dataset sizes
 // in the log, optim.epochs and data.standardize carried from the run to eval and predict.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <algorithm>
 #include <cmath>
@@ -21,28 +20,17 @@
 #include "train/trainer.h"
 #include "tests/expect_error.h"
 #include "tests/log_capture.h"
+#include "tests/run_train.h"
 #include "tests/temp_dir.h"
 
 using namespace mt;
+using mt::test::run_train;
 namespace fs = std::filesystem;
 using mt::test::TempDir;
 
 namespace {
 
 const std::string kMlp = std::string(MT_SOURCE_DIR) + "/configs/mlp.yaml";
-
-// Runs `train ARGS`; its stdout and stderr go to `out`. Returns the exit code.
-int run_train(const std::string& args, std::string* out = nullptr) {
-  const std::string cmd = std::string(MT_BINARY_DIR) + "/train " + args + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return -1;
-  std::string text;
-  char buf[4096];
-  while (size_t n = std::fread(buf, 1, sizeof buf, p)) text.append(buf, n);
-  const int status = ::pclose(p);
-  if (out) *out = text;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
 
 bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;

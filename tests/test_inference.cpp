@@ -1,7 +1,6 @@
 // `train eval` and `train predict` (train/inference.h): a saved model reproduces its run's test
 // numbers exactly, predictions agree with them, and bad checkpoints or inputs are named, exit 2.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <cmath>
 #include <cstdio>
@@ -16,11 +15,13 @@
 #include "train/trainer.h"
 #include "tests/expect_error.h"
 #include "tests/log_capture.h"
+#include "tests/run_train.h"
 #include "tests/temp_dir.h"
 
 namespace mt {
 namespace {
 
+using test::run_train;
 using test::TempDir;
 namespace fs = std::filesystem;
 
@@ -40,19 +41,6 @@ std::string read_text(const std::string& path) {
   std::stringstream s;
   s << in.rdbuf();
   return s.str();
-}
-
-// Runs `train ARGS`, returning the exit code; its stdout goes to `out` when given.
-int run_train(const std::string& args, std::string* out = nullptr) {
-  const std::string cmd = std::string(MT_BINARY_DIR) + "/train " + args + " 2>/dev/null";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return -1;
-  std::string text;
-  char buf[4096];
-  while (size_t n = std::fread(buf, 1, sizeof buf, p)) text.append(buf, n);
-  const int status = ::pclose(p);
-  if (out) *out = text;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 // The test set's features as a CSV without labels; returns the labels.
@@ -217,13 +205,13 @@ TEST(InferenceCli, EvalPrintsTheRunsTestLineAndPredictWritesItsCsv) {
                           "--set optim.steps=10 --set optim.warmup_steps=2 --set optim.batch_size=64 --set eval.every=5 "
                           "--set checkpoint.every=5 --set checkpoint.dir=" + (dir / "ck");
   std::string log, eval;
-  ASSERT_EQ(run_train(run, &log), 0);
+  ASSERT_EQ(run_train(run, &log, false), 0);
   const size_t at = log.find("test: loss ");
   ASSERT_NE(at, std::string::npos) << log;
   const std::string test_line = log.substr(at, log.find('\n', at) - at);
-  ASSERT_EQ(run_train("eval --checkpoint " + (dir / "ck/step-000010.safetensors"), &eval), 0);
+  ASSERT_EQ(run_train("eval --checkpoint " + (dir / "ck/step-000010.safetensors"), &eval, false), 0);
   EXPECT_EQ(eval, test_line + "\n");
-  ASSERT_EQ(run_train("eval --checkpoint " + (dir / "ck"), &eval), 0);  // its newest: the same
+  ASSERT_EQ(run_train("eval --checkpoint " + (dir / "ck"), &eval, false), 0);  // its newest: the same
   EXPECT_EQ(eval, test_line + "\n");
 
   const std::string in = dir / "x.csv", out = dir / "p.csv";
@@ -242,7 +230,7 @@ TEST(InferenceCli, EvalPrintsTheRunsTestLineAndPredictWritesItsCsv) {
   EXPECT_EQ(run_train("predict --checkpoint " + (dir / "ck")), 2);  // no --input / --output
   EXPECT_EQ(run_train("eval --checkpoint " + (dir / "ck") + " --input x"), 2);  // predict's flag
   std::string help;
-  EXPECT_EQ(run_train("--help", &help), 0);
+  EXPECT_EQ(run_train("--help", &help, false), 0);
   EXPECT_NE(help.find("train eval --checkpoint"), std::string::npos);
   EXPECT_NE(help.find("train predict --checkpoint"), std::string::npos);
 }

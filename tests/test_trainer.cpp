@@ -10,7 +10,6 @@
 #include <fstream>
 #include <set>
 #include <stdexcept>
-#include <sys/wait.h>
 
 #include <nlohmann/json.hpp>
 
@@ -24,8 +23,10 @@
 #include "tests/log_capture.h"
 #include "tests/max_rel_diff.h"
 #include "tests/temp_dir.h"
+#include "tests/run_train.h"
 
 using namespace mt;
+using mt::test::run_train;
 using mt::test::TempDir;
 using mt::test::max_rel_diff;
 namespace fs = std::filesystem;
@@ -47,12 +48,6 @@ std::vector<std::vector<double>> params_of(train::Trainer& t) {
   std::vector<std::vector<double>> out;
   for (auto& p : t.model().parameters()) out.push_back(p.to_vector());
   return out;
-}
-
-int run_train(const std::string& args) {
-  std::string cmd = std::string(MT_BINARY_DIR) + "/train " + args + " >/dev/null 2>&1";
-  int status = std::system(cmd.c_str());
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 }  // namespace
