@@ -99,7 +99,9 @@ TEST(CudaRMSNorm, ParityWithCpuForEveryWidthAndDtype) {
   MT_REQUIRE_CUDA();
   PoisonScope poison;
   for (DType dt : {DType::f32, DType::bf16, DType::f16})
-    for (int64_t d : {int64_t(1), int64_t(33), int64_t(768), int64_t(4096), int64_t(8193)}) {
+    // 1024 | 1025: the backward's last warp team | first block team; 16384: the widest row.
+    for (int64_t d : {int64_t(1), int64_t(33), int64_t(768), int64_t(1024), int64_t(1025),
+                      int64_t(4096), int64_t(8193), int64_t(16384)}) {
       const int64_t rows = d > 1000 ? 37 : 129;
       std::string what = std::string("rms_norm ") + dtype_name(dt) + " d=" + std::to_string(d);
       Tensor xc = leaf({rows, d}, dt, kCPU, 4), xg = leaf({rows, d}, dt, kGPU, 4);

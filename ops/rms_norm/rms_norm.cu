@@ -13,28 +13,41 @@
 // bytes in bf16), so the backward needs no extra pass over x before it can start. xhat and g
 // are recomputed from x and dy, which the backward reads anyway.
 //
-// Grids. A row belongs to a team of threads that holds it in registers, kElems = 16 elements per
-// thread (two 16-byte packs in bf16/f16, four in f32, 16 scalars on the scalar path), so each
-// row is read from memory once even though it is used twice (reduce, then scale).
-//   d <= 512   the team is one warp: its reductions are shuffles, no barrier. Blocks of 256
-//              threads work on 8 rows at a time.
-//   d >  512   the team is the whole block: ceil(d / 16) threads, rounded up to whole warps,
-//              at most 1024, hence d <= kRmsNormMaxD = 16384.
-// Blocks stride over the rows (block b takes row groups b, b + grid, ...) and the grid is one
-// wave: as many blocks as the occupancy calculator fits on the SMs at once. The backward uses the
-// same teams and the same rows-to-blocks mapping as the forward. Loads and stores are 16-byte
-// packs when d is a multiple of the pack width and x, y (dy, dx) and weight are 16-byte aligned
-// (then every row is); otherwise the same kernels run with one element per access.
+// Grids. A row belongs to a team of threads that holds it in registers, so each row is read from
+// memory once even though it is used twice (reduce, then scale). Thread `lane` of a team owns the
+// packs lane, lane + team, lane + 2 team, ... of the row; every kernel is built for a fixed number
+// of packs per lane (kPPL) and of rows per team (kRows), so the registers it asks for are the
+// ones it uses.
+//   d <= 1024  the team is a warp (reductions are shuffles, no barrier), 8 teams to a block of
+//              256 threads. kPPL is the row's packs over 32, rounded up to a power of two; the
+//              forward gives a team 32 / (kPPL V) rows at once, so every thread holds 32
+//              elements (at d = 256 in bf16: 4 rows of one pack per lane), and the backward, which
+//              holds x and dy, two rows while a row is at most 8 elements a lane.
+//   d >  1024  the team is the whole block: ceil(d / elements per thread) threads rounded up to
+//              whole warps, 32 elements per thread in the forward and 16 in the backward, hence
+//              d <= kRmsNormMaxD = 16 * 1024.
+// The forward launches one block per group of rows, as many blocks as groups: the hardware starts
+// blocks in order, so the rows in flight at any moment are neighbours in memory. (A persistent
+// grid that strides over the rows lets its blocks drift apart, and DRAM serves the scattered rows
+// about 10% slower: 88% of copy against 97% at d = 4096, bf16 on an H200.) The backward must be
+// persistent, since a block sums dy xhat over all the rows it sees: one wave of blocks (as many
+// as the occupancy calculator fits) strides over the rows. Those sums live in shared memory, laid
+// out so that consecutive lanes touch consecutive words, which leaves the registers to the rows
+// in flight; the launch bounds cap a thread at 64 registers (128 for warp teams holding 32
+// elements), which decides how many blocks share an SM. Loads and stores are 16-byte packs when
+// d is a multiple of the pack width and x, y (dy, dx) and weight are 16-byte aligned (then every
+// row is); otherwise the same kernels run with one element per access. docs/kernels.md lists
+// the layouts measured against these.
 //
 // Accumulation:
 //   forward    y = (dt, rounded from fp32), rstd = (fp32)
 //   backward   dx = (dt; skipped when null), in the same pass that accumulates dweight. A thread
-//              always owns the same columns, so it sums dy xhat of its rows in fp32 registers;
-//              at the end each team writes its sums to its own row of shared memory and the
-//              block adds its teams' rows in team order. deterministic: partials[block, :] =
-//              that (fp32), then a column reduce sums partials[0..blocks) in a fixed order and
-//              does dweight[:] += (fp32). Otherwise atomicAdd(dweight[j], the block's value),
-//              whose rounding depends on the blocks' arrival order.
+//              always owns the same columns, so it adds dy xhat of its rows into the same words of
+//              its team's shared-memory row, in row order; at the end the block adds its teams'
+//              rows in team order. deterministic: partials[block, :] = that (fp32), then a column
+//              reduce sums partials[0..blocks) in a fixed order and does dweight[:] += (fp32).
+//              Otherwise atomicAdd(dweight[j], the block's value), whose rounding depends on the
+//              blocks' arrival order.
 //   Every sum is fp32 in a fixed order (per thread, shuffle tree, teams, blocks), and the grid
 //   depends only on the GPU model: the same inputs give the same bits on every run.
 #include "ops/rms_norm/rms_norm_cuda.h"
@@ -44,6 +57,7 @@
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <type_traits>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -59,15 +73,21 @@
 namespace mt::cuda {
 namespace {
 
-constexpr int kElems = 16;          // row elements a thread keeps in registers, per input
-constexpr int kWarpTeamBlock = 256;  // block size when the team is a warp: 8 rows at a time
+constexpr int kWarpTeamBlock = 256;  // block size when the team is a warp: 8 teams
 constexpr int kMaxBlock = 1024;
-constexpr int kSmallBlock = 256;     // backward blocks up to this size get a register-rich build
 constexpr int kReduceCols = 32;      // column reduce: 32 columns (one warp wide) per block,
 constexpr int kReduceSlices = 32;    // and 32 slices of the partial rows summed side by side
 constexpr size_t kDefaultSharedBytes = 48 * 1024;  // more needs an explicit opt-in per kernel
 
-static_assert(kRmsNormMaxD == int64_t(kElems) * kMaxBlock);
+// Row elements a thread holds per input when the team is the whole block (d > 1024).
+constexpr int kFwdElems = 32;
+constexpr int kBwdElems = 16;
+static_assert(kRmsNormMaxD == int64_t(kBwdElems) * kMaxBlock);
+
+// Rows a warp team takes at once: the forward fills 32 elements a thread; the backward, which
+// holds two inputs, takes two rows while a row is at most 8 elements a lane.
+constexpr int fwd_rows(int ppl, int v) { return ppl * v >= 32 ? 1 : 32 / (ppl * v); }
+constexpr int bwd_rows(int ppl, int v) { return ppl * v <= 8 ? 2 : 1; }
 
 // The weights of columns col .. col + V - 1 (col a multiple of V), 16 bytes at a time when V
 // allows. The weight is tiny and read by every row: these loads hit L1.
@@ -85,171 +105,176 @@ __device__ __forceinline__ void load_weight(const float* __restrict__ w, int col
   }
 }
 
-// dst[0 .. V) = v in shared memory, 16 bytes at a time when V allows.
-template <int V>
-__device__ __forceinline__ void store_to(float* dst, const float (&v)[V]) {
-  if constexpr (V % 4 == 0) {
-#pragma unroll
-    for (int k = 0; k < V; k += 4)
-      *reinterpret_cast<float4*>(dst + k) = make_float4(v[k], v[k + 1], v[k + 2], v[k + 3]);
-  } else {
-#pragma unroll
-    for (int k = 0; k < V; ++k) dst[k] = v[k];
-  }
-}
-
 // Sum of v over the calling thread's team, returned to every thread of the team, in a fixed
 // order. A warp team needs only the shuffle butterfly; a block team then goes through shared
-// memory, where every thread adds the warp totals in warp order. The second barrier lets the
-// next row reuse the scratch.
-__device__ float team_sum(float v, int team_size) {
+// memory, where every thread adds the warp totals in warp order. Successive calls alternate
+// between two scratch rows (`parity`), so one barrier per call is enough: a warp cannot rewrite a
+// row before every warp has passed the next call's barrier, after reading it.
+__device__ float team_sum(float v, int team_size, int parity) {
   v = warp_sum(v);
   if (team_size == 32) return v;
-  __shared__ float warp_totals[kMaxBlock / 32];
-  if (threadIdx.x % 32 == 0) warp_totals[threadIdx.x / 32] = v;
+  __shared__ float warp_totals[2][kMaxBlock / 32];
+  if (threadIdx.x % 32 == 0) warp_totals[parity][threadIdx.x / 32] = v;
   __syncthreads();
   float total = 0.0f;
-  for (int i = 0; i < team_size / 32; ++i) total += warp_totals[i];
-  __syncthreads();
+  for (int i = 0; i < team_size / 32; ++i) total += warp_totals[parity][i];
   return total;
 }
 
-// Thread `lane` of a team owns packs lane, lane + team_size, ... of each of its rows (coalesced:
-// a warp reads 512 contiguous bytes per pack). All of its kElems / V packs are loaded before any
-// is used, so a thread has that many 16-byte loads in flight per input.
-template <class T, int V>
+// Team t of block b normalizes rows (b * teams + t) * kRows .. + kRows. All of a thread's
+// kRows * kPPL packs are loaded before any is used, so that many 16-byte loads are in flight.
+template <class T, int V, int kPPL, int kRows>
 __global__ void __launch_bounds__(kMaxBlock)
     forward_kernel(const T* __restrict__ x, const float* __restrict__ weight, T* __restrict__ y,
                    float* __restrict__ rstd, int64_t rows, int d, float eps, int team_size) {
   using P = Pack<T, V>;
-  constexpr int kPacks = kElems / V;
   const int teams = blockDim.x / team_size;
   const int team = threadIdx.x / team_size, lane = threadIdx.x % team_size;
   const int packs = d / V;
+  const int64_t first = (int64_t(blockIdx.x) * teams + team) * kRows;
+  if (first >= rows) return;  // a warp team past the last row (it shares no barrier)
 
-  for (int64_t first = int64_t(blockIdx.x) * teams; first < rows;
-       first += int64_t(gridDim.x) * teams) {
-    const int64_t row = first + team;
-    const bool live = row < rows;  // false only for warp teams past the last row
-    const P* xr = reinterpret_cast<const P*>(x + row * d);
-    P xv[kPacks];
+  P xv[kRows][kPPL];
 #pragma unroll
-    for (int p = 0; p < kPacks; ++p)
-      if (live && lane + p * team_size < packs) xv[p] = xr[lane + p * team_size];
+  for (int s = 0; s < kRows; ++s)
+#pragma unroll
+    for (int p = 0; p < kPPL; ++p)
+      if (first + s < rows && lane + p * team_size < packs)
+        xv[s][p] = reinterpret_cast<const P*>(x + (first + s) * d)[lane + p * team_size];
 
-    float sum_sq = 0.0f;
+  float sum_sq[kRows];
 #pragma unroll
-    for (int p = 0; p < kPacks; ++p) {
-      if (!live || lane + p * team_size >= packs) break;
+  for (int s = 0; s < kRows; ++s) {
+    sum_sq[s] = 0.0f;
+#pragma unroll
+    for (int p = 0; p < kPPL; ++p) {
+      if (lane + p * team_size >= packs) break;
 #pragma unroll
       for (int k = 0; k < V; ++k) {
-        const float v = to_float(xv[p].v[k]);
-        sum_sq += v * v;
+        const float v = to_float(xv[s][p].v[k]);
+        sum_sq[s] += v * v;
       }
     }
-    const float r = 1.0f / sqrtf(team_sum(sum_sq, team_size) / float(d) + eps);
-    if (!live) continue;
+  }
+#pragma unroll
+  for (int s = 0; s < kRows; ++s) {
+    const int64_t row = first + s;
+    const float r = 1.0f / sqrtf(team_sum(sum_sq[s], team_size, 0) / float(d) + eps);
+    if (row >= rows) break;
     if (lane == 0) rstd[row] = r;
-
     P* yr = reinterpret_cast<P*>(y + row * d);
 #pragma unroll
-    for (int p = 0; p < kPacks; ++p) {
+    for (int p = 0; p < kPPL; ++p) {
       const int q = lane + p * team_size;
       if (q >= packs) break;
       float w[V];
       load_weight<V>(weight, q * V, w);
       P out;
 #pragma unroll
-      for (int k = 0; k < V; ++k) out.v[k] = from_float<T>(to_float(xv[p].v[k]) * r * w[k]);
+      for (int k = 0; k < V; ++k) out.v[k] = from_float<T>(to_float(xv[s][p].v[k]) * r * w[k]);
       yr[q] = out;
     }
   }
 }
 
-// dx for each row with the forward's teams and mapping, and this block's share of dweight:
-// written to partials[blockIdx.x, :], or atomically added to dweight_atomic (at most one of the
-// two is non-null; both null when the caller does not want dweight). Dynamic shared memory:
-// teams * d floats when dweight is wanted.
+// dx for each row, and this block's share of dweight: written to partials[blockIdx.x, :], or
+// atomically added to dweight_atomic (at most one of the two is non-null; both null when the
+// caller does not want dweight). Dynamic shared memory: teams * team_size * kPPL * V floats, the
+// dweight sums. Element k of pack p of lane l sits at word (p * V + k) * team_size + l of its
+// team's row, so a warp's 32 lanes always touch 32 consecutive words (no bank conflict).
 //
-// kMaxThreads is the launch bound. A thread holds 16 elements of x, 16 of dy and 16 fp32 sums of
-// dweight, about 80 registers: blocks of at most kSmallBlock threads (rows up to 4096) may have
-// them; larger blocks cap a thread at 64 and the compiler spills a few bytes, a cost only rows
-// longer than 4096 pay.
-template <class T, int V, int kMaxThreads>
-__global__ void __launch_bounds__(kMaxThreads)
+// kMaxThreads and kMinBlocks are the launch bounds: they cap a thread's registers at
+// 65536 / (kMaxThreads * kMinBlocks).
+template <class T, int V, int kPPL, int kRows, int kMaxThreads, int kMinBlocks>
+__global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
     backward_kernel(const T* __restrict__ x, const float* __restrict__ weight,
                     const float* __restrict__ rstd, const T* __restrict__ dy, T* __restrict__ dx,
                     float* __restrict__ partials, float* dweight_atomic, int64_t rows, int d,
                     int team_size) {
   using P = Pack<T, V>;
-  constexpr int kPacks = kElems / V;
   const int teams = blockDim.x / team_size;
   const int team = threadIdx.x / team_size, lane = threadIdx.x % team_size;
   const int packs = d / V;
-  float dw_sum[kPacks][V] = {};  // this thread's columns of sum_r dy xhat
+  const int span = team_size * kPPL * V;  // shared-memory words per team
+  const bool want_dw = partials != nullptr || dweight_atomic != nullptr;  // same for the grid
+  extern __shared__ float4 shared[];
+  float* dw_sums = reinterpret_cast<float*>(shared);  // [teams][span], see above
+  if (want_dw) {
+    for (int i = threadIdx.x; i < teams * span; i += blockDim.x) dw_sums[i] = 0.0f;
+    __syncthreads();
+  }
+  float* my_sums = dw_sums + team * span + lane;
 
-  for (int64_t first = int64_t(blockIdx.x) * teams; first < rows;
-       first += int64_t(gridDim.x) * teams) {
-    const int64_t row = first + team;
-    const bool live = row < rows;
-    const P* xr = reinterpret_cast<const P*>(x + row * d);
-    const P* gr = reinterpret_cast<const P*>(dy + row * d);
-    P xv[kPacks], gv[kPacks];
+  int parity = 0;
+  for (int64_t base = int64_t(blockIdx.x) * teams * kRows; base < rows;
+       base += int64_t(gridDim.x) * teams * kRows) {
+    const int64_t first = base + team * kRows;  // this team's rows: first .. first + kRows
+    P xv[kRows][kPPL], gv[kRows][kPPL];
+    float r[kRows];
 #pragma unroll
-    for (int p = 0; p < kPacks; ++p) {
-      if (live && lane + p * team_size < packs) {
-        xv[p] = xr[lane + p * team_size];
-        gv[p] = gr[lane + p * team_size];
+    for (int s = 0; s < kRows; ++s) {
+      const bool live = first + s < rows;
+      r[s] = live ? rstd[first + s] : 0.0f;
+#pragma unroll
+      for (int p = 0; p < kPPL; ++p) {
+        if (live && lane + p * team_size < packs) {
+          xv[s][p] = reinterpret_cast<const P*>(x + (first + s) * d)[lane + p * team_size];
+          gv[s][p] = reinterpret_cast<const P*>(dy + (first + s) * d)[lane + p * team_size];
+        }
       }
     }
-    const float r = live ? rstd[row] : 0.0f;
 
-    float dot = 0.0f;  // this thread's share of sum_j g_j xhat_j
+    float c[kRows];  // this thread's share of sum_j g_j xhat_j, then the team's mean
 #pragma unroll
-    for (int p = 0; p < kPacks; ++p) {
-      const int q = lane + p * team_size;
-      if (!live || q >= packs) break;
-      float w[V];
-      load_weight<V>(weight, q * V, w);
+    for (int s = 0; s < kRows; ++s) {
+      c[s] = 0.0f;
 #pragma unroll
-      for (int k = 0; k < V; ++k) {
-        const float xhat = to_float(xv[p].v[k]) * r, dyv = to_float(gv[p].v[k]);  // x̂_j = x_j·rstd
-        dot += dyv * w[k] * xhat;    // g_j·x̂_j, with g_j = dy_j·weight_j = dL/dx̂_j
-        dw_sum[p][k] += dyv * xhat;  // dw_j += dy_j·x̂_j (this row's term of Σ_r)
+      for (int p = 0; p < kPPL; ++p) {
+        const int q = lane + p * team_size;
+        if (first + s >= rows || q >= packs) break;
+        float w[V];
+        load_weight<V>(weight, q * V, w);
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          const float xhat = to_float(xv[s][p].v[k]) * r[s], dyv = to_float(gv[s][p].v[k]);  // x̂_j = x_j·rstd
+          c[s] += dyv * w[k] * xhat;  // g_j·x̂_j, with g_j = dy_j·weight_j = dL/dx̂_j
+          if (want_dw) my_sums[(p * V + k) * team_size] += dyv * xhat;  // dw_j += dy_j·x̂_j
+        }
       }
     }
-    const float c = team_sum(dot, team_size) / float(d);  // c = mean_j g_j·x̂_j: rstd's share
-    if (!live || dx == nullptr) continue;
+#pragma unroll
+    for (int s = 0; s < kRows; ++s, parity ^= 1)
+      c[s] = team_sum(c[s], team_size, parity) / float(d);  // c = mean_j g_j·x̂_j: rstd's share
+    if (dx == nullptr) continue;
 
-    P* dxr = reinterpret_cast<P*>(dx + row * d);
 #pragma unroll
-    for (int p = 0; p < kPacks; ++p) {
-      const int q = lane + p * team_size;
-      if (q >= packs) break;
-      float w[V];
-      load_weight<V>(weight, q * V, w);
-      P out;
+    for (int s = 0; s < kRows; ++s) {
+      if (first + s >= rows) break;
+      P* dxr = reinterpret_cast<P*>(dx + (first + s) * d);
 #pragma unroll
-      for (int k = 0; k < V; ++k) {
-        const float xhat = to_float(xv[p].v[k]) * r, g = to_float(gv[p].v[k]) * w[k];
-        out.v[k] = from_float<T>(r * (g - xhat * c));  // dx_j = rstd·(g_j − x̂_j·c): direct − via rstd
+      for (int p = 0; p < kPPL; ++p) {
+        const int q = lane + p * team_size;
+        if (q >= packs) break;
+        float w[V];
+        load_weight<V>(weight, q * V, w);
+        P out;
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          const float xhat = to_float(xv[s][p].v[k]) * r[s], g = to_float(gv[s][p].v[k]) * w[k];
+          out.v[k] = from_float<T>(r[s] * (g - xhat * c[s]));  // dx_j = rstd·(g_j − x̂_j·c): direct − via rstd
+        }
+        dxr[q] = out;
       }
-      dxr[q] = out;
     }
   }
 
-  if (partials == nullptr && dweight_atomic == nullptr) return;  // the same for the whole grid
-  extern __shared__ float4 shared[];  // float4: 16-byte aligned, for store_to
-  float* dw_rows = reinterpret_cast<float*>(shared);  // [teams][d]
-#pragma unroll
-  for (int p = 0; p < kPacks; ++p) {
-    const int q = lane + p * team_size;
-    if (q < packs) store_to<V>(dw_rows + team * d + q * V, dw_sum[p]);
-  }
+  if (!want_dw) return;
   __syncthreads();
   for (int col = threadIdx.x; col < d; col += blockDim.x) {
+    const int q = col / V, k = col % V;  // column col is element k of pack q,
+    const int word = (q / team_size * V + k) * team_size + q % team_size;  // owned by lane q % team_size
     float total = 0.0f;
-    for (int t = 0; t < teams; ++t) total += dw_rows[t * d + col];
+    for (int t = 0; t < teams; ++t) total += dw_sums[t * span + word];
     if (partials != nullptr)
       partials[int64_t(blockIdx.x) * d + col] = total;
     else
@@ -284,18 +309,37 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Threads per row (team) and per block, for rows of d elements.
+// The team and block for rows of d elements: a warp team when the row fits in 32 threads at
+// 32 elements each, else a block team of ceil(d / elems) threads rounded up to whole warps.
 struct Layout {
   int team_size;
   int block;
   int teams() const { return block / team_size; }
 };
 
-Layout layout_for(int d) {
-  const int threads = int(ceil_div(d, kElems));
-  if (threads <= 32) return {32, kWarpTeamBlock};
-  const int block = int(ceil_div(threads, 32)) * 32;
+Layout layout_for(int d, int elems) {
+  if (d <= 32 * 32) return {32, kWarpTeamBlock};
+  const int block = int(ceil_div(ceil_div(d, elems), 32)) * 32;
   return {block, block};
+}
+
+// Calls f(std::integral_constant<int, kPPL>) with the packs per lane of a warp team (d <= 1024):
+// the row's packs over 32, rounded up to a power of two, so at most 4 in bf16/f16 and 8 in f32.
+// The one-element path (V = 1) has a single build for every d.
+template <int V, class F>
+void with_warp_ppl(int d, F&& f) {
+  const int64_t ppl = ceil_div(ceil_div(d, V), 32);
+  if constexpr (V == 1) {
+    f(std::integral_constant<int, 32>{});
+  } else {
+    if (ppl <= 1) return f(std::integral_constant<int, 1>{});
+    if (ppl <= 2) return f(std::integral_constant<int, 2>{});
+    if (ppl <= 4) return f(std::integral_constant<int, 4>{});
+    if constexpr (V == 4) {
+      if (ppl <= 8) return f(std::integral_constant<int, 8>{});
+    }
+    MT_THROW("rms_norm: no warp-team build for d = ", d);
+  }
 }
 
 // Blocks of `kernel` that fit on one SM at once. The answer depends only on the device, the
@@ -335,35 +379,47 @@ void check_shape(const char* op, int64_t rows, int64_t d) {
 template <class T>
 void forward_as(const void* x, const float* weight, void* y, float* rstd, int64_t rows, int d,
                 float eps, cudaStream_t s) {
-  constexpr int V = 16 / sizeof(T);
-  const Layout L = layout_for(d);
   const T* xt = static_cast<const T*>(x);
   T* yt = static_cast<T*>(y);
-  auto launch = [&](auto kernel) {
-    const int grid = one_wave(kernel, L.block, 0, ceil_div(rows, L.teams()));
-    kernel<<<grid, L.block, 0, s>>>(xt, weight, yt, rstd, rows, d, eps, L.team_size);
+  auto launch = [&](auto v, auto ppl, const Layout& L) {
+    constexpr int V = decltype(v)::value, kPPL = decltype(ppl)::value;
+    constexpr int kRows = fwd_rows(kPPL, V);
+    const int64_t grid = ceil_div(rows, int64_t(L.teams()) * kRows);
+    MT_CHECK(grid <= INT32_MAX, "rms_norm_forward: ", rows, " rows are more than one launch takes");
+    forward_kernel<T, V, kPPL, kRows>
+        <<<unsigned(grid), L.block, 0, s>>>(xt, weight, yt, rstd, rows, d, eps, L.team_size);
     MT_CUDA_CHECK_LAUNCH();
   };
+  auto with_width = [&](auto v) {
+    constexpr int V = decltype(v)::value;
+    const Layout L = layout_for(d, kFwdElems);
+    if (L.team_size == 32)
+      with_warp_ppl<V>(d, [&](auto ppl) { launch(v, ppl, L); });
+    else
+      launch(v, std::integral_constant<int, kFwdElems / V>{}, L);
+  };
+  constexpr int V = 16 / sizeof(T);
   if (d % V == 0 && aligned16(x) && aligned16(y) && aligned16(weight))
-    launch(forward_kernel<T, V>);
+    with_width(std::integral_constant<int, V>{});
   else
-    launch(forward_kernel<T, 1>);
+    with_width(std::integral_constant<int, 1>{});
 }
 
 template <class T>
 void backward_as(const void* x, const float* weight, const float* rstd, const void* dy, void* dx,
                  float* dweight, int64_t rows, int d, bool deterministic, cudaStream_t s) {
-  constexpr int V = 16 / sizeof(T);
-  const Layout L = layout_for(d);
-  const size_t shared_bytes = dweight != nullptr ? size_t(L.teams()) * d * sizeof(float) : 0;
   const T* xt = static_cast<const T*>(x);
   const T* gt = static_cast<const T*>(dy);
   T* dxt = static_cast<T*>(dx);
-  auto launch = [&](auto kernel) {
+  const Layout L = layout_for(d, kBwdElems);
+  auto launch = [&](auto kernel, int elems_per_lane, int rows_per_team) {
+    const size_t shared_bytes =
+        dweight != nullptr ? size_t(L.block) * elems_per_lane * sizeof(float) : 0;
     if (shared_bytes > kDefaultSharedBytes)
       MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          int(shared_bytes)));
-    const int grid = one_wave(kernel, L.block, shared_bytes, ceil_div(rows, L.teams()));
+    const int grid = one_wave(kernel, L.block, shared_bytes,
+                              ceil_div(rows, int64_t(L.teams()) * rows_per_team));
     float* partials = nullptr;
     if (dweight != nullptr && deterministic)
       partials = static_cast<float*>(
@@ -380,13 +436,33 @@ void backward_as(const void* x, const float* weight, const float* rstd, const vo
       free_on(s, partials);  // stream-ordered: released after the reduce has run
     }
   };
+  // Warp teams: up to 16 elements a thread may use 64 registers, 32 elements 128. Block teams
+  // hold 16 elements in at most 64 registers, under the smallest launch bound that fits the block.
+  auto with_width = [&](auto v) {
+    constexpr int V = decltype(v)::value;
+    if (L.team_size == 32) {
+      with_warp_ppl<V>(d, [&](auto ppl) {
+        constexpr int kPPL = decltype(ppl)::value, kRows = bwd_rows(kPPL, V);
+        constexpr int kMinBlocks = kPPL * V * kRows <= 16 ? 4 : 2;
+        launch(backward_kernel<T, V, kPPL, kRows, kWarpTeamBlock, kMinBlocks>, kPPL * V, kRows);
+      });
+      return;
+    }
+    constexpr int kPPL = kBwdElems / V;
+    if (L.block <= 256)
+      launch(backward_kernel<T, V, kPPL, 1, 256, 4>, kBwdElems, 1);
+    else if (L.block <= 512)
+      launch(backward_kernel<T, V, kPPL, 1, 512, 2>, kBwdElems, 1);
+    else
+      launch(backward_kernel<T, V, kPPL, 1, 1024, 1>, kBwdElems, 1);
+  };
+  constexpr int V = 16 / sizeof(T);
   const bool vectorized = d % V == 0 && aligned16(x) && aligned16(dy) && aligned16(weight) &&
                           (dx == nullptr || aligned16(dx));
-  const bool small = L.block <= kSmallBlock;
   if (vectorized)
-    small ? launch(backward_kernel<T, V, kSmallBlock>) : launch(backward_kernel<T, V, kMaxBlock>);
+    with_width(std::integral_constant<int, V>{});
   else
-    small ? launch(backward_kernel<T, 1, kSmallBlock>) : launch(backward_kernel<T, 1, kMaxBlock>);
+    with_width(std::integral_constant<int, 1>{});
 }
 
 }  // namespace

@@ -11,7 +11,8 @@
 
 namespace mt::cuda {
 
-// Each thread keeps 16 elements of a row in registers and a row's team is at most 1024 threads.
+// A backward thread keeps 16 elements of a long row in registers and a team is at most 1024
+// threads.
 inline constexpr int64_t kRmsNormMaxD = 16 * 1024;
 
 // y[r,:] = x[r,:] * rstd[r] * weight[:],  rstd[r] = 1/sqrt(mean(x[r,:]^2) + eps).
