@@ -222,6 +222,13 @@ void bench_rms_norm(Table& table, DType dt, int64_t rows, int64_t d, bool target
     mt::cuda::rms_norm_backward(x.get(), weight.get<float>(), rstd.get<float>(), dy.get(),
                                 dx.get(), dweight.get<float>(), rows, d, dt, deterministic, s);
   };
+  // A copy of one [rows, d] tensor moves the forward's bytes: what a kernel of this size can
+  // reach, launch and ramp included (the targets are against the 2 GiB copy).
+  if (targets)
+    table.add({"copy, the fwd's bytes" + at, name, median_ms(s, [&] {
+                 MT_CUDA_CHECK(cudaMemcpyAsync(y.get(), x.get(), bytes, cudaMemcpyDeviceToDevice, s));
+               }),
+               2 * e, 0.0});
   table.add({"rms_norm fwd" + at, name, median_ms(s, forward), 2 * e + fwd_small,
              targets ? kRmsFwd : 0.0});
   table.add({"rms_norm bwd (det)" + at, name, median_ms(s, [&] { backward(true); }),

@@ -177,11 +177,39 @@ __global__ void __launch_bounds__(kMaxBlock)
   }
 }
 
+// Where a backward team keeps the dweight sum of element k of its lane's pack p, in words from
+// the start of its shared-memory row: the elements of a pack in groups of four consecutive words
+// (one 16-byte access), lane after lane, so a warp's accesses are 32 consecutive groups.
+// With one element per pack, one word per lane, again lane after lane.
+template <int V>
+__device__ __forceinline__ int sum_slot(int p, int k, int lane, int team_size) {
+  constexpr int kGroup = V % 4 == 0 ? 4 : 1;
+  return ((p * V + k) / kGroup * team_size + lane) * kGroup + k % kGroup;
+}
+
+// sums[slot of (p, k, lane)] += v[k] for the V elements of one pack.
+template <int V>
+__device__ __forceinline__ void add_sums(float* sums, int p, int lane, int team_size,
+                                         const float (&v)[V]) {
+  if constexpr (V % 4 == 0) {
+#pragma unroll
+    for (int g = 0; g < V; g += 4) {
+      float4* at = reinterpret_cast<float4*>(sums + sum_slot<V>(p, g, lane, team_size));
+      float4 a = *at;
+      a.x += v[g], a.y += v[g + 1], a.z += v[g + 2], a.w += v[g + 3];
+      *at = a;
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < V; ++k) sums[sum_slot<V>(p, k, lane, team_size)] += v[k];
+  }
+}
+
 // dx for each row, and this block's share of dweight: written to partials[blockIdx.x, :], or
 // atomically added to dweight_atomic (at most one of the two is non-null; both null when the
 // caller does not want dweight). Dynamic shared memory: teams * team_size * kPPL * V floats, the
-// dweight sums. Element k of pack p of lane l sits at word (p * V + k) * team_size + l of its
-// team's row, so a warp's 32 lanes always touch 32 consecutive words (no bank conflict).
+// dweight sums, laid out by sum_slot so that a warp's lanes touch consecutive words (no bank
+// conflict) and a 16-byte pack's sums move as 16-byte shared-memory accesses.
 //
 // kMaxThreads and kMinBlocks are the launch bounds: they cap a thread's registers at
 // 65536 / (kMaxThreads * kMinBlocks).
@@ -203,7 +231,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
     for (int i = threadIdx.x; i < teams * span; i += blockDim.x) dw_sums[i] = 0.0f;
     __syncthreads();
   }
-  float* my_sums = dw_sums + team * span + lane;
+  float* my_sums = dw_sums + team * span;
 
   int parity = 0;
   for (int64_t base = int64_t(blockIdx.x) * teams * kRows; base < rows;
@@ -234,12 +262,14 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
         if (first + s >= rows || q >= packs) break;
         float w[V];
         load_weight<V>(weight, q * V, w);
+        float dw[V];
 #pragma unroll
         for (int k = 0; k < V; ++k) {
           const float xhat = to_float(xv[s][p].v[k]) * r[s], dyv = to_float(gv[s][p].v[k]);  // x̂_j = x_j·rstd
           c[s] += dyv * w[k] * xhat;  // g_j·x̂_j, with g_j = dy_j·weight_j = dL/dx̂_j
-          if (want_dw) my_sums[(p * V + k) * team_size] += dyv * xhat;  // dw_j += dy_j·x̂_j
+          dw[k] = dyv * xhat;         // this row's term of dw_j = Σ_r dy_j·x̂_j
         }
+        if (want_dw) add_sums<V>(my_sums, p, lane, team_size, dw);
       }
     }
 #pragma unroll
@@ -271,8 +301,8 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
   if (!want_dw) return;
   __syncthreads();
   for (int col = threadIdx.x; col < d; col += blockDim.x) {
-    const int q = col / V, k = col % V;  // column col is element k of pack q,
-    const int word = (q / team_size * V + k) * team_size + q % team_size;  // owned by lane q % team_size
+    const int q = col / V;  // column col is in pack q, which is pack q / team of lane q % team
+    const int word = sum_slot<V>(q / team_size, col % V, q % team_size, team_size);
     float total = 0.0f;
     for (int t = 0; t < teams; ++t) total += dw_sums[t * span + word];
     if (partials != nullptr)
