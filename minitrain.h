@@ -18,6 +18,7 @@
 #include "ops/elementwise/elementwise.h"
 #include "ops/linear/linear.h"
 #include "ops/rms_norm/rms_norm.h"
+#include "ops/rms_norm/rms_norm_scaled_silu.h"
 #include "ops/scaled_silu/scaled_silu.h"
 #include "check/op_check.h"
 

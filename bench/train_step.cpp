@@ -7,6 +7,7 @@
 //   then clip_grad_norm_(params, 1.0), AdamW step, zero_grad.
 // The model, fp32 master weights and fp32 gradients, GEMMs in bf16 (set_compute_dtype):
 //   Linear(in, h) → RMSNorm(h) → ScaledSiLU → Linear(h, h) → RMSNorm(h) → ScaledSiLU → Linear(h, C)
+// (the Sequential runs each RMSNorm → ScaledSiLU pair as one fused rms_norm_scaled_silu)
 //
 //   train_step [--size small|large|all] [--export DIR]
 //     small   in 784,  h 1024, C 10,   microbatch 128    (1.9M params: bound by launches)
@@ -54,6 +55,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/accumulate.h"
+#include "core/autograd.h"
 #include "core/cuda/check.h"
 #include "core/cuda/graph.h"
 #include "core/cuda/runtime.h"
@@ -286,8 +288,21 @@ class GraphStep {
 // backward is one row: its ops are launched by the engine, between no events of ours.
 void print_breakdown(nn::Sequential& model, optim::AdamW& optimizer, const std::vector<Tensor>& params,
                      const Batch& batch, int64_t microbatch, int steps) {
+  // The forward's steps as the Sequential runs them (RMSNorm → ScaledSiLU fused into one).
   std::vector<std::string> names;
-  for (size_t i = 0; i < model.size(); ++i) names.push_back("forward " + std::to_string(i) + " " + model[i]->repr());
+  std::vector<size_t> first_child;
+  {
+    NoGradGuard no_grad;
+    Tensor h = batch.x.slice_rows(0, 1);
+    for (size_t i = 0, next = 0; i < model.size(); i = next) {
+      h = model.forward_step(i, h, &next);
+      std::string name = "forward " + std::to_string(i) + " " + model[i]->repr();
+      for (size_t j = i + 1; j < next; ++j) name += " + " + model[j]->repr() + " (fused)";
+      names.push_back(name);
+      first_child.push_back(i);
+    }
+  }
+  const size_t forward_rows = names.size();
   for (const char* n : {"cross_entropy forward", "backward (all ops)", "clip_grad_norm_", "AdamW step", "zero_grad"})
     names.emplace_back(n);
   std::vector<double> ms(names.size(), 0.0);
@@ -308,21 +323,22 @@ void print_breakdown(nn::Sequential& model, optim::AdamW& optimizer, const std::
     for (int64_t k = 0; k < kMicrobatches; ++k) {
       const int64_t begin = k * microbatch, end = begin + microbatch;
       Tensor h = batch.x.slice_rows(begin, end);
-      for (size_t i = 0; i < model.size(); ++i) {
-        h = (*model[i])(h);
-        mark(), slot.push_back(i);
+      for (size_t row = 0; row < forward_rows; ++row) {
+        size_t next = 0;
+        h = model.forward_step(first_child[row], h, &next);
+        mark(), slot.push_back(row);
       }
       Tensor loss = cross_entropy(h, batch.y.slice_rows(begin, end), -100, normalizer);
-      mark(), slot.push_back(model.size());
+      mark(), slot.push_back(forward_rows);
       loss.backward();
-      mark(), slot.push_back(model.size() + 1);
+      mark(), slot.push_back(forward_rows + 1);
     }
     optim::clip_grad_norm_(params, kClipNorm);
-    mark(), slot.push_back(model.size() + 2);
+    mark(), slot.push_back(forward_rows + 2);
     optimizer.step();
-    mark(), slot.push_back(model.size() + 3);
+    mark(), slot.push_back(forward_rows + 3);
     optimizer.zero_grad();
-    mark(), slot.push_back(model.size() + 4);
+    mark(), slot.push_back(forward_rows + 4);
     MT_CUDA_CHECK(cudaEventSynchronize(events.back()));
     for (size_t i = 1; i < events.size(); ++i) {
       float t = 0;
@@ -368,8 +384,8 @@ Work work_of(const Size& s, double params, double weights) {
   const double B = double(kMicrobatches * s.microbatch);
   const double in = double(s.in), h = double(s.hidden), C = double(s.classes);
   const double gemm_flop = 2 * B * (2 * in * h + 3 * h * h + 3 * h * C);
-  const double activations = 2 * 20 * B * h     // per hidden layer and element: RMSNorm fwd 4 + bwd 6,
-                                                // ScaledSiLU fwd 4 + bwd 6 bytes
+  const double activations = 2 * 10 * B * h     // per hidden layer and element, RMSNorm and
+                                                // ScaledSiLU fused: fwd 4 + bwd 6 bytes
                              + 6 * B * C        // cross_entropy: logits read; read again, dlogits written
                              + 2 * B * (2 * h + C);  // db: each Linear's dY read once
   // Per parameter: fresh grads zero-filled 4, norm read 4, clip scale read + write 8, AdamW

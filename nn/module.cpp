@@ -28,6 +28,8 @@ ForwardHookGuard::ForwardHookGuard(ForwardHook hook) : hook_(std::move(hook)), p
 
 ForwardHookGuard::~ForwardHookGuard() { forward_hook = previous_; }
 
+bool forward_hook_active() { return forward_hook != nullptr; }
+
 Tensor Module::forward(const Tensor&) {
   MT_THROW(repr(), ": this module has no one-tensor forward; call the forward it declares");
 }

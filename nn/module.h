@@ -147,6 +147,10 @@ class ForwardHookGuard {
   ForwardHook* previous_;
 };
 
+// Whether a forward hook is set on this thread (containers that fuse layers run them one by one
+// while it is, so the hook sees every layer's output).
+bool forward_hook_active();
+
 // Prints the module tree: "Sequential(\n  (0): Linear(...)\n  ...\n)".
 std::ostream& operator<<(std::ostream& os, const Module& m);
 

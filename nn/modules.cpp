@@ -2,12 +2,14 @@
 
 #include <cmath>
 #include <sstream>
+#include <typeinfo>
 
 #include "core/autograd.h"
 #include "nn/init.h"
 #include "ops/elementwise/elementwise.h"
 #include "ops/linear/linear.h"
 #include "ops/rms_norm/rms_norm.h"
+#include "ops/rms_norm/rms_norm_scaled_silu.h"
 #include "ops/scaled_silu/scaled_silu.h"
 
 namespace mt::nn {
@@ -69,11 +71,38 @@ void Sequential::push_back(const AnyModule& module) {
   register_module(std::to_string(size()), module.ptr());
 }
 
+namespace {
+
+// m as an M when it is exactly an M: a subclass may override forward, and must not be fused.
+template <class M>
+const M* exactly(const std::shared_ptr<Module>& m) {
+  const Module& ref = *m;
+  return typeid(ref) == typeid(M) ? static_cast<const M*>(m.get()) : nullptr;
+}
+
+}  // namespace
+
 Tensor Sequential::forward(const Tensor& x) {
   MT_CHECK(size() > 0, "Sequential: forward through an empty Sequential");
   Tensor y = x;
-  for (const auto& [name, child] : named_children()) y = (*child)(y);  // through operator(), so a forward hook sees each layer
+  for (size_t i = 0; i < size();) y = forward_step(i, y, &i);
   return y;
+}
+
+Tensor Sequential::forward_step(size_t i, const Tensor& x, size_t* next) {
+  const auto& children = named_children();
+  MT_CHECK(i < children.size(), "Sequential: index ", i, " out of range for ", children.size(),
+           " modules");
+  if (fuse && !forward_hook_active() && i + 1 < children.size()) {
+    const RMSNorm* norm = exactly<RMSNorm>(children[i].second);
+    const ScaledSiLU* act = exactly<ScaledSiLU>(children[i + 1].second);
+    if (norm != nullptr && act != nullptr) {
+      *next = i + 2;
+      return rms_norm_scaled_silu(x, norm->weight, act->w, norm->eps);
+    }
+  }
+  *next = i + 1;
+  return (*children[i].second)(x);  // through operator(), so a forward hook sees each layer
 }
 
 const std::shared_ptr<Module>& Sequential::operator[](size_t i) const {

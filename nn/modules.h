@@ -74,6 +74,10 @@ class AnyModule {
 };
 
 // Runs its children in order; they are named "0", "1", ... (so "0.weight" in a state dict).
+// An RMSNorm directly followed by a ScaledSiLU (exactly those classes, not subclasses) runs as one
+// rms_norm_scaled_silu (ops/rms_norm/rms_norm_scaled_silu.h): one kernel each way instead of two,
+// the same parameters and state dict, h kept in fp32 between the two. `fuse = false`, or a
+// forward hook on the thread (which must see each layer's output), runs them one by one.
 class Sequential : public Module {
  public:
   Sequential() = default;
@@ -84,6 +88,11 @@ class Sequential : public Module {
 
   size_t size() const { return named_children().size(); }
   const std::shared_ptr<Module>& operator[](size_t i) const;
+  // One step of forward: child i on x, or children i and i + 1 fused; *next = the first child
+  // not yet run. (For code that times or inspects the layers one step at a time.)
+  Tensor forward_step(size_t i, const Tensor& x, size_t* next);
+
+  bool fuse = true;
 };
 
 // widths {in, h1, ..., hk, out}: per hidden layer Linear → [RMSNorm] → activation, then a final

@@ -10,9 +10,13 @@
 #include "nn/modules.h"
 #include "ops/cross_entropy/cross_entropy.h"
 #include "ops/elementwise/elementwise.h"
+#include "ops/rms_norm/rms_norm.h"
+#include "ops/rms_norm/rms_norm_scaled_silu.h"
+#include "ops/scaled_silu/scaled_silu.h"
 #include "optim/sgd.h"
 #include "tests/gradcheck.h"
 #include "tests/expect_error.h"
+#include "tests/max_rel_diff.h"
 
 using namespace mt;
 using mt::test::expect_error;
@@ -320,6 +324,99 @@ TEST(Sequential, BraceSyntaxNamesChildrenByIndex) {
   EXPECT_EQ(model[4], head);
   EXPECT_EQ(model(randn({3, 784})).shape(), (Shape{3, 2}));
   expect_error([&] { model[5]; }, {"index 5", "5 modules"});
+}
+
+namespace {
+
+// The values of a model's output and of every parameter's gradient after one backward of
+// sum(output * R), R fixed.
+std::vector<std::vector<double>> output_and_grads(nn::Sequential& model, const Tensor& x,
+                                                  const Tensor& r) {
+  model.zero_grad();
+  Tensor y = model(x);
+  sum(mul(y, r)).backward();
+  std::vector<std::vector<double>> out{y.to_vector()};
+  for (const Tensor& p : model.parameters()) out.push_back(p.grad().to_vector());
+  return out;
+}
+
+struct MyNorm : nn::RMSNorm {  // a subclass: Sequential must run its own forward
+  using nn::RMSNorm::RMSNorm;
+  Tensor forward(const Tensor& x) override { return scale(nn::RMSNorm::forward(x), 2.0); }
+};
+
+}  // namespace
+
+// RMSNorm → ScaledSiLU runs as the fused op, with the unfused pair's values and gradients (f64:
+// the two differ only in rounding), and the same parameters.
+TEST(Sequential, RunsRMSNormThenScaledSiLUAsOneFusedOp) {
+  manual_seed(3);
+  nn::Sequential model{nn::Linear(6, 9), nn::RMSNorm(9), nn::ScaledSiLU(), nn::Linear(9, 4)};
+  model.to(DType::f64);
+  for (const Tensor& p : model.parameters()) {  // away from the initial ones and zeros
+    NoGradGuard no_grad;
+    p.copy_(add(p, scale(randn(p.shape(), DType::f64), 0.3)));
+  }
+  const Tensor x = randn({5, 6}, DType::f64), r = randn({5, 4}, DType::f64);
+  const auto fused = output_and_grads(model, x, r);
+  model.fuse = false;
+  const auto unfused = output_and_grads(model, x, r);
+  EXPECT_LT(test::max_rel_diff(fused, unfused), 1e-12);
+
+  nn::Sequential pair{nn::RMSNorm(9), nn::ScaledSiLU()};
+  Tensor h = randn({2, 9});
+  h.set_requires_grad();
+  EXPECT_EQ(pair(h).grad_fn()->name(), "rms_norm_scaled_silu");
+  pair.fuse = false;
+  EXPECT_EQ(pair(h).grad_fn()->name(), "scaled_silu");
+}
+
+// A forward hook must see each layer's output, and a subclass keeps its own forward: neither is
+// fused.
+TEST(Sequential, AHookOrASubclassRunsTheLayersOneByOne) {
+  nn::Sequential model{nn::RMSNorm(4), nn::ScaledSiLU()};
+  std::vector<std::string> seen;
+  {
+    nn::ForwardHookGuard hook([&](const nn::Module& m, const Tensor&) { seen.push_back(m.repr()); });
+    model(randn({2, 4}));
+  }
+  EXPECT_EQ(seen, (std::vector<std::string>{"RMSNorm(4, eps=1e-05)", "ScaledSiLU()", "Sequential"}));
+
+  nn::Sequential mine{MyNorm(4), nn::ScaledSiLU()};
+  const Tensor x = randn({3, 4});
+  const Tensor& g = std::static_pointer_cast<nn::RMSNorm>(mine[0])->weight;
+  const Tensor& w = std::static_pointer_cast<nn::ScaledSiLU>(mine[1])->w;
+  EXPECT_EQ(mine(x).to_vector(), scaled_silu(scale(rms_norm(x, g), 2.0), w).to_vector());
+}
+
+// What the fusion changes in bf16: h is not rounded between the two ops. Both paths against the
+// f64 reference on the same rounded inputs: the fused one is at least as close (it rounds fewer
+// times), and the two differ by about one bf16 rounding (2^-8 relative).
+TEST(Sequential, FusedRoundingInBf16IsMeasuredAgainstF64) {
+  manual_seed(11);
+  const int64_t rows = 64, d = 256;
+  Tensor x = randn({rows, d}).to(DType::bf16).set_requires_grad();
+  const Tensor dy = randn({rows, d}).to(DType::bf16);
+  Tensor g = add(randn({d}), full({d}, 1.0)).set_requires_grad();
+  Tensor w = full({1}, 1.3).set_requires_grad();
+  auto run = [&](bool fused, Tensor xi, Tensor gi, Tensor wi, const Tensor& dyi) {
+    xi.zero_grad(), gi.zero_grad(), wi.zero_grad();
+    Tensor y = fused ? rms_norm_scaled_silu(xi, gi, wi) : scaled_silu(rms_norm(xi, gi), wi);
+    y.backward(dyi);
+    return std::vector<std::vector<double>>{y.to_vector(), xi.grad().to_vector(),
+                                            gi.grad().to_vector(), wi.grad().to_vector()};
+  };
+  Tensor x64 = x.detach().to(DType::f64).set_requires_grad();
+  Tensor g64 = g.detach().to(DType::f64).set_requires_grad();
+  Tensor w64 = w.detach().to(DType::f64).set_requires_grad();
+  const auto ref = run(true, x64, g64, w64, dy.to(DType::f64));
+  const auto fused = run(true, x, g, w, dy), unfused = run(false, x, g, w, dy);
+  const double fused_err = test::max_rel_diff(fused, ref), unfused_err = test::max_rel_diff(unfused, ref);
+  const double between = test::max_rel_diff(fused, unfused);
+  std::printf("bf16 [%lld, %lld]: against f64, fused %.2e, unfused %.2e; fused vs unfused %.2e\n",
+              (long long)rows, (long long)d, fused_err, unfused_err, between);
+  EXPECT_LE(fused_err, unfused_err);
+  EXPECT_LT(between, 2.0 / 256);
 }
 
 TEST(MLP, StructureNamesAndOptions) {

@@ -69,6 +69,8 @@
 #include "core/cuda/vec.cuh"
 #include "core/registry.h"
 #include "ops/rms_norm/rms_norm.h"
+#include "ops/rms_norm/rms_norm_scaled_silu.h"
+#include "ops/scaled_silu/silu.cuh"
 
 namespace mt::cuda {
 namespace {
@@ -121,18 +123,40 @@ __device__ float team_sum(float v, int team_size, int parity) {
   return total;
 }
 
+// What follows the normalization, per element, with h = x·rstd·weight in fp32: rms_norm stops
+// there; rms_norm_scaled_silu goes on to y = w·h·σ(h), w one fp32 scalar the kernels read from
+// device memory (a CUDA graph replays the current value). backward turns dL/dy into dL/dh and
+// adds the scalar's term, dy·h·σ(h), into `dw`.
+struct Plain {
+  static constexpr bool kScalar = false;
+  __device__ static float forward(float h, float) { return h; }
+  __device__ static float backward(float, float dy, float, float&) { return dy; }
+};
+
+struct ScaledSiLUTail {
+  static constexpr bool kScalar = true;
+  __device__ static float forward(float h, float w) { return w * h * sigmoid(h); }
+  __device__ static float backward(float h, float dy, float w, float& dw) {
+    const float s = sigmoid(h);  // recomputed from h, as scaled_silu recomputes it from x
+    dw += dy * h * s;            // dw = Σ dy·h·σ(h)
+    return dy * w * silu_grad(h, s);  // dh = dy·w·(s + h·s·(1 − s))
+  }
+};
+
 // Team t of block b normalizes rows (b * teams + t) * kRows .. + kRows. All of a thread's
 // kRows * kPPL packs are loaded before any is used, so that many 16-byte loads are in flight.
-template <class T, int V, int kPPL, int kRows>
+template <class T, int V, int kPPL, int kRows, class E>
 __global__ void __launch_bounds__(kMaxBlock)
-    forward_kernel(const T* __restrict__ x, const float* __restrict__ weight, T* __restrict__ y,
-                   float* __restrict__ rstd, int64_t rows, int d, float eps, int team_size) {
+    forward_kernel(const T* __restrict__ x, const float* __restrict__ weight,
+                   const float* __restrict__ scalar, T* __restrict__ y, float* __restrict__ rstd,
+                   int64_t rows, int d, float eps, int team_size) {
   using P = Pack<T, V>;
   const int teams = blockDim.x / team_size;
   const int team = threadIdx.x / team_size, lane = threadIdx.x % team_size;
   const int packs = d / V;
   const int64_t first = (int64_t(blockIdx.x) * teams + team) * kRows;
   if (first >= rows) return;  // a warp team past the last row (it shares no barrier)
+  const float ws = E::kScalar ? *scalar : 0.0f;
 
   P xv[kRows][kPPL];
 #pragma unroll
@@ -171,7 +195,8 @@ __global__ void __launch_bounds__(kMaxBlock)
       load_weight<V>(weight, q * V, w);
       P out;
 #pragma unroll
-      for (int k = 0; k < V; ++k) out.v[k] = from_float<T>(to_float(xv[s][p].v[k]) * r * w[k]);
+      for (int k = 0; k < V; ++k)
+        out.v[k] = from_float<T>(E::forward(to_float(xv[s][p].v[k]) * r * w[k], ws));
       yr[q] = out;
     }
   }
@@ -205,19 +230,21 @@ __device__ __forceinline__ void add_sums(float* sums, int p, int lane, int team_
   }
 }
 
-// dx for each row, and this block's share of dweight: written to partials[blockIdx.x, :], or
-// atomically added to dweight_atomic (at most one of the two is non-null; both null when the
-// caller does not want dweight). Dynamic shared memory: teams * team_size * kPPL * V floats, the
+// dx for each row, and this block's share of dweight (and of the scalar's gradient, for an
+// epilogue with one): written to partials[blockIdx.x, :] (d + 1 columns with the scalar, the
+// last one its), or atomically added to dweight_atomic and scalar_atomic (partials or the
+// atomics; neither when the caller wants no parameter gradient). Dynamic shared memory: teams * team_size * kPPL * V floats, the
 // dweight sums, laid out by sum_slot so that a warp's lanes touch consecutive words (no bank
 // conflict) and a 16-byte pack's sums move as 16-byte shared-memory accesses.
 //
 // kMaxThreads and kMinBlocks are the launch bounds: they cap a thread's registers at
 // 65536 / (kMaxThreads * kMinBlocks).
-template <class T, int V, int kPPL, int kRows, int kMaxThreads, int kMinBlocks>
+template <class T, int V, int kPPL, int kRows, int kMaxThreads, int kMinBlocks, class E>
 __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
     backward_kernel(const T* __restrict__ x, const float* __restrict__ weight,
-                    const float* __restrict__ rstd, const T* __restrict__ dy, T* __restrict__ dx,
-                    float* __restrict__ partials, float* dweight_atomic, int64_t rows, int d,
+                    const float* __restrict__ scalar, const float* __restrict__ rstd,
+                    const T* __restrict__ dy, T* __restrict__ dx, float* __restrict__ partials,
+                    float* dweight_atomic, float* scalar_atomic, int64_t rows, int d,
                     int team_size) {
   using P = Pack<T, V>;
   const int teams = blockDim.x / team_size;
@@ -232,6 +259,8 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
     __syncthreads();
   }
   float* my_sums = dw_sums + team * span;
+  const float ws = E::kScalar ? *scalar : 0.0f;
+  float scalar_sum = 0.0f;  // this thread's share of the scalar's gradient, in row order
 
   int parity = 0;
   for (int64_t base = int64_t(blockIdx.x) * teams * kRows; base < rows;
@@ -265,7 +294,8 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
         float dw[V];
 #pragma unroll
         for (int k = 0; k < V; ++k) {
-          const float xhat = to_float(xv[s][p].v[k]) * r[s], dyv = to_float(gv[s][p].v[k]);  // x̂_j = x_j·rstd
+          const float xhat = to_float(xv[s][p].v[k]) * r[s];  // x̂_j = x_j·rstd
+          const float dyv = E::backward(xhat * w[k], to_float(gv[s][p].v[k]), ws, scalar_sum);
           c[s] += dyv * w[k] * xhat;  // g_j·x̂_j, with g_j = dy_j·weight_j = dL/dx̂_j
           dw[k] = dyv * xhat;         // this row's term of dw_j = Σ_r dy_j·x̂_j
         }
@@ -290,7 +320,9 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
         P out;
 #pragma unroll
         for (int k = 0; k < V; ++k) {
-          const float xhat = to_float(xv[s][p].v[k]) * r[s], g = to_float(gv[s][p].v[k]) * w[k];
+          const float xhat = to_float(xv[s][p].v[k]) * r[s];
+          float unused = 0.0f;  // the scalar's term was taken in the first pass
+          const float g = E::backward(xhat * w[k], to_float(gv[s][p].v[k]), ws, unused) * w[k];
           out.v[k] = from_float<T>(r[s] * (g - xhat * c[s]));  // dx_j = rstd·(g_j − x̂_j·c): direct − via rstd
         }
         dxr[q] = out;
@@ -299,39 +331,52 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
   }
 
   if (!want_dw) return;
-  __syncthreads();
+  const int width = d + int(E::kScalar);  // the partials' row
+  if constexpr (E::kScalar) {
+    const float total = block_sum(scalar_sum);  // its barrier also publishes dw_sums
+    if (threadIdx.x == 0) {
+      if (partials != nullptr)
+        partials[int64_t(blockIdx.x) * width + d] = total;
+      else
+        atomicAdd(scalar_atomic, total);
+    }
+  } else {
+    __syncthreads();
+  }
   for (int col = threadIdx.x; col < d; col += blockDim.x) {
     const int q = col / V;  // column col is in pack q, which is pack q / team of lane q % team
     const int word = sum_slot<V>(q / team_size, col % V, q % team_size, team_size);
     float total = 0.0f;
     for (int t = 0; t < teams; ++t) total += dw_sums[t * span + word];
     if (partials != nullptr)
-      partials[int64_t(blockIdx.x) * d + col] = total;
+      partials[int64_t(blockIdx.x) * width + col] = total;
     else
       atomicAdd(dweight_atomic + col, total);
   }
 }
 
-// dweight[j] += sum_b partials[b, j] in a fixed order. Thread (x, y) of a 32 x 32 block sums rows
-// b = y, y + 32, ... of column blockIdx.x * 32 + x (a warp reads 128 contiguous bytes, and the
-// unrolled loop keeps several loads in flight: this pass is latency-bound, not bandwidth-bound);
-// then thread (x, 0) adds the 32 slices in order.
+// out[j] += sum_b partials[b, j] in a fixed order, out = dweight for j < d and the scalar's
+// gradient for j = d (the partials are `width` = d or d + 1 columns). Thread (x, y) of a 32 x 32
+// block sums rows b = y, y + 32, ... of column blockIdx.x * 32 + x (a warp reads 128 contiguous
+// bytes, and the unrolled loop keeps several loads in flight: this pass is latency-bound, not
+// bandwidth-bound); then thread (x, 0) adds the 32 slices in order.
 __global__ void __launch_bounds__(kReduceCols * kReduceSlices)
-    column_reduce_kernel(const float* __restrict__ partials, int blocks, int d,
-                         float* __restrict__ dweight) {
+    column_reduce_kernel(const float* __restrict__ partials, int blocks, int width, int d,
+                         float* __restrict__ dweight, float* __restrict__ dscalar) {
   __shared__ float slices[kReduceSlices][kReduceCols];
   const int col = blockIdx.x * kReduceCols + threadIdx.x;
   float v = 0.0f;
-  if (col < d) {
+  if (col < width) {
 #pragma unroll 4
-    for (int b = threadIdx.y; b < blocks; b += kReduceSlices) v += partials[int64_t(b) * d + col];
+    for (int b = threadIdx.y; b < blocks; b += kReduceSlices)
+      v += partials[int64_t(b) * width + col];
   }
   slices[threadIdx.y][threadIdx.x] = v;
   __syncthreads();
-  if (threadIdx.y == 0 && col < d) {
+  if (threadIdx.y == 0 && col < width) {
     float total = 0.0f;
     for (int s = 0; s < kReduceSlices; ++s) total += slices[s][threadIdx.x];
-    dweight[col] += total;
+    *(col < d ? dweight + col : dscalar) += total;
   }
 }
 
@@ -406,18 +451,18 @@ void check_shape(const char* op, int64_t rows, int64_t d) {
            " elements are longer than the CUDA kernels support (d <= ", kRmsNormMaxD, ")");
 }
 
-template <class T>
-void forward_as(const void* x, const float* weight, void* y, float* rstd, int64_t rows, int d,
-                float eps, cudaStream_t s) {
+template <class T, class E>
+void forward_as(const void* x, const float* weight, const float* scalar, void* y, float* rstd,
+                int64_t rows, int d, float eps, cudaStream_t s) {
   const T* xt = static_cast<const T*>(x);
   T* yt = static_cast<T*>(y);
   auto launch = [&](auto v, auto ppl, const Layout& L) {
     constexpr int V = decltype(v)::value, kPPL = decltype(ppl)::value;
     constexpr int kRows = fwd_rows(kPPL, V);
     const int64_t grid = ceil_div(rows, int64_t(L.teams()) * kRows);
-    MT_CHECK(grid <= INT32_MAX, "rms_norm_forward: ", rows, " rows are more than one launch takes");
-    forward_kernel<T, V, kPPL, kRows>
-        <<<unsigned(grid), L.block, 0, s>>>(xt, weight, yt, rstd, rows, d, eps, L.team_size);
+    MT_CHECK(grid <= INT32_MAX, "rms_norm: ", rows, " rows are more than one launch takes");
+    forward_kernel<T, V, kPPL, kRows, E><<<unsigned(grid), L.block, 0, s>>>(
+        xt, weight, scalar, yt, rstd, rows, d, eps, L.team_size);
     MT_CUDA_CHECK_LAUNCH();
   };
   auto with_width = [&](auto v) {
@@ -435,13 +480,16 @@ void forward_as(const void* x, const float* weight, void* y, float* rstd, int64_
     with_width(std::integral_constant<int, 1>{});
 }
 
-template <class T>
-void backward_as(const void* x, const float* weight, const float* rstd, const void* dy, void* dx,
-                 float* dweight, int64_t rows, int d, bool deterministic, cudaStream_t s) {
+// dweight and dscalar are both wanted or both null (the launchers below check it).
+template <class T, class E>
+void backward_as(const void* x, const float* weight, const float* scalar, const float* rstd,
+                 const void* dy, void* dx, float* dweight, float* dscalar, int64_t rows, int d,
+                 bool deterministic, cudaStream_t s) {
   const T* xt = static_cast<const T*>(x);
   const T* gt = static_cast<const T*>(dy);
   T* dxt = static_cast<T*>(dx);
   const Layout L = layout_for(d, kBwdElems);
+  const int width = d + int(E::kScalar);
   auto launch = [&](auto kernel, int elems_per_lane, int rows_per_team) {
     const size_t shared_bytes =
         dweight != nullptr ? size_t(L.block) * elems_per_lane * sizeof(float) : 0;
@@ -453,15 +501,17 @@ void backward_as(const void* x, const float* weight, const float* rstd, const vo
     float* partials = nullptr;
     if (dweight != nullptr && deterministic)
       partials = static_cast<float*>(
-          alloc_on(s, size_t(grid) * d * sizeof(float), current_device()));
+          alloc_on(s, size_t(grid) * width * sizeof(float), current_device()));
     float* dweight_atomic = deterministic ? nullptr : dweight;
-    kernel<<<grid, L.block, shared_bytes, s>>>(xt, weight, rstd, gt, dxt, partials,
-                                               dweight_atomic, rows, d, L.team_size);
+    float* scalar_atomic = deterministic ? nullptr : dscalar;
+    kernel<<<grid, L.block, shared_bytes, s>>>(xt, weight, scalar, rstd, gt, dxt, partials,
+                                               dweight_atomic, scalar_atomic, rows, d,
+                                               L.team_size);
     MT_CUDA_CHECK_LAUNCH();
     if (partials != nullptr) {
       const dim3 block(kReduceCols, kReduceSlices);
-      column_reduce_kernel<<<int(ceil_div(d, kReduceCols)), block, 0, s>>>(partials, grid, d,
-                                                                            dweight);
+      column_reduce_kernel<<<int(ceil_div(width, kReduceCols)), block, 0, s>>>(
+          partials, grid, width, d, dweight, dscalar);
       MT_CUDA_CHECK_LAUNCH();
       free_on(s, partials);  // stream-ordered: released after the reduce has run
     }
@@ -474,17 +524,18 @@ void backward_as(const void* x, const float* weight, const float* rstd, const vo
       with_warp_ppl<V>(d, [&](auto ppl) {
         constexpr int kPPL = decltype(ppl)::value, kRows = bwd_rows(kPPL, V);
         constexpr int kMinBlocks = kPPL * V * kRows <= 16 ? 4 : 2;
-        launch(backward_kernel<T, V, kPPL, kRows, kWarpTeamBlock, kMinBlocks>, kPPL * V, kRows);
+        launch(backward_kernel<T, V, kPPL, kRows, kWarpTeamBlock, kMinBlocks, E>, kPPL * V,
+               kRows);
       });
       return;
     }
     constexpr int kPPL = kBwdElems / V;
     if (L.block <= 256)
-      launch(backward_kernel<T, V, kPPL, 1, 256, 4>, kBwdElems, 1);
+      launch(backward_kernel<T, V, kPPL, 1, 256, 4, E>, kBwdElems, 1);
     else if (L.block <= 512)
-      launch(backward_kernel<T, V, kPPL, 1, 512, 2>, kBwdElems, 1);
+      launch(backward_kernel<T, V, kPPL, 1, 512, 2, E>, kBwdElems, 1);
     else
-      launch(backward_kernel<T, V, kPPL, 1, 1024, 1>, kBwdElems, 1);
+      launch(backward_kernel<T, V, kPPL, 1, 1024, 1, E>, kBwdElems, 1);
   };
   constexpr int V = 16 / sizeof(T);
   const bool vectorized = d % V == 0 && aligned16(x) && aligned16(dy) && aligned16(weight) &&
@@ -495,6 +546,18 @@ void backward_as(const void* x, const float* weight, const float* rstd, const vo
     with_width(std::integral_constant<int, 1>{});
 }
 
+// Calls f(T{}) with the CUDA type of dt, for the dtypes these kernels are built for.
+template <class F>
+void with_dtype(const char* op, DType dt, F&& f) {
+  switch (dt) {
+    case DType::f32: return f(float{});
+    case DType::bf16: return f(__nv_bfloat16{});
+    case DType::f16: return f(__half{});
+    default:
+      MT_THROW(op, ": dtype ", dtype_name(dt), " is not supported on CUDA (f32, bf16, f16)");
+  }
+}
+
 }  // namespace
 
 void rms_norm_forward(const void* x, const float* weight, void* y, float* rstd, int64_t rows,
@@ -503,14 +566,9 @@ void rms_norm_forward(const void* x, const float* weight, void* y, float* rstd, 
   if (rows == 0) return;
   MT_CHECK(x != nullptr && weight != nullptr && y != nullptr && rstd != nullptr,
            "rms_norm_forward: null pointer");
-  switch (dt) {
-    case DType::f32: return forward_as<float>(x, weight, y, rstd, rows, int(d), eps, s);
-    case DType::bf16: return forward_as<__nv_bfloat16>(x, weight, y, rstd, rows, int(d), eps, s);
-    case DType::f16: return forward_as<__half>(x, weight, y, rstd, rows, int(d), eps, s);
-    default:
-      MT_THROW("rms_norm_forward: dtype ", dtype_name(dt),
-               " is not supported on CUDA (f32, bf16, f16)");
-  }
+  with_dtype("rms_norm_forward", dt, [&](auto t) {
+    forward_as<decltype(t), Plain>(x, weight, nullptr, y, rstd, rows, int(d), eps, s);
+  });
 }
 
 // dx '=' in dt; dweight[:] '+=' in fp32 (fixed-order column reduce, or atomicAdd): see the top.
@@ -521,25 +579,46 @@ void rms_norm_backward(const void* x, const float* weight, const float* rstd, co
   if (rows == 0 || (dx == nullptr && dweight == nullptr)) return;
   MT_CHECK(x != nullptr && weight != nullptr && rstd != nullptr && dy != nullptr,
            "rms_norm_backward: null pointer");
-  const int di = int(d);
-  switch (dt) {
-    case DType::f32:
-      return backward_as<float>(x, weight, rstd, dy, dx, dweight, rows, di, deterministic, s);
-    case DType::bf16:
-      return backward_as<__nv_bfloat16>(x, weight, rstd, dy, dx, dweight, rows, di,
-                                        deterministic, s);
-    case DType::f16:
-      return backward_as<__half>(x, weight, rstd, dy, dx, dweight, rows, di, deterministic, s);
-    default:
-      MT_THROW("rms_norm_backward: dtype ", dtype_name(dt),
-               " is not supported on CUDA (f32, bf16, f16)");
-  }
+  with_dtype("rms_norm_backward", dt, [&](auto t) {
+    backward_as<decltype(t), Plain>(x, weight, nullptr, rstd, dy, dx, dweight, nullptr, rows,
+                                    int(d), deterministic, s);
+  });
+}
+
+void rms_norm_scaled_silu_forward(const void* x, const float* weight, const float* silu_w,
+                                  void* y, float* rstd, int64_t rows, int64_t d, float eps,
+                                  DType dt, cudaStream_t s) {
+  check_shape("rms_norm_scaled_silu_forward", rows, d);
+  if (rows == 0) return;
+  MT_CHECK(x != nullptr && weight != nullptr && silu_w != nullptr && y != nullptr &&
+               rstd != nullptr,
+           "rms_norm_scaled_silu_forward: null pointer");
+  with_dtype("rms_norm_scaled_silu_forward", dt, [&](auto t) {
+    forward_as<decltype(t), ScaledSiLUTail>(x, weight, silu_w, y, rstd, rows, int(d), eps, s);
+  });
+}
+
+void rms_norm_scaled_silu_backward(const void* x, const float* weight, const float* silu_w,
+                                   const float* rstd, const void* dy, void* dx, float* dweight,
+                                   float* dsilu_w, int64_t rows, int64_t d, DType dt,
+                                   bool deterministic, cudaStream_t s) {
+  check_shape("rms_norm_scaled_silu_backward", rows, d);
+  MT_CHECK((dweight == nullptr) == (dsilu_w == nullptr),
+           "rms_norm_scaled_silu_backward: dweight and dsilu_w are wanted together or not at all");
+  if (rows == 0 || (dx == nullptr && dweight == nullptr)) return;
+  MT_CHECK(x != nullptr && weight != nullptr && silu_w != nullptr && rstd != nullptr &&
+               dy != nullptr,
+           "rms_norm_scaled_silu_backward: null pointer");
+  with_dtype("rms_norm_scaled_silu_backward", dt, [&](auto t) {
+    backward_as<decltype(t), ScaledSiLUTail>(x, weight, silu_w, rstd, dy, dx, dweight, dsilu_w,
+                                             rows, int(d), deterministic, s);
+  });
 }
 
 }  // namespace mt::cuda
 
-// ---- Tensor-level kernels registered for rms_norm on CUDA ---------------------------------
-// (The Function and the math are in rms_norm.cpp / rms_norm.h.)
+// ---- Tensor-level kernels registered for rms_norm and rms_norm_scaled_silu on CUDA ---------
+// (The Functions and the math are in rms_norm.cpp / .h and rms_norm_scaled_silu.cpp / .h.)
 namespace mt {
 namespace {
 
@@ -565,7 +644,32 @@ void rms_norm_backward_cuda(const Tensor& x, const Tensor& weight, const Tensor&
 
 }  // namespace
 
+// The fused op: the same kernels with the ScaledSiLU epilogue. dweight and dw are the .grads
+// (sinks) or fresh zeros, both defined or both not (the Function allocates the pair).
+void rms_norm_scaled_silu_forward_cuda(const Tensor& x, const Tensor& weight, const Tensor& w,
+                                       double eps, const Tensor& y, const Tensor& rstd) {
+  const int64_t d = weight.numel();
+  MT_CHECK(d <= cuda::kRmsNormMaxD, "rms_norm_scaled_silu: CUDA rows are at most ",
+           cuda::kRmsNormMaxD, " wide, got ", d);
+  cuda::rms_norm_scaled_silu_forward(x.data_ptr(), cuda::ptr<const float>(weight),
+                                     cuda::ptr<const float>(w), y.data_ptr(),
+                                     cuda::ptr<float>(rstd), x.numel() / d, d, float(eps),
+                                     x.dtype(), cuda::stream_of(x));
+}
+
+void rms_norm_scaled_silu_backward_cuda(const Tensor& x, const Tensor& weight, const Tensor& w,
+                                        const Tensor& rstd, const Tensor& dy, const Tensor& dx,
+                                        const Tensor& dweight, const Tensor& dw) {
+  const int64_t d = weight.numel();
+  cuda::rms_norm_scaled_silu_backward(
+      x.data_ptr(), cuda::ptr<const float>(weight), cuda::ptr<const float>(w),
+      cuda::ptr<const float>(rstd), dy.data_ptr(), cuda::ptr(dx), cuda::ptr<float>(dweight),
+      cuda::ptr<float>(dw), x.numel() / d, d, x.dtype(), deterministic(), cuda::stream_of(x));
+}
+
 MT_REGISTER_KERNEL(rms_norm, Forward, CUDA, rms_norm_forward_cuda);
 MT_REGISTER_KERNEL(rms_norm, Backward, CUDA, rms_norm_backward_cuda);
+MT_REGISTER_KERNEL(rms_norm_scaled_silu, Forward, CUDA, rms_norm_scaled_silu_forward_cuda);
+MT_REGISTER_KERNEL(rms_norm_scaled_silu, Backward, CUDA, rms_norm_scaled_silu_backward_cuda);
 
 }  // namespace mt

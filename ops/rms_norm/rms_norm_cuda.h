@@ -27,4 +27,16 @@ void rms_norm_backward(const void* x, const float* weight, const float* rstd, co
                        void* dx, float* dweight, int64_t rows, int64_t d, DType dt,
                        bool deterministic, cudaStream_t s);
 
+// The fused rms_norm_scaled_silu (rms_norm_scaled_silu.h): the same kernels, with
+// y = silu_w · h · σ(h) for h = x * rstd * weight, silu_w one fp32 scalar on the device.
+void rms_norm_scaled_silu_forward(const void* x, const float* weight, const float* silu_w,
+                                  void* y, float* rstd, int64_t rows, int64_t d, float eps,
+                                  DType dt, cudaStream_t s);
+
+// dx '=' (nullable); dweight[:] += and dsilu_w[0] += in fp32, both or neither (null).
+void rms_norm_scaled_silu_backward(const void* x, const float* weight, const float* silu_w,
+                                   const float* rstd, const void* dy, void* dx, float* dweight,
+                                   float* dsilu_w, int64_t rows, int64_t d, DType dt,
+                                   bool deterministic, cudaStream_t s);
+
 }  // namespace mt::cuda

@@ -50,6 +50,7 @@
 #include "core/cuda/vec.cuh"
 #include "core/registry.h"
 #include "ops/scaled_silu/scaled_silu.h"
+#include "ops/scaled_silu/silu.cuh"
 
 namespace mt::cuda {
 namespace {
@@ -58,11 +59,6 @@ constexpr int kThreads = 256;
 constexpr int kMaxGrid = 1 << 20;           // 2^28 threads: thread indices fit in 32 bits
 constexpr int kBackwardBlocksPerSm = 4;     // 4 x 256 threads: half an SM, 64 registers each
 constexpr int kReduceThreads = 1024;
-
-__device__ __forceinline__ float sigmoid(float x) { return __fdividef(1.0f, 1.0f + __expf(-x)); }
-
-// d/dx (x s) = s + x s (1 - s), written as s (1 + x (1 - s)): one multiply fewer.
-__device__ __forceinline__ float silu_grad(float x, float s) { return s * (1.0f + x * (1.0f - s)); }
 
 // At most kMaxGrid blocks, so a thread's index fits in 32 bits.
 __device__ __forceinline__ int thread_index() { return blockIdx.x * blockDim.x + threadIdx.x; }
