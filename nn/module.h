@@ -100,7 +100,7 @@ class Module {
   // checks). Mixed precision keeps fp32 parameters and uses set_compute_dtype instead.
   void to(DType dtype);
 
-  // The dtype the GEMMs run in. bf16/f16: every Linear weight gets a detached compute-dtype copy
+  // The dtype the GEMMs run in. bf16/f16: every Linear weight and bias gets a detached compute-dtype copy
   // (Tensor::compute_copy) that the optimizer refreshes after each update; f32 drops the copies.
   virtual void set_compute_dtype(DType dtype);
 

@@ -27,7 +27,10 @@ Linear::Linear(int64_t in, int64_t out, bool with_bias) : in_features(in), out_f
   }
 }
 
-Tensor Linear::forward(const Tensor& x) { return linear(x, weight, bias, weight.compute_copy()); }
+Tensor Linear::forward(const Tensor& x) {
+  return linear(x, weight, bias, weight.compute_copy(),
+                bias.defined() ? bias.compute_copy() : Tensor());
+}
 
 std::string Linear::repr() const {
   return "Linear(in_features=" + std::to_string(in_features) + ", out_features=" +
@@ -36,8 +39,11 @@ std::string Linear::repr() const {
 
 void Linear::set_compute_dtype(DType dtype) {
   Module::set_compute_dtype(dtype);  // checks the dtype
-  NoGradGuard no_grad;               // the copy is detached: gradients go to the fp32 weight
+  NoGradGuard no_grad;               // the copies are detached: gradients go to the fp32 ones
   weight.set_compute_copy(dtype == DType::f32 ? Tensor() : weight.to(dtype));
+  // The bias rounded once per update instead of on every forward (the GEMM epilogue adds it in
+  // the compute dtype either way).
+  if (bias.defined()) bias.set_compute_copy(dtype == DType::f32 ? Tensor() : bias.to(dtype));
 }
 
 // ---- RMSNorm, ScaledSiLU, ReLU ------------------------------------------------------------

@@ -6,7 +6,8 @@
 //   Tensor logits = model(x);
 //
 // Every parameter is fp32 (f64 after Module::to(DType::f64)); bf16/f16 compute goes through
-// Module::set_compute_dtype, which gives Linear weights a compute-dtype copy for the GEMMs.
+// Module::set_compute_dtype, which gives Linear weights and biases compute-dtype copies for the
+// GEMMs.
 #include <concepts>
 #include <cstdint>
 #include <initializer_list>

@@ -378,7 +378,8 @@ TEST(MixedPrecision, ModelIn16BitsIsFp32MathRoundedOncePerOp) {
     for (size_t i = 0; i < p.model->layers->size(); ++i) {
       nn::Module* m = (*p.model->layers)[i].get();
       auto* next = i + 1 < p.model->layers->size() ? (*p.model->layers)[i + 1].get() : nullptr;
-      if (auto* l = dynamic_cast<nn::Linear*>(m)) h = linear(up(h), up(l->weight.to(dt)), l->bias);
+      // The bias as the epilogue adds it: rounded to dt (the Linear's compute copy).
+      if (auto* l = dynamic_cast<nn::Linear*>(m)) h = linear(up(h), up(l->weight.to(dt)), up(l->bias.to(dt)));
       else if (auto* n = dynamic_cast<nn::RMSNorm*>(m)) {
         auto* s = dynamic_cast<nn::ScaledSiLU*>(next);
         ASSERT_NE(s, nullptr);

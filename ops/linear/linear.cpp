@@ -26,7 +26,8 @@ Tensor as_matrix(const Tensor& t) {
 // The dtype rule: the GEMM runs in x's dtype. W (and b, which shares W's dtype) is either x's
 // dtype or, under mixed precision, the fp32 master copy of the weights of a bf16/f16 x; then
 // W_compute, when given, is the x-dtype copy of W the optimizer keeps fresh.
-void check_args(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& W_compute) {
+void check_args(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& W_compute,
+                const Tensor& b_compute) {
   MT_CHECK(x.dim() >= 1 && is_floating(x.dtype()), "linear: x must be a floating-point tensor "
            "with at least one dimension, got shape ", shape_str(x.shape()), " ",
            dtype_name(x.dtype()));
@@ -62,20 +63,35 @@ void check_args(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor&
              shape_str(W_compute.shape()), ") is on ", W_compute.device().str(), " but W (shape ",
              shape_str(W.shape()), ") is on ", W.device().str());
   }
+  if (b_compute.defined()) {
+    MT_CHECK(mixed && b.defined(), "linear: b_compute was given without a bias, or with x and W "
+             "both ", dtype_name(x.dtype()), "; it is the bf16/f16 copy of an f32 bias, for "
+             "mixed precision only");
+    MT_CHECK(b_compute.shape() == b.shape() && b_compute.dtype() == x.dtype() &&
+                 b_compute.device() == b.device(),
+             "linear: b_compute has shape ", shape_str(b_compute.shape()), " ",
+             dtype_name(b_compute.dtype()), " on ", b_compute.device().str(), " but must be b's "
+             "shape ", shape_str(b.shape()), " in x's dtype ", dtype_name(x.dtype()), " on ",
+             b.device().str());
+  }
 }
 
 struct LinearFn : Function<LinearFn> {
   static constexpr const char* name = "linear";
 
   static Tensor forward(Context& ctx, const Tensor& x, const Tensor& W, const Tensor& b,
-                        const Tensor& W_compute) {
-    check_args(x, W, b, W_compute);
+                        const Tensor& W_compute, const Tensor& b_compute) {
+    check_args(x, W, b, W_compute, b_compute);
     const DType grad_dtype = grad_dtype_for(x.dtype());
     // The GEMM reads W in x's dtype: W itself, the optimizer's compute copy, or a cast made here.
     Tensor Wc = x.dtype() == W.dtype() ? W : W_compute.defined() ? W_compute : W.to(x.dtype());
     Wc = Wc.contiguous();
     Tensor xc = x.contiguous();
-    Tensor bc = b.defined() ? b.to(grad_dtype).contiguous() : Tensor();
+    // The bias as the epilogue adds it: the optimizer's rounded copy, else b itself (the
+    // kernel rounds it to x's dtype, as the copy is rounded).
+    Tensor bc = b_compute.defined() ? b_compute.contiguous()
+                : b.defined()       ? b.to(grad_dtype).contiguous()
+                                    : Tensor();
     Shape y_shape = x.shape();
     y_shape.back() = W.size(0);
     Tensor y = empty(y_shape, x.dtype(), x.device());
@@ -107,7 +123,7 @@ struct LinearFn : Function<LinearFn> {
     const DType param_dtype = ctx.get<DType>("W_dtype");
     if (dW.defined()) dW = dW_sink.defined() ? Tensor() : dW.to(param_dtype);
     if (db.defined()) db = db_sink.defined() ? Tensor() : db.to(param_dtype);
-    return {dx, dW, db, Tensor()};  // one per forward argument: x, W, b, W_compute (no gradient)
+    return {dx, dW, db, Tensor(), Tensor()};  // x, W, b, W_compute and b_compute (no gradient)
   }
 };
 
@@ -145,7 +161,7 @@ void forward_cpu(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor
   if (is_16bit(x.dtype())) {
     // The fp32 GEMM on upcast copies (exact), its result rounded once.
     Tensor y32 = empty(y.shape(), DType::f32);
-    forward_cpu(x.to(DType::f32), W.to(DType::f32), b, y32);
+    forward_cpu(x.to(DType::f32), W.to(DType::f32), b.defined() ? b.to(DType::f32) : b, y32);
     y.copy_(y32);
   } else if (x.dtype() == DType::f64) {
     forward_typed<double>(x, W, b, y);
@@ -191,8 +207,9 @@ void backward_cpu(const Tensor& x, const Tensor& W, const Tensor& dy, const Tens
 
 }  // namespace
 
-Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& W_compute) {
-  return LinearFn::apply(x, W, b, W_compute);
+Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& W_compute,
+              const Tensor& b_compute) {
+  return LinearFn::apply(x, W, b, W_compute, b_compute);
 }
 
 MT_DEFINE_OP(linear, "y = x*W^T + b; dx = dy*W, dW += dy^T*x, db += sum_rows(dy)",

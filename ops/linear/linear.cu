@@ -16,7 +16,9 @@
 // (cublasLt.h, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: Dtype, except for IMMA and fp8 kernels).
 // For f32 output that is our fp32 bias. For bf16/f16 output cast_bias_kernel first rounds the
 // N-element fp32 bias to dt in pool scratch (as PyTorch autocast does), which costs 6·N bytes
-// instead of the 4·M·N-byte read and rewrite of y that a separate bias-add pass would.
+// instead of the 4·M·N-byte read and rewrite of y that a separate bias-add pass would. A
+// Linear under mixed precision keeps that rounded bias as its compute copy (refreshed by the
+// optimizer with the weight's), and then no cast runs at all: linear_forward_dt_bias.
 //
 // db, two passes, deterministic (no atomics):
 //   1. colsum_partials_kernel: grid (ceil(N/32), chunks), block (32, 8). A block owns 32 columns
@@ -265,6 +267,16 @@ void linear_forward(const void* x, const void* W, const float* bias, void* y, in
   else lt_matmul(g, W, x, y, 1.f, 0.f, bias, s);
 }
 
+void linear_forward_dt_bias(const void* x, const void* W, const void* bias, void* y, int64_t M,
+                            int64_t N, int64_t K, DType dt, cudaStream_t s) {
+  check_shape("linear_forward", M, N, K);
+  if (M == 0) return;
+  const cudaDataType_t t = cuda_type(dt, "linear_forward");
+  const Gemm g{CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, t, t, K, K, N,
+               bias != nullptr ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT};
+  lt_matmul(g, W, x, y, 1.f, 0.f, bias, s);
+}
+
 // dx '=' in dt (beta 0); dW '+=' (beta_dW 1) or '=' (0) in fp32 inside the GEMM; db '+=' fp32.
 void linear_backward(const void* x, const void* W, const void* dy, void* dx, float* dW,
                      float beta_dW, float* db, int64_t M, int64_t N, int64_t K, DType dt,
@@ -294,9 +306,15 @@ void linear_backward(const void* x, const void* W, const void* dy, void* dx, flo
 namespace mt {
 namespace {
 
+// b is the fp32 bias, or already x's 16-bit dtype (the Linear's compute copy).
 void linear_forward_cuda(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& y) {
-  MT_CHECK(!b.defined() || b.dtype() == DType::f32, "linear: the CUDA bias must be f32, got ",
-           dtype_name(b.dtype()));
+  if (b.defined() && b.dtype() == x.dtype() && x.dtype() != DType::f32) {
+    cuda::linear_forward_dt_bias(x.data_ptr(), W.data_ptr(), b.data_ptr(), y.data_ptr(),
+                                 x.size(0), W.size(0), x.size(1), x.dtype(), cuda::stream_of(x));
+    return;
+  }
+  MT_CHECK(!b.defined() || b.dtype() == DType::f32, "linear: the CUDA bias must be f32 or x's "
+           "dtype, got ", dtype_name(b.dtype()));
   cuda::linear_forward(x.data_ptr(), W.data_ptr(), cuda::ptr<const float>(b), y.data_ptr(),
                        x.size(0), W.size(0), x.size(1), x.dtype(), cuda::stream_of(x));
 }

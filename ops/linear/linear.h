@@ -4,7 +4,9 @@
 //   x [M, K] (leading dims flattened), W [N, K], b [N] (optional), y [M, N] in x's dtype.
 //   W and b share one dtype: x's, or, for mixed precision, f32 master parameters of a bf16/f16 x.
 //   Then the GEMM reads a compute-dtype copy of W (W_compute if given, refreshed by the optimizer;
-//   else a cast made here); passing W_compute when x and W already share a dtype is an error.
+//   else a cast made here), and the bias epilogue adds b rounded to x's dtype (b_compute if
+//   given, the same rounding kept by the optimizer; else rounded here on every call). Passing
+//   W_compute or b_compute when x and W already share a dtype is an error.
 //
 // Backward is two GEMMs and a reduce, with fp32 accumulation:
 //   dX  = dY · W           [M, K]  '=' into a new tensor, x's dtype
@@ -17,10 +19,11 @@
 namespace mt {
 
 Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b = Tensor(),
-              const Tensor& W_compute = Tensor());
+              const Tensor& W_compute = Tensor(), const Tensor& b_compute = Tensor());
 
 // Kernels. x [M, K], W [N, K] in the compute dtype; b [N] in the grad dtype (f32, or f64 for
-// f64 x) or undefined; y [M, N] '='.
+// f64 x), or for a bf16/f16 x possibly already in x's dtype (the rounded copy), or undefined;
+// y [M, N] '='.
 using LinearForwardFn = void(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& y);
 // dx '=' (undefined: skip), dW '+=' [N, K] and db '+=' [N] in the grad dtype (undefined: skip).
 using LinearBackwardFn = void(const Tensor& x, const Tensor& W, const Tensor& dy, const Tensor& dx,

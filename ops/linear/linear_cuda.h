@@ -24,6 +24,10 @@ namespace mt::cuda {
 // dt in pool scratch, so then `s` must be mt::cuda::stream(current device)).
 void linear_forward(const void* x, const void* W, const float* bias, void* y, int64_t M, int64_t N,
                     int64_t K, DType dt, cudaStream_t s);
+// The same with the bias already in dt (the optimizer's rounded copy of an fp32 bias): the
+// epilogue reads it as it is, with no cast and no scratch.
+void linear_forward_dt_bias(const void* x, const void* W, const void* bias, void* y, int64_t M,
+                            int64_t N, int64_t K, DType dt, cudaStream_t s);
 
 // Each output is optional (nullptr skips its work):
 //   dx ('=', in dt)          = dy · W
