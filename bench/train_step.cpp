@@ -389,12 +389,14 @@ Work work_of(const Size& s, double params, double weights) {
                              + 6 * B * C        // cross_entropy: logits read; read again, dlogits written
                              + 2 * B * (2 * h + C);  // db: each Linear's dY read once
   // Per parameter: fresh grads zero-filled 4, norm read 4, clip scale read + write 8, AdamW
-  // p, g, m, v read 16 + p, m, v written 12; per Linear weight, its bf16 copy written 2.
+  // p, g, m, v read 16 + p, m, v written 12; per Linear weight (the biases are negligible),
+  // its bf16 copy written 2.
   const double per_param = 44 * params + 2 * weights;
   return {gemm_flop, activations + per_param};
 }
 
-// The step's GEMMs alone: for each microbatch, the three Linear forwards (bias in the epilogue),
+// The step's GEMMs alone: for each microbatch, the three Linear forwards (the bf16 bias copy in
+// the epilogue, as the Linears run them),
 // then their backwards in reverse (dX = dY·W except for the first layer, whose input needs no
 // gradient; dW += dYᵀ·X in fp32 with beta = 1, as into the .grad sink), through the launchers the
 // linear op calls, on the same shapes and dtypes, back to back on the framework stream with
@@ -415,7 +417,7 @@ double gemm_floor_ms(const Size& s, int reps) {
   std::vector<Buffers> buf;
   for (const Layer& l : layers)  // random values: constant data would draw less power
     buf.push_back({mt::rand({M, l.in}, DType::bf16, dev), mt::rand({l.out, l.in}, DType::bf16, dev),
-                   mt::rand({l.out}, DType::f32, dev), mt::empty({M, l.out}, DType::bf16, dev),
+                   mt::rand({l.out}, DType::bf16, dev), mt::empty({M, l.out}, DType::bf16, dev),
                    mt::rand({M, l.out}, DType::bf16, dev), mt::empty({M, l.in}, DType::bf16, dev),
                    zeros({l.out, l.in}, DType::f32, dev)});
   cudaStream_t st = cuda::stream(kDevice);
@@ -423,9 +425,9 @@ double gemm_floor_ms(const Size& s, int reps) {
     for (int64_t k = 0; k < kMicrobatches; ++k) {
       for (size_t i = 0; i < buf.size(); ++i) {
         const Buffers& t = buf[i];
-        cuda::linear_forward(t.x.data_ptr(), t.W.data_ptr(),
-                             static_cast<const float*>(t.b.data_ptr()), t.y.data_ptr(), M,
-                             layers[i].out, layers[i].in, DType::bf16, st);
+        cuda::linear_forward_dt_bias(t.x.data_ptr(), t.W.data_ptr(), t.b.data_ptr(),
+                                     t.y.data_ptr(), M, layers[i].out, layers[i].in,
+                                     DType::bf16, st);
       }
       for (size_t i = buf.size(); i-- > 0;) {
         const Buffers& t = buf[i];

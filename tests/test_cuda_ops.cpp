@@ -151,7 +151,9 @@ TEST(CudaLinear, ParityWithCpuIncludingMixedPrecision) {
   PoisonScope poison;
   struct Dims { int64_t M, K, N; };
   for (DType dt : {DType::f32, DType::bf16, DType::f16})
-    for (Dims s : {Dims{1, 1, 1}, Dims{7, 13, 5}, Dims{129, 257, 65}, Dims{256, 1024, 512}}) {
+    // M = 700: more rows than db's one-chunk path takes (two passes).
+    for (Dims s : {Dims{1, 1, 1}, Dims{7, 13, 5}, Dims{129, 257, 65}, Dims{256, 1024, 512},
+                   Dims{700, 64, 33}}) {
       std::string what = std::string("linear ") + dtype_name(dt) + " " + std::to_string(s.M) + "x" +
                          std::to_string(s.K) + "x" + std::to_string(s.N);
       Tensor xc = leaf({s.M, s.K}, dt, kCPU, 7), xg = leaf({s.M, s.K}, dt, kGPU, 7);

@@ -25,6 +25,8 @@
 //      and a fixed range of rows; thread (c, r) adds rows r, r+8, ... of its column in fp32, the
 //      8 row-threads are added in order, partials[chunk, col] = ('=').
 //   2. colsum_final_kernel: one thread per column adds the chunks in order, db[col] += total.
+//   With at most kOneChunkRows rows there is one chunk, and pass 1 adds its column sums straight
+//   into db (one launch: a small step counts launches, and 8 row-threads reach every row).
 // Bytes: M·N·sizeof(dt) read once (+ 2·chunks·N·4 of partials). Floor: dy read at copy bandwidth.
 #include "ops/linear/linear_cuda.h"
 
@@ -170,10 +172,12 @@ __global__ void cast_bias_kernel(const float* bias, T* out, int64_t N) {
 
 constexpr int kColBlock = 32;  // columns per block (one warp across)
 constexpr int kRowThreads = 8;  // row-threads per column
+constexpr int64_t kOneChunkRows = 512;
 
-template <class T>
+// out = partials (out[chunk, col] '='), or with kIntoDb, db itself (out[col] '+=', one chunk).
+template <class T, bool kIntoDb>
 __global__ void colsum_partials_kernel(const T* dy, int64_t M, int64_t N, int64_t rows_per_chunk,
-                                       float* partials) {
+                                       float* out) {
   const int64_t col = int64_t(blockIdx.x) * kColBlock + threadIdx.x;
   const int64_t r0 = int64_t(blockIdx.y) * rows_per_chunk;
   const int64_t r1 = r0 + rows_per_chunk < M ? r0 + rows_per_chunk : M;
@@ -196,7 +200,10 @@ __global__ void colsum_partials_kernel(const T* dy, int64_t M, int64_t N, int64_
     float t = 0.f;
 #pragma unroll
     for (int i = 0; i < kRowThreads; ++i) t += part[i][threadIdx.x];
-    partials[int64_t(blockIdx.y) * N + col] = t;
+    if constexpr (kIntoDb)
+      out[col] += t;
+    else
+      out[int64_t(blockIdx.y) * N + col] = t;
   }
 }
 
@@ -231,16 +238,25 @@ void forward_lowp_bias(const Gemm& g, const void* x, const void* W, const float*
 }
 
 void bias_grad(const void* dy, float* db, int64_t M, int64_t N, DType dt, cudaStream_t s) {
+  const int64_t col_blocks = (N + kColBlock - 1) / kColBlock;
+  if (M <= kOneChunkRows) {  // one chunk: the column sums go straight into db
+    dispatch_float<false>(dt, "linear_backward", [&](auto tag) {
+      using T = decltype(tag);
+      colsum_partials_kernel<T, true><<<dim3(unsigned(col_blocks), 1), dim3(kColBlock, kRowThreads), 0, s>>>(
+          static_cast<const T*>(dy), M, N, M, db);
+      MT_CUDA_CHECK_LAUNCH();
+    });
+    return;
+  }
   const int dev = scratch_device(s, "linear_backward with db");
   // Enough (column block, row chunk) blocks to fill the GPU, fixed by (M, N) alone.
-  const int64_t col_blocks = (N + kColBlock - 1) / kColBlock;
   const int64_t want = std::max<int64_t>(1, std::min<int64_t>((M + 63) / 64, 2048 / col_blocks));
   const int64_t rows_per_chunk = (M + want - 1) / want;
   const int chunks = int((M + rows_per_chunk - 1) / rows_per_chunk);
   auto* partials = static_cast<float*>(mt::cuda::alloc(size_t(chunks) * N * sizeof(float), dev));
   dispatch_float<false>(dt, "linear_backward", [&](auto tag) {
     using T = decltype(tag);
-    colsum_partials_kernel<T><<<dim3(unsigned(col_blocks), unsigned(chunks)), dim3(kColBlock, kRowThreads), 0, s>>>(
+    colsum_partials_kernel<T, false><<<dim3(unsigned(col_blocks), unsigned(chunks)), dim3(kColBlock, kRowThreads), 0, s>>>(
         static_cast<const T*>(dy), M, N, rows_per_chunk, partials);
     MT_CUDA_CHECK_LAUNCH();
   });
