@@ -45,9 +45,7 @@
 //              always owns the same columns, so it adds dy xhat of its rows into the same words of
 //              its team's shared-memory row, in row order; at the end the block adds its teams'
 //              rows in team order. deterministic: partials[block, :] = that (fp32), then a column
-//              reduce sums partials[0..blocks) in a fixed order and does dweight[:] += (fp32);
-//              a grid of at most 32 blocks (a small batch) does that sum in its last block
-//              instead, in the same order, saving a launch.
+//              reduce sums partials[0..blocks) in a fixed order and does dweight[:] += (fp32).
 //              Otherwise atomicAdd(dweight[j], the block's value), whose rounding depends on the
 //              blocks' arrival order.
 //   Every sum is fp32 in a fixed order (per thread, shuffle tree, teams, blocks), and the grid
@@ -232,26 +230,11 @@ __device__ __forceinline__ void add_sums(float* sums, int p, int lane, int team_
   }
 }
 
-// The sum over blocks of column col of the partials, as column_reduce_kernel adds it: 32 slices
-// (block b in slice b % 32, each slice in block order), then the slices in order. The last
-// block's fold in backward_kernel uses it too, so either way gives the same bits.
-__device__ float column_total(const float* partials, int blocks, int width, int col) {
-  float total = 0.0f;
-  for (int slice = 0; slice < kReduceSlices; ++slice) {
-    float v = 0.0f;
-    for (int b = slice; b < blocks; b += kReduceSlices) v += __ldcg(partials + int64_t(b) * width + col);
-    total += v;
-  }
-  return total;
-}
-
 // dx for each row, and this block's share of dweight (and of the scalar's gradient, for an
 // epilogue with one): written to partials[blockIdx.x, :] (d + 1 columns with the scalar, the
-// last one its), or atomically added to dweight_out and scalar_out (partials or the atomics;
-// neither when the caller wants no parameter gradient). With partials and `arrivals` (a zeroed
-// device counter), the last block to finish also adds every block's partials into dweight_out
-// and scalar_out, in the fixed order above, and zeroes the counter again: a small grid then needs
-// no second launch. Dynamic shared memory: teams * team_size * kPPL * V floats, the dweight sums, laid out by sum_slot so that a warp's lanes touch consecutive words (no bank
+// last one its), or atomically added to dweight_atomic and scalar_atomic (partials or the
+// atomics; neither when the caller wants no parameter gradient). Dynamic shared memory: teams * team_size * kPPL * V floats, the
+// dweight sums, laid out by sum_slot so that a warp's lanes touch consecutive words (no bank
 // conflict) and a 16-byte pack's sums move as 16-byte shared-memory accesses.
 //
 // kMaxThreads and kMinBlocks are the launch bounds: they cap a thread's registers at
@@ -261,14 +244,14 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
     backward_kernel(const T* __restrict__ x, const float* __restrict__ weight,
                     const float* __restrict__ scalar, const float* __restrict__ rstd,
                     const T* __restrict__ dy, T* __restrict__ dx, float* __restrict__ partials,
-                    float* dweight_out, float* scalar_out, unsigned* arrivals, int64_t rows,
-                    int d, int team_size) {
+                    float* dweight_atomic, float* scalar_atomic, int64_t rows, int d,
+                    int team_size) {
   using P = Pack<T, V>;
   const int teams = blockDim.x / team_size;
   const int team = threadIdx.x / team_size, lane = threadIdx.x % team_size;
   const int packs = d / V;
   const int span = team_size * kPPL * V;  // shared-memory words per team
-  const bool want_dw = partials != nullptr || dweight_out != nullptr;  // same for the grid
+  const bool want_dw = partials != nullptr || dweight_atomic != nullptr;  // same for the grid
   extern __shared__ float4 shared[];
   float* dw_sums = reinterpret_cast<float*>(shared);  // [teams][span], see above
   if (want_dw) {
@@ -355,7 +338,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
       if (partials != nullptr)
         partials[int64_t(blockIdx.x) * width + d] = total;
       else
-        atomicAdd(scalar_out, total);
+        atomicAdd(scalar_atomic, total);
     }
   } else {
     __syncthreads();
@@ -368,20 +351,8 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
     if (partials != nullptr)
       partials[int64_t(blockIdx.x) * width + col] = total;
     else
-      atomicAdd(dweight_out + col, total);
+      atomicAdd(dweight_atomic + col, total);
   }
-  if (arrivals == nullptr) return;
-
-  __shared__ bool last;
-  __threadfence();  // this block's partials are visible to the block that folds them
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(arrivals, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  for (int col = threadIdx.x; col < width; col += blockDim.x)
-    *(col < d ? dweight_out + col : scalar_out) += column_total(partials, gridDim.x, width, col);
-  if (threadIdx.x == 0) *arrivals = 0u;  // ready for the next launch
 }
 
 // out[j] += sum_b partials[b, j] in a fixed order, out = dweight for j < d and the scalar's
@@ -410,28 +381,6 @@ __global__ void __launch_bounds__(kReduceCols * kReduceSlices)
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-// Grids of at most this many blocks fold their partials in their last block.
-constexpr int kFoldBlocks = 32;
-
-// This device's arrivals counter for the fold: allocated zeroed at first use and kept for the
-// process (the kernel leaves it zero), so its address is the same in every CUDA-graph replay.
-// nullptr while the stream is capturing and the counter does not exist yet (allocating would
-// break the capture); the caller then takes the column reduce, which gives the same bits.
-unsigned* fold_arrivals(int device, cudaStream_t s) {
-  static std::mutex mutex;
-  static std::map<int, unsigned*> counters;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (auto it = counters.find(device); it != counters.end()) return it->second;
-  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  MT_CUDA_CHECK(cudaStreamIsCapturing(s, &capturing));
-  if (capturing != cudaStreamCaptureStatusNone) return nullptr;
-  void* p = nullptr;
-  MT_CUDA_CHECK(cudaMalloc(&p, sizeof(unsigned)));
-  MT_CUDA_CHECK(cudaMemset(p, 0, sizeof(unsigned)));
-  counters.emplace(device, static_cast<unsigned*>(p));
-  return static_cast<unsigned*>(p);
-}
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -553,15 +502,13 @@ void backward_as(const void* x, const float* weight, const float* scalar, const 
     if (dweight != nullptr && deterministic)
       partials = static_cast<float*>(
           alloc_on(s, size_t(grid) * width * sizeof(float), current_device()));
-    unsigned* arrivals = partials != nullptr && grid <= kFoldBlocks
-                             ? fold_arrivals(current_device(), s)
-                             : nullptr;
+    float* dweight_atomic = deterministic ? nullptr : dweight;
+    float* scalar_atomic = deterministic ? nullptr : dscalar;
     kernel<<<grid, L.block, shared_bytes, s>>>(xt, weight, scalar, rstd, gt, dxt, partials,
-                                               dweight, dscalar, arrivals, rows, d, L.team_size);
+                                               dweight_atomic, scalar_atomic, rows, d,
+                                               L.team_size);
     MT_CUDA_CHECK_LAUNCH();
-    if (arrivals != nullptr) {
-      free_on(s, partials);
-    } else if (partials != nullptr) {
+    if (partials != nullptr) {
       const dim3 block(kReduceCols, kReduceSlices);
       column_reduce_kernel<<<int(ceil_div(width, kReduceCols)), block, 0, s>>>(
           partials, grid, width, d, dweight, dscalar);
