@@ -242,6 +242,39 @@ void bench_rms_norm(Table& table, DType dt, int64_t rows, int64_t d, bool target
              5 * e + fwd_small + bwd_small, targets ? kRmsFwdBwd : 0.0});
 }
 
+// The fused rms_norm_scaled_silu over [rows, d]: the same bytes as rms_norm alone (x read, y
+// written; x, dy read, dx written), plus w's scalar. Reported beside rms_norm's rows, no target.
+void bench_rms_norm_scaled_silu(Table& table, DType dt, int64_t rows, int64_t d, int device,
+                                cudaStream_t s) {
+  const int64_t n = rows * d;
+  const size_t bytes = size_t(n) * mt::dtype_size(dt);
+  const double e = double(bytes);
+  const std::string name = mt::dtype_name(dt), at = " d=" + std::to_string(d);
+  DeviceBuffer x(bytes, device), y(bytes, device), dy(bytes, device), dx(bytes, device);
+  DeviceBuffer weight(d * sizeof(float), device), dweight(d * sizeof(float), device);
+  DeviceBuffer w(sizeof(float), device), dw(sizeof(float), device);
+  DeviceBuffer rstd(rows * sizeof(float), device);
+  fill(x.get(), n, dt, 4, s);
+  fill(dy.get(), n, dt, 5, s);
+  fill(weight.get(), d, DType::f32, 6, s);
+  fill(w.get(), 1, DType::f32, 7, s);
+  MT_CUDA_CHECK(cudaMemsetAsync(dweight.get(), 0, d * sizeof(float), s));
+  MT_CUDA_CHECK(cudaMemsetAsync(dw.get(), 0, sizeof(float), s));
+  auto forward = [&] {
+    mt::cuda::rms_norm_scaled_silu_forward(x.get(), weight.get<float>(), w.get<float>(), y.get(),
+                                           rstd.get<float>(), rows, d, 1e-6f, dt, s);
+  };
+  auto backward = [&] {
+    mt::cuda::rms_norm_scaled_silu_backward(x.get(), weight.get<float>(), w.get<float>(),
+                                            rstd.get<float>(), dy.get(), dx.get(),
+                                            dweight.get<float>(), dw.get<float>(), rows, d, dt,
+                                            /*deterministic=*/true, s);
+  };
+  table.add({"rms_norm_scaled_silu fwd" + at, name, median_ms(s, forward), 2 * e + 4.0 * rows, 0.0});
+  table.add({"rms_norm_scaled_silu bwd (det)" + at, name, median_ms(s, backward),
+             3 * e + 4.0 * rows + 12.0 * d, 0.0});
+}
+
 // Cross-entropy over [rows, C] logits in dt, every 16th target ignored. Forward reads the logits
 // once (plus targets, lse written); backward reads them and writes dlogits.
 void bench_cross_entropy(Table& table, DType dt, int device, cudaStream_t s) {
@@ -357,6 +390,7 @@ int run() {
   for (int64_t d : kRmsTargetD) bench_rms_norm(table, DType::bf16, kRmsRows, d, true, device, s);
   bench_rms_norm(table, DType::bf16, kRmsRows * 16, 256, false, device, s);  // warp teams
   bench_rms_norm(table, DType::f32, kRmsRows, 4096, false, device, s);
+  bench_rms_norm_scaled_silu(table, DType::bf16, kRmsRows, 4096, device, s);
   bench_cross_entropy(table, DType::bf16, device, s);
   bench_elementwise(table, DType::bf16, device, s);
   bench_bias_grad(table, DType::bf16, device, s);

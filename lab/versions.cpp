@@ -24,7 +24,7 @@ const std::vector<Version<RmsBackwardFn>>& rms_versions() {
       {"v3 16-byte vectors", "8 bf16 per load and store", rms_v3::backward, true},
       {"v4 two-pass deterministic", "partials[block, d] and a column reduce", rms_v4::backward,
        true},
-      {"v5 production", "rows in registers, warp teams, one wave (ops/rms_norm)",
+      {"v5 production", "rows in registers, one wave, dweight sums in shared memory (ops/rms_norm)",
        rms_v5::backward},
   };
   return v;
