@@ -224,19 +224,6 @@ int scratch_device(cudaStream_t s, const char* what) {
   return dev;
 }
 
-// y = x · W^T + bias for 16-bit y: the bias rounded to dt in scratch, then the BIAS epilogue.
-void forward_lowp_bias(const Gemm& g, const void* x, const void* W, const float* bias, void* y,
-                       int64_t N, DType dt, cudaStream_t s) {
-  const int dev = scratch_device(s, "linear_forward with a bias");
-  void* b = mt::cuda::alloc(size_t(N) * dtype_size(dt), dev);
-  const unsigned blocks = unsigned((N + 255) / 256);
-  if (dt == DType::bf16) cast_bias_kernel<<<blocks, 256, 0, s>>>(bias, static_cast<__nv_bfloat16*>(b), N);
-  else cast_bias_kernel<<<blocks, 256, 0, s>>>(bias, static_cast<__half*>(b), N);
-  MT_CUDA_CHECK_LAUNCH();
-  lt_matmul(g, W, x, y, 1.f, 0.f, b, s);
-  mt::cuda::free(b, dev);  // stream-ordered: released after the GEMM has run
-}
-
 void bias_grad(const void* dy, float* db, int64_t M, int64_t N, DType dt, cudaStream_t s) {
   const int64_t col_blocks = (N + kColBlock - 1) / kColBlock;
   if (M <= kOneChunkRows) {  // one chunk: the column sums go straight into db
@@ -272,17 +259,23 @@ void check_shape(const char* op, int64_t M, int64_t N, int64_t K) {
 
 }  // namespace
 
+// For 16-bit y the fp32 bias is first rounded to dt in scratch; then the same GEMM.
 void linear_forward(const void* x, const void* W, const float* bias, void* y, int64_t M, int64_t N,
                     int64_t K, DType dt, cudaStream_t s) {
+  if (bias == nullptr || dt == DType::f32) return linear_forward_dt_bias(x, W, bias, y, M, N, K, dt, s);
   check_shape("linear_forward", M, N, K);
   if (M == 0) return;
-  const cudaDataType_t t = cuda_type(dt, "linear_forward");
-  const Gemm g{CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, t, t, K, K, N,
-               bias != nullptr ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT};
-  if (bias != nullptr && dt != DType::f32) forward_lowp_bias(g, x, W, bias, y, N, dt, s);
-  else lt_matmul(g, W, x, y, 1.f, 0.f, bias, s);
+  const int dev = scratch_device(s, "linear_forward with a bias");
+  void* b = mt::cuda::alloc(size_t(N) * dtype_size(dt), dev);
+  const unsigned blocks = unsigned((N + 255) / 256);
+  if (dt == DType::bf16) cast_bias_kernel<<<blocks, 256, 0, s>>>(bias, static_cast<__nv_bfloat16*>(b), N);
+  else cast_bias_kernel<<<blocks, 256, 0, s>>>(bias, static_cast<__half*>(b), N);
+  MT_CUDA_CHECK_LAUNCH();
+  linear_forward_dt_bias(x, W, b, y, M, N, K, dt, s);
+  mt::cuda::free(b, dev);  // stream-ordered: released after the GEMM has run
 }
 
+// The one forward GEMM: y^T = W · x^T with the BIAS epilogue when there is a bias (in dt).
 void linear_forward_dt_bias(const void* x, const void* W, const void* bias, void* y, int64_t M,
                             int64_t N, int64_t K, DType dt, cudaStream_t s) {
   check_shape("linear_forward", M, N, K);

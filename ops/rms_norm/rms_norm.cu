@@ -233,9 +233,10 @@ __device__ __forceinline__ void add_sums(float* sums, int p, int lane, int team_
 // dx for each row, and this block's share of dweight (and of the scalar's gradient, for an
 // epilogue with one): written to partials[blockIdx.x, :] (d + 1 columns with the scalar, the
 // last one its), or atomically added to dweight_atomic and scalar_atomic (partials or the
-// atomics; neither when the caller wants no parameter gradient). Dynamic shared memory: teams * team_size * kPPL * V floats, the
-// dweight sums, laid out by sum_slot so that a warp's lanes touch consecutive words (no bank
-// conflict) and a 16-byte pack's sums move as 16-byte shared-memory accesses.
+// atomics; neither when the caller wants no parameter gradient). Dynamic shared memory:
+// teams * team_size * kPPL * V floats, the dweight sums, laid out by sum_slot so that a warp's
+// lanes touch consecutive words (no bank conflict) and a 16-byte pack's sums move as 16-byte
+// shared-memory accesses.
 //
 // kMaxThreads and kMinBlocks are the launch bounds: they cap a thread's registers at
 // 65536 / (kMaxThreads * kMinBlocks).
@@ -546,18 +547,6 @@ void backward_as(const void* x, const float* weight, const float* scalar, const 
     with_width(std::integral_constant<int, 1>{});
 }
 
-// Calls f(T{}) with the CUDA type of dt, for the dtypes these kernels are built for.
-template <class F>
-void with_dtype(const char* op, DType dt, F&& f) {
-  switch (dt) {
-    case DType::f32: return f(float{});
-    case DType::bf16: return f(__nv_bfloat16{});
-    case DType::f16: return f(__half{});
-    default:
-      MT_THROW(op, ": dtype ", dtype_name(dt), " is not supported on CUDA (f32, bf16, f16)");
-  }
-}
-
 }  // namespace
 
 void rms_norm_forward(const void* x, const float* weight, void* y, float* rstd, int64_t rows,
@@ -566,7 +555,7 @@ void rms_norm_forward(const void* x, const float* weight, void* y, float* rstd, 
   if (rows == 0) return;
   MT_CHECK(x != nullptr && weight != nullptr && y != nullptr && rstd != nullptr,
            "rms_norm_forward: null pointer");
-  with_dtype("rms_norm_forward", dt, [&](auto t) {
+  dispatch_float</*kWithF64=*/false>(dt, "rms_norm_forward", [&](auto t) {
     forward_as<decltype(t), Plain>(x, weight, nullptr, y, rstd, rows, int(d), eps, s);
   });
 }
@@ -579,7 +568,7 @@ void rms_norm_backward(const void* x, const float* weight, const float* rstd, co
   if (rows == 0 || (dx == nullptr && dweight == nullptr)) return;
   MT_CHECK(x != nullptr && weight != nullptr && rstd != nullptr && dy != nullptr,
            "rms_norm_backward: null pointer");
-  with_dtype("rms_norm_backward", dt, [&](auto t) {
+  dispatch_float</*kWithF64=*/false>(dt, "rms_norm_backward", [&](auto t) {
     backward_as<decltype(t), Plain>(x, weight, nullptr, rstd, dy, dx, dweight, nullptr, rows,
                                     int(d), deterministic, s);
   });
@@ -593,7 +582,7 @@ void rms_norm_scaled_silu_forward(const void* x, const float* weight, const floa
   MT_CHECK(x != nullptr && weight != nullptr && silu_w != nullptr && y != nullptr &&
                rstd != nullptr,
            "rms_norm_scaled_silu_forward: null pointer");
-  with_dtype("rms_norm_scaled_silu_forward", dt, [&](auto t) {
+  dispatch_float</*kWithF64=*/false>(dt, "rms_norm_scaled_silu_forward", [&](auto t) {
     forward_as<decltype(t), ScaledSiLUTail>(x, weight, silu_w, y, rstd, rows, int(d), eps, s);
   });
 }
@@ -609,7 +598,7 @@ void rms_norm_scaled_silu_backward(const void* x, const float* weight, const flo
   MT_CHECK(x != nullptr && weight != nullptr && silu_w != nullptr && rstd != nullptr &&
                dy != nullptr,
            "rms_norm_scaled_silu_backward: null pointer");
-  with_dtype("rms_norm_scaled_silu_backward", dt, [&](auto t) {
+  dispatch_float</*kWithF64=*/false>(dt, "rms_norm_scaled_silu_backward", [&](auto t) {
     backward_as<decltype(t), ScaledSiLUTail>(x, weight, silu_w, rstd, dy, dx, dweight, dsilu_w,
                                              rows, int(d), deterministic, s);
   });
