@@ -9,10 +9,12 @@
 //   Linear(in, h) → RMSNorm(h) → ScaledSiLU → Linear(h, h) → RMSNorm(h) → ScaledSiLU → Linear(h, C)
 // (the Sequential runs each RMSNorm → ScaledSiLU pair as one fused rms_norm_scaled_silu)
 //
-//   train_step [--size small|large|all] [--export DIR]
+//   train_step [--size small|large|all] [--export DIR] [--gemm-algo measured|heuristic]
 //     small   in 784,  h 1024, C 10,   microbatch 128    (1.9M params: bound by launches)
 //     large   in 4096, h 8192, C 4096, microbatch 8192   (134M params, ~26.4 TFLOP per step)
 //     all     both (the default)
+//   --gemm-algo measured (the default) times cuBLASLt's first candidates for each GEMM shape once
+//     and keeps the fastest (set_gemm_autotune, core/registry.h); heuristic takes the first.
 //
 // The batch is fixed (the same 4·microbatch samples every step; x ~ N(0, 1), targets uniform
 // over the classes), drawn from a seeded generator after the model's initialization, and handed
@@ -59,6 +61,7 @@
 #include "core/cuda/check.h"
 #include "core/cuda/graph.h"
 #include "core/cuda/runtime.h"
+#include "core/registry.h"
 #include "parallel/launch.h"
 #ifdef MT_WITH_NCCL
 #include "parallel/nccl.h"
@@ -563,6 +566,11 @@ bool run_size(const Size& s, const std::string& export_dir, double gemm_tflops, 
   }
   std::printf("train_step %s graph check: %d of %d losses bitwise equal to eager, max rel diff %.2g\n",
               s.name, same, kLossSteps, worst);
+  const cuda::GemmPlanStats plans = cuda::gemm_plan_stats();
+  std::printf("train_step %s GEMM algorithms: %s; %d plans so far in this run, %d chosen by timing, "
+              "%d of them not the heuristic's first\n",
+              s.name, gemm_autotune() ? "measured" : "heuristic", plans.plans, plans.measured,
+              plans.not_first);
   // The GEMM floor, measured now (the card's clocks as in the step), and the goals.
   const double gemm_only_ms = gemm_floor_ms(s, s.timed_steps);
   const double best_ms = std::min(ms, graph_ms);
@@ -757,31 +765,37 @@ bool run_data_parallel(const Size& s, const parallel::World& world) {
 #endif
 
 int usage(const char* message) {
-  std::fprintf(stderr, "train_step: %s\nusage: train_step [--size small|large|all] [--export DIR]\n",
-               message);
+  std::fprintf(stderr, "train_step: %s\nusage: train_step [--size small|large|all] [--export DIR] "
+               "[--nproc N] [--gemm-algo measured|heuristic]\n", message);
   return 2;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string size = "all", export_dir;
+  std::string size = "all", export_dir, gemm_algo = "measured";
   int nproc = 0;  // 0: the one-GPU benchmark; N: the data-parallel one over N GPUs
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "-h" || arg == "--help") {
-      std::printf("usage: train_step [--size small|large|all] [--export DIR] [--nproc N]\n");
+      std::printf("usage: train_step [--size small|large|all] [--export DIR] [--nproc N] "
+                  "[--gemm-algo measured|heuristic]\n");
       return 0;
     }
-    if ((arg == "--size" || arg == "--export" || arg == "--nproc") && i + 1 >= argc)
+    if ((arg == "--size" || arg == "--export" || arg == "--nproc" || arg == "--gemm-algo") &&
+        i + 1 >= argc)
       return usage((arg + " needs a value").c_str());
     if (arg == "--size") size = argv[++i];
     else if (arg == "--export") export_dir = argv[++i];
     else if (arg == "--nproc") nproc = std::atoi(argv[++i]);
+    else if (arg == "--gemm-algo") gemm_algo = argv[++i];
     else return usage(("unknown argument '" + arg + "'").c_str());
   }
   if (size != "small" && size != "large" && size != "all")
     return usage(("--size must be small, large or all, got '" + size + "'").c_str());
+  if (gemm_algo != "measured" && gemm_algo != "heuristic")
+    return usage(("--gemm-algo must be measured or heuristic, got '" + gemm_algo + "'").c_str());
+  set_gemm_autotune(gemm_algo == "measured");
 
   try {
     const parallel::World world = parallel::world_from_env();

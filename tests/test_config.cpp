@@ -91,8 +91,8 @@ optim:
   batch_size: 32
   microbatches: 3
   clip_norm: 0
-precision: {compute_dtype: bf16, deterministic: false, loss_scale: 128, initial_scale: 1024,
-            growth_interval: 10}
+precision: {compute_dtype: bf16, deterministic: false, gemm_autotune: true, loss_scale: 128,
+            initial_scale: 1024, growth_interval: 10}
 eval: {every: 5, batch_size: 64}
 checkpoint: {dir: out, every: 10, keep_last: 1}
 logging: {every: 1, metrics: m.jsonl, curve: c.svg}
@@ -124,6 +124,7 @@ cuda_graph: true
   EXPECT_EQ(c.optim.clip_norm, 0.0);
   EXPECT_EQ(c.precision.compute_dtype, DType::bf16);
   EXPECT_FALSE(c.precision.deterministic);
+  EXPECT_TRUE(c.precision.gemm_autotune);
   EXPECT_EQ(c.precision.loss_scale, "fixed");
   EXPECT_EQ(c.precision.fixed_loss_scale, 128.0);
   EXPECT_EQ(c.precision.initial_scale, 1024.0);

@@ -20,6 +20,7 @@
 #include "ops/scaled_silu/scaled_silu.h"
 #include "tests/expect_error.h"
 #ifdef MT_WITH_CUDA
+#include "ops/linear/linear_cuda.h"    // gemm_plan_stats
 #include "ops/rms_norm/rms_norm_cuda.h"  // the layout switch
 #endif
 
@@ -171,6 +172,42 @@ TEST(CudaLinear, ParityWithCpuIncludingMixedPrecision) {
       EXPECT_EQ(Wg.grad().dtype(), DType::f32) << what;
     }
 }
+
+#ifdef MT_WITH_CUDA
+// gemm_autotune: each new shape's candidates are timed on the call's operands before the real
+// GEMM runs. The timing must write scratch, never the output: dW is added into .grad (beta 1), so
+// one timed run into it would leave a multiple of the gradient there.
+TEST(CudaLinear, MeasuredAlgorithmChoiceKeepsParityAndTheGradSink) {
+  MT_REQUIRE_CUDA();
+  PoisonScope poison;
+  struct Autotune {
+    Autotune() { set_gemm_autotune(true); }
+    ~Autotune() { set_gemm_autotune(false); }
+  } autotune;
+  const cuda::GemmPlanStats before = cuda::gemm_plan_stats();
+  for (DType dt : {DType::f32, DType::bf16}) {
+    const int64_t M = 128, K = 784, N = 1024;  // the small train step's first layer
+    const std::string what = std::string("measured linear ") + dtype_name(dt);
+    Tensor xc = leaf({M, K}, dt, kCPU, 31), xg = leaf({M, K}, dt, kGPU, 31);
+    Tensor Wc = param({N, K}, kCPU, 32, -0.1, 0.1), Wg = param({N, K}, kGPU, 32, -0.1, 0.1);
+    Tensor bc = param({N}, kCPU, 33, -0.5, 0.5), bg = param({N}, kGPU, 33, -0.5, 0.5);
+    Tensor dy = leaf({M, N}, dt, kCPU, 34).detach();
+    const double tol = dt == DType::f32 ? 1e-4 : tol_for(dt);
+    for (int pass = 1; pass <= 2; ++pass) {  // the second adds to the first: twice the gradient
+      Tensor yc = linear(xc, Wc, bc), yg = linear(xg, Wg, bg);
+      expect_close(yg, yc, tol, what + " y");
+      yc.backward(dy);
+      yg.backward(dy.to(kGPU));
+      const std::string p = what + " after " + std::to_string(pass) + " backward";
+      expect_close(xg.grad(), xc.grad(), tol, p + " dx");
+      expect_close(Wg.grad(), Wc.grad(), dt == DType::f32 ? 1e-4 : 1e-3, p + " dW");
+      expect_close(bg.grad(), bc.grad(), dt == DType::f32 ? 1e-4 : 1e-3, p + " db");
+    }
+  }
+  const cuda::GemmPlanStats after = cuda::gemm_plan_stats();
+  EXPECT_GE(after.measured - before.measured, 6) << "3 GEMMs per dtype should have been timed";
+}
+#endif
 
 TEST(CudaCrossEntropy, ParityWithCpuUpTo32768ClassesWithIgnoredTargets) {
   MT_REQUIRE_CUDA();

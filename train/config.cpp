@@ -478,6 +478,7 @@ void read_precision(Section s, PrecisionConfig& p, const std::string& device) {
   for (DType t : {DType::f64, DType::f32, DType::bf16, DType::f16})
     if (dtype == dtype_name(t)) p.compute_dtype = t;
   s.get("deterministic", p.deterministic);
+  s.get("gemm_autotune", p.gemm_autotune);
 
   const YAML::Node ls = s.at("loss_scale");
   if (ls) {
@@ -788,6 +789,7 @@ std::string to_yaml(const Config& c) {
     << "precision:\n"
     << "  compute_dtype: " << dtype_name(c.precision.compute_dtype) << "\n"
     << "  deterministic: " << flag(c.precision.deterministic) << "\n"
+    << "  gemm_autotune: " << flag(c.precision.gemm_autotune) << "\n"
     << "  loss_scale: " << loss_scale << "\n"
     << "  initial_scale: " << num(c.precision.initial_scale) << "\n"
     << "  growth_interval: " << c.precision.growth_interval << "\n"

@@ -76,6 +76,7 @@ SavedModel load_saved_model(const std::string& checkpoint, const std::vector<std
   const Config& c = m.config;
   m.device = resolve_device(c.device);
   set_deterministic(c.precision.deterministic);
+  set_gemm_autotune(c.precision.gemm_autotune);
   // Placed as the trainer places it, so the arithmetic is the run's.
   m.model = build_model(c.model);
   if (c.precision.compute_dtype == DType::f64) m.model->to(DType::f64);

@@ -122,6 +122,7 @@ Trainer::Trainer(Config config, std::shared_ptr<nn::Module> model, std::shared_p
   const int world = comm_ ? comm_->size() : 1;
   const ModelConfig& m = cfg_.model;
   set_deterministic(cfg_.precision.deterministic);
+  set_gemm_autotune(cfg_.precision.gemm_autotune);
   if (!cfg_.precision.deterministic) spdlog::warn("deterministic: false: reductions may use atomics");
   MT_CHECK(device_.is_cpu() || cfg_.precision.compute_dtype != DType::f64,
            "precision.compute_dtype: f64 runs on the CPU only");

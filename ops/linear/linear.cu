@@ -95,14 +95,63 @@ uint32_t alignment(const void* p) {
 }
 
 // The key holds everything the choice depends on: device, shape, ops, types, leading dims,
-// epilogue and the pointers' alignment (the bias pointer's too, which the heuristic reads).
-using PlanKey = std::array<int64_t, 16>;
+// epilogue, the pointers' alignment (the bias pointer's too, which the heuristic reads) and
+// whether the algorithm is measured (gemm_autotune()).
+using PlanKey = std::array<int64_t, 17>;
 
 std::mutex g_plans_mutex;
 std::map<PlanKey, std::unique_ptr<Plan>> g_plans;
 
+constexpr int kCandidates = 8;  // heuristic candidates timed when gemm_autotune() is on
+constexpr int kTimedRuns = 5;   // back-to-back runs per candidate, after one untimed
+
+GemmPlanStats g_stats;
+
+// Times each candidate on the call's own A, B and bias into a zeroed scratch D (never the real
+// one: with beta 1 that is a .grad being accumulated), kTimedRuns runs back to back between two
+// events, and returns the index of the fastest (the earlier on a tie). Waits for the device. The
+// scratch is a plain cudaMalloc, not the pool, because s need not be the framework stream; this
+// runs once per shape, on the first call.
+int fastest(cublasLtHandle_t h, const Plan& p, const cublasLtMatmulHeuristicResult_t* cand, int n,
+            const void* A, const void* B, float beta, void* ws, size_t ws_bytes, const Gemm& g,
+            cudaStream_t s) {
+  const size_t d_bytes = size_t(g.ldc) * g.n * (g.cd_type == CUDA_R_32F ? 4 : 2);
+  void* D = nullptr;
+  MT_CUDA_CHECK(cudaMalloc(&D, d_bytes));
+  MT_CUDA_CHECK(cudaMemsetAsync(D, 0, d_bytes, s));
+  cudaEvent_t start, stop;
+  MT_CUDA_CHECK(cudaEventCreate(&start));
+  MT_CUDA_CHECK(cudaEventCreate(&stop));
+  const float alpha = 1.f;
+  int best = 0;
+  float best_ms = -1.f;
+  for (int i = 0; i < n; ++i) {
+    auto run = [&] {
+      return cublasLtMatmul(h, p.desc, &alpha, A, p.a, B, p.b, &beta, D, p.c, D, p.c, &cand[i].algo,
+                            ws, ws_bytes, s);
+    };
+    // Offered but not usable, or refused at launch: not a candidate.
+    if (cand[i].state != CUBLAS_STATUS_SUCCESS || run() != CUBLAS_STATUS_SUCCESS) continue;
+    MT_CUDA_CHECK(cudaEventRecord(start, s));
+    for (int r = 0; r < kTimedRuns; ++r) MT_CUBLAS_CHECK(run());
+    MT_CUDA_CHECK(cudaEventRecord(stop, s));
+    MT_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0.f;
+    MT_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (best_ms < 0.f || ms < best_ms) best = i, best_ms = ms;
+  }
+  MT_CUDA_CHECK(cudaEventDestroy(start));
+  MT_CUDA_CHECK(cudaEventDestroy(stop));
+  MT_CUDA_CHECK(cudaFree(D));
+  return best;
+}
+
+// Builds the descriptor and layouts, then picks the algorithm: the heuristic's first, or with
+// gemm_autotune() the fastest of its first kCandidates measured here (not while the stream is
+// being captured into a graph: timing would wait on a stream that runs nothing yet).
 std::unique_ptr<Plan> make_plan(cublasLtHandle_t h, const Gemm& g, const void* A, const void* B,
-                                const void* C, const void* bias, size_t ws_bytes) {
+                                const void* C, const void* bias, float beta, void* ws,
+                                size_t ws_bytes, cudaStream_t s) {
   auto p = std::make_unique<Plan>();
   MT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &g.ta, sizeof(g.ta)));
@@ -118,24 +167,35 @@ std::unique_ptr<Plan> make_plan(cublasLtHandle_t h, const Gemm& g, const void* A
   MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, g.ab_type, bt ? g.n : g.k, bt ? g.k : g.n, g.ldb));
   MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, g.cd_type, g.m, g.n, g.ldc));
 
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  MT_CUDA_CHECK(cudaStreamIsCapturing(s, &capture));
+  const bool measure = gemm_autotune() && capture == cudaStreamCaptureStatusNone;
+
   cublasLtMatmulPreference_t pref = nullptr;
   MT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  const uint64_t ws = ws_bytes;
+  const uint64_t ws_max = ws_bytes;
   const uint32_t al_a = alignment(A), al_b = alignment(B), al_c = alignment(C);
-  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_max, sizeof(ws_max)));
   MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a)));
   MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b)));
   MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c)));
   MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c)));
-  cublasLtMatmulHeuristicResult_t result{};
+  std::array<cublasLtMatmulHeuristicResult_t, kCandidates> cand{};
   int found = 0;
-  const cublasStatus_t st =
-      cublasLtMatmulAlgoGetHeuristic(h, p->desc, p->a, p->b, p->c, p->c, pref, 1, &result, &found);
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
+      h, p->desc, p->a, p->b, p->c, p->c, pref, measure ? kCandidates : 1, cand.data(), &found);
   cublasLtMatmulPreferenceDestroy(pref);
-  MT_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS,
+  MT_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0 && cand[0].state == CUBLAS_STATUS_SUCCESS,
            "linear: cuBLASLt has no algorithm for m=", g.m, " n=", g.n, " k=", g.k, " (",
            cublasGetStatusName(st), ", alignments A/B/C ", al_a, "/", al_b, "/", al_c, ")");
-  p->algo = result.algo;
+  int pick = 0;
+  if (measure && found > 1) {
+    pick = fastest(h, *p, cand.data(), found, A, B, beta, ws, ws_bytes, g, s);
+    ++g_stats.measured;
+    if (pick != 0) ++g_stats.not_first;
+  }
+  ++g_stats.plans;
+  p->algo = cand[pick].algo;
   return p;
 }
 
@@ -149,11 +209,12 @@ void lt_matmul(const Gemm& g, const void* A, const void* B, void* D, float alpha
   void* ws = cublaslt_workspace(dev, &ws_bytes);
   const PlanKey key{dev,        g.ta,       g.tb,         g.m,          g.n,        g.k,
                     g.ab_type,  g.cd_type,  g.lda,        g.ldb,        g.ldc,      g.epilogue,
-                    alignment(A), alignment(B), alignment(D), alignment(bias)};
+                    alignment(A), alignment(B), alignment(D), alignment(bias), gemm_autotune()};
   // One lock for lookup and launch: the bias pointer is written into the shared descriptor.
   std::lock_guard<std::mutex> lock(g_plans_mutex);
   auto it = g_plans.find(key);
-  if (it == g_plans.end()) it = g_plans.emplace(key, make_plan(h, g, A, B, D, bias, ws_bytes)).first;
+  if (it == g_plans.end())
+    it = g_plans.emplace(key, make_plan(h, g, A, B, D, bias, beta, ws, ws_bytes, s)).first;
   Plan& p = *it->second;
   if (bias != nullptr)
     MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
@@ -258,6 +319,11 @@ void check_shape(const char* op, int64_t M, int64_t N, int64_t K) {
 }
 
 }  // namespace
+
+GemmPlanStats gemm_plan_stats() {
+  std::lock_guard<std::mutex> lock(g_plans_mutex);
+  return g_stats;
+}
 
 // For 16-bit y the fp32 bias is first rounded to dt in scratch; then the same GEMM.
 void linear_forward(const void* x, const void* W, const float* bias, void* y, int64_t M, int64_t N,

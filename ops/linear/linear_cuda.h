@@ -10,7 +10,8 @@
 // needed. Tensors are row-major and contiguous; transposes are cuBLAS op flags, never copies.
 // GEMMs run in cuBLASLt with fp32 accumulation (CUBLAS_COMPUTE_32F), on the current device.
 // Plans (descriptors, layouts, chosen algorithm) are built on the first call for a shape and
-// reused, so a training step never re-plans. Nothing here waits for the device.
+// reused, so a training step never re-plans. Nothing here waits for the device, except a plan
+// built with gemm_autotune() on (core/registry.h), which times cuBLASLt's candidates once.
 #include <cstdint>
 
 #include <cuda_runtime.h>
@@ -39,5 +40,13 @@ void linear_forward_dt_bias(const void* x, const void* W, const void* bias, void
 void linear_backward(const void* x, const void* W, const void* dy, void* dx, float* dW,
                      float beta_dW, float* db, int64_t M, int64_t N, int64_t K, DType dt,
                      cudaStream_t s);
+
+// GEMM plans built so far in this process: how many, how many chose by measuring (gemm_autotune()
+// on, more than one candidate), and how many of those kept a candidate other than the heuristic's
+// first.
+struct GemmPlanStats {
+  int plans = 0, measured = 0, not_first = 0;
+};
+GemmPlanStats gemm_plan_stats();
 
 }  // namespace mt::cuda
