@@ -207,6 +207,31 @@ TEST(CudaLinear, MeasuredAlgorithmChoiceKeepsParityAndTheGradSink) {
   const cuda::GemmPlanStats after = cuda::gemm_plan_stats();
   EXPECT_GE(after.measured - before.measured, 6) << "3 GEMMs per dtype should have been timed";
 }
+
+// Past kBiasGradEpilogueRows rows db comes from the dW GEMM's epilogue (or, where cuBLASLt has no
+// such algorithm, the column sum): either way it must be added into .grad, not stored there.
+TEST(CudaLinear, BiasGradientPastOneChunkAddsIntoTheGrad) {
+  MT_REQUIRE_CUDA();
+  PoisonScope poison;
+  const cuda::GemmPlanStats before = cuda::gemm_plan_stats();
+  for (DType dt : {DType::f32, DType::bf16}) {
+    const int64_t M = 1000, K = 256, N = 520;
+    const std::string what = std::string("linear db ") + dtype_name(dt);
+    Tensor xc = leaf({M, K}, dt, kCPU, 41), xg = leaf({M, K}, dt, kGPU, 41);
+    Tensor Wc = param({N, K}, kCPU, 42, -0.1, 0.1), Wg = param({N, K}, kGPU, 42, -0.1, 0.1);
+    Tensor bc = param({N}, kCPU, 43, -0.5, 0.5), bg = param({N}, kGPU, 43, -0.5, 0.5);
+    Tensor dy = leaf({M, N}, dt, kCPU, 44).detach();
+    for (int pass = 1; pass <= 2; ++pass) {
+      linear(xc, Wc, bc).backward(dy);
+      linear(xg, Wg, bg).backward(dy.to(kGPU));
+      const std::string p = what + " after " + std::to_string(pass) + " backward";
+      expect_close(Wg.grad(), Wc.grad(), dt == DType::f32 ? 1e-4 : 1e-3, p + " dW");
+      expect_close(bg.grad(), bc.grad(), dt == DType::f32 ? 1e-4 : 1e-3, p + " db");
+    }
+  }
+  std::printf("bias gradient in the dW GEMM's epilogue: %d of 2 plans\n",
+              cuda::gemm_plan_stats().bias_grad - before.bias_grad);
+}
 #endif
 
 TEST(CudaCrossEntropy, ParityWithCpuUpTo32768ClassesWithIgnoredTargets) {
