@@ -4,7 +4,8 @@
 //
 // One step is what train/trainer.cpp does, minus the data loader and the logging:
 //   4 microbatches of  forward → cross_entropy (sum / (4·microbatch)) → backward,
-//   then clip_grad_norm_(params, 1.0), AdamW step, zero_grad.
+//   then the gradient norm and clip factor (max_norm 1.0), AdamW step with the factor folded in
+//   (the trainer's clipping: .grad is never rescaled), zero_grad.
 // The model, fp32 master weights and fp32 gradients, GEMMs in bf16 (set_compute_dtype):
 //   Linear(in, h) → RMSNorm(h) → ScaledSiLU → Linear(h, h) → RMSNorm(h) → ScaledSiLU → Linear(h, C)
 // (the Sequential runs each RMSNorm → ScaledSiLU pair as one fused rms_norm_scaled_silu)
@@ -199,10 +200,23 @@ nn::Sequential make_model(const Size& s) {
                         nn::Linear(s.hidden, s.classes)};
 }
 
-std::unique_ptr<optim::AdamW> make_optimizer(const nn::Module& model) {
-  return std::make_unique<optim::AdamW>(
+// Clipping as train/trainer.cpp does it with AdamW: the global norm and the clip factor into
+// device scalars allocated once (a CUDA graph records their addresses), the factor folded into
+// the AdamW update (set_grad_scale) instead of a pass that rescales every gradient.
+struct Clip {
+  Tensor norm, factor;
+  explicit Clip(Device dev) : norm(zeros({}, DType::f32, dev)), factor(zeros({}, DType::f32, dev)) {}
+  void operator()(const std::vector<Tensor>& params) const {
+    optim::grad_norm_and_clip_factor(params, kClipNorm, norm, factor);
+  }
+};
+
+std::unique_ptr<optim::AdamW> make_optimizer(const nn::Module& model, const Clip& clip) {
+  auto adamw = std::make_unique<optim::AdamW>(
       optim::Optimizer::decay_groups(model, kWeightDecay),
       optim::AdamWOptions{kLr, {kBeta1, kBeta2}, kEps, kWeightDecay});
+  adamw->set_grad_scale(clip.factor);
+  return adamw;
 }
 
 struct Batch {
@@ -240,11 +254,12 @@ void microbatch_passes(nn::Module& model, const Batch& batch, int64_t microbatch
 // One eager optimizer step. Returns its loss (the mean over the batch) as a device scalar:
 // nothing in here reads a value back to the host. set_to_none = false keeps .grad allocated, as
 // the steps around a CUDA graph must.
-Tensor train_step(nn::Module& model, optim::AdamW& optimizer, const std::vector<Tensor>& params,
-                  const Batch& batch, int64_t microbatch, bool set_to_none = true) {
+Tensor train_step(nn::Module& model, optim::AdamW& optimizer, const Clip& clip,
+                  const std::vector<Tensor>& params, const Batch& batch, int64_t microbatch,
+                  bool set_to_none = true) {
   Tensor loss_sum = zeros({}, DType::f32, batch.x.device());
   microbatch_passes(model, batch, microbatch, loss_sum);
-  optim::clip_grad_norm_(params, kClipNorm);
+  clip(params);
   optimizer.step();
   optimizer.zero_grad(set_to_none);
   return loss_sum;
@@ -255,15 +270,15 @@ Tensor train_step(nn::Module& model, optim::AdamW& optimizer, const std::vector<
 // corrections, to the device) and one replay; loss() is the last replayed step's loss.
 class GraphStep {
  public:
-  GraphStep(nn::Module& model, optim::AdamW& optimizer, const std::vector<Tensor>& params,
-            const Batch& batch, int64_t microbatch)
+  GraphStep(nn::Module& model, optim::AdamW& optimizer, const Clip& clip,
+            const std::vector<Tensor>& params, const Batch& batch, int64_t microbatch)
       : optimizer_(optimizer),
-        first_loss_(train_step(model, optimizer, params, batch, microbatch, false)),
+        first_loss_(train_step(model, optimizer, clip, params, batch, microbatch, false)),
         loss_(zeros({}, DType::f32, batch.x.device())),
         graph_(cuda::Graph::capture(kDevice, [&] {
           loss_.fill_(0.0);
           microbatch_passes(model, batch, microbatch, loss_);
-          optim::clip_grad_norm_(params, kClipNorm);
+          clip(params);
           optimizer.apply_step();
           optimizer.zero_grad(/*set_to_none=*/false);
         })) {}
@@ -286,12 +301,13 @@ class GraphStep {
 // ---- where the time goes ------------------------------------------------------------------------
 
 // One eager step with a CUDA event after each piece of it: each layer's forward,
-// the loss, each microbatch's whole backward (the engine runs it as one pass), clipping, AdamW and
+// the loss, each microbatch's whole backward (the engine runs it as one pass), the gradient norm
+// and clip factor, AdamW (the factor folded in) and
 // zero_grad. Each piece's time is the GPU time between its events, summed over the microbatches
 // and averaged over `steps` steps; host time that the GPU does not wait for is not in it. The
 // backward is one row: its ops are launched by the engine, between no events of ours.
-void print_breakdown(nn::Sequential& model, optim::AdamW& optimizer, const std::vector<Tensor>& params,
-                     const Batch& batch, int64_t microbatch, int steps) {
+void print_breakdown(nn::Sequential& model, optim::AdamW& optimizer, const Clip& clip,
+                     const std::vector<Tensor>& params, const Batch& batch, int64_t microbatch, int steps) {
   // The forward's steps as the Sequential runs them (RMSNorm → ScaledSiLU fused into one).
   std::vector<std::string> names;
   std::vector<size_t> first_child;
@@ -307,7 +323,7 @@ void print_breakdown(nn::Sequential& model, optim::AdamW& optimizer, const std::
     }
   }
   const size_t forward_rows = names.size();
-  for (const char* n : {"cross_entropy forward", "backward (all ops)", "clip_grad_norm_", "AdamW step", "zero_grad"})
+  for (const char* n : {"cross_entropy forward", "backward (all ops)", "grad norm + clip factor", "AdamW step", "zero_grad"})
     names.emplace_back(n);
   std::vector<double> ms(names.size(), 0.0);
   cudaStream_t s = cuda::stream(kDevice);
@@ -319,7 +335,7 @@ void print_breakdown(nn::Sequential& model, optim::AdamW& optimizer, const std::
     events.push_back(e);
   };
   const double normalizer = double(kMicrobatches * microbatch);
-  train_step(model, optimizer, params, batch, microbatch);  // untimed: creates the AdamW state
+  train_step(model, optimizer, clip, params, batch, microbatch);  // untimed: creates the AdamW state
   for (int step = 0; step < steps; ++step) {
     cuda::synchronize(kDevice);
     std::vector<size_t> slot;  // which row each interval (event i-1 to i) belongs to
@@ -337,7 +353,7 @@ void print_breakdown(nn::Sequential& model, optim::AdamW& optimizer, const std::
       loss.backward();
       mark(), slot.push_back(forward_rows + 1);
     }
-    optim::clip_grad_norm_(params, kClipNorm);
+    clip(params);
     mark(), slot.push_back(forward_rows + 2);
     optimizer.step();
     mark(), slot.push_back(forward_rows + 3);
@@ -392,10 +408,10 @@ Work work_of(const Size& s, double params, double weights) {
                                                 // ScaledSiLU fused: fwd 4 + bwd 6 bytes
                              + 6 * B * C        // cross_entropy: logits read; read again, dlogits written
                              + 2 * B * (2 * h + C);  // db: each Linear's dY read once
-  // Per parameter: fresh grads zero-filled 4, norm read 4, clip scale read + write 8, AdamW
-  // p, g, m, v read 16 + p, m, v written 12; per Linear weight (the biases are negligible),
-  // its bf16 copy written 2.
-  const double per_param = 44 * params + 2 * weights;
+  // Per parameter: fresh grads zero-filled 4, norm read 4, AdamW p, g, m, v read 16 + p, m, v
+  // written 12 (the clip factor is folded into it); per Linear weight (the biases are
+  // negligible), its bf16 copy written 2.
+  const double per_param = 36 * params + 2 * weights;
   return {gemm_flop, activations + per_param};
 }
 
@@ -483,7 +499,8 @@ bool run_size(const Size& s, const std::string& export_dir, double gemm_tflops, 
     if (p.dim() >= 2) n_weights += double(p.numel());
   }
   const int64_t samples = kMicrobatches * s.microbatch;
-  auto optimizer = make_optimizer(model);
+  const Clip clip(dev);
+  auto optimizer = make_optimizer(model, clip);
 
   std::printf("\n== train_step %s: %s\n", s.name, layers_str(s).c_str());
   std::printf("   bf16 GEMMs, fp32 master weights and grads; %lld microbatches x %lld = %lld samples "
@@ -498,11 +515,11 @@ bool run_size(const Size& s, const std::string& export_dir, double gemm_tflops, 
   for (const auto& [name, t] : model.state_dict()) init.emplace_back(name, t.clone().to(kCPU));
   std::vector<double> eager_losses;
   for (int i = 0; i < kLossSteps; ++i)
-    eager_losses.push_back(train_step(model, *optimizer, params, batch, s.microbatch).item());
+    eager_losses.push_back(train_step(model, *optimizer, clip, params, batch, s.microbatch).item());
   const auto restart = [&] {
     model.load_state_dict(init);
     for (Tensor p : params) p.zero_grad();
-    optimizer = make_optimizer(model);
+    optimizer = make_optimizer(model, clip);
   };
   if (!export_dir.empty()) {
     const std::string base = (std::filesystem::path(export_dir) / s.name).string();
@@ -518,18 +535,18 @@ bool run_size(const Size& s, const std::string& export_dir, double gemm_tflops, 
 
   // Eager: every step launched op by op from the host.
   restart();
-  print_breakdown(model, *optimizer, params, batch, s.microbatch, 3);
+  print_breakdown(model, *optimizer, clip, params, batch, s.microbatch, 3);
   restart();
   Tensor last_loss;
   const std::vector<double> times = time_each(kWarmupSteps, s.timed_steps, [&] {
-    last_loss = train_step(model, *optimizer, params, batch, s.microbatch);
+    last_loss = train_step(model, *optimizer, clip, params, batch, s.microbatch);
   });
   const double loss = last_loss.item();  // after the timed region
 
   // CUDA graph: the first kLossSteps steps (one eager, then replays) are checked against the eager
   // losses above, bit for bit, and serve as the warm-up; then the timed replays.
   restart();
-  GraphStep graph(model, *optimizer, params, batch, s.microbatch);
+  GraphStep graph(model, *optimizer, clip, params, batch, s.microbatch);
   std::vector<double> graph_losses{graph.first_loss().item()};
   while (graph_losses.size() < eager_losses.size()) {
     graph.step();
@@ -653,7 +670,8 @@ bool run_data_parallel(const Size& s, const parallel::World& world) {
   const std::vector<Tensor> params = model.parameters();
   std::unique_ptr<parallel::GradReducer> reducer;
   if (comm) reducer = std::make_unique<parallel::GradReducer>(params, comm);
-  auto optimizer = make_optimizer(model);
+  const Clip clip(dev);
+  auto optimizer = make_optimizer(model, clip);
   double n_params = 0;
   for (const Tensor& p : params) n_params += double(p.numel());
   const int64_t samples = kMicrobatches * s.microbatch;  // per GPU
@@ -667,7 +685,7 @@ bool run_data_parallel(const Size& s, const parallel::World& world) {
       if (reduce) reducer->prepare_for_last_backward();
     });
     if (reduce) reducer->finish();
-    optim::clip_grad_norm_(params, kClipNorm);
+    clip(params);
     optimizer->step();
     optimizer->zero_grad(/*set_to_none=*/false);
   };
@@ -707,7 +725,7 @@ bool run_data_parallel(const Size& s, const parallel::World& world) {
     for (const Tensor& p : params) comm->broadcast(p, 0);
     comm->synchronize();
     nn::refresh_compute_copies(params);
-    optimizer = make_optimizer(model);
+    optimizer = make_optimizer(model, clip);
   }
   const int64_t calls_before = comm ? comm->all_reduce_calls() : 0;
   double dp_ms = local_ms, dp_late_ms = 0, steady_dp_ms = steady_local_ms, steady_late_ms = 0;

@@ -36,7 +36,8 @@ struct AdamWTensor {
 // lr, bc1 = 1 - b1^step and bc2 = 1 - b2^step are read from each tensor's `hyper` (computed on the
 // host in double, rounded once). If skip_step (device int, nullable) is nonzero the step does
 // nothing (an f16 loss-scale overflow). tensors_host is a host array; tensors with
-// grad == nullptr must not be in it. Pass lowp_dt = f32 when no tensor has lowp.
+// grad == nullptr must not be in it. Tensors with and without lowp share the launch: lowp_dt is
+// the dtype of every lowp given (f32 when none is).
 void adamw_step(const AdamWTensor* tensors_host, int num_tensors, float b1, float b2, float eps,
                 const float* grad_scale, const int* skip_step, DType lowp_dt, cudaStream_t s);
 

@@ -14,6 +14,15 @@
 // 0-dim f32 device scalar on CUDA) and must replace it, in place, with the sum over all ranks;
 // the norm and the factor then come from that global sum. It is called on every rank, also one
 // whose part is empty.
+//
+// grad_norm_and_clip_factor is the same computation without the last line: it leaves .grad as
+// it is and writes the norm and the factor, min(1, max_norm / (norm + 1e-6)), into tensors the
+// caller owns, for an optimizer that folds the factor into its update (AdamW::set_grad_scale).
+// Their addresses do not change from step to step, so a CUDA graph that recorded the call writes
+// the same tensors on every replay. norm_out: 0-dim, on the parameters' device, f32 on CUDA, f32
+// or f64 on the CPU (the norm rounded to it). factor_out: 0-dim, on that device, f32 on CUDA (the
+// factor the in-place clip scales by, computed by the same kernel), f64 on the CPU (the double
+// factor the in-place clip scales by). max_norm = inf gives factor 1: the norm alone.
 #include <functional>
 #include <vector>
 
@@ -25,5 +34,9 @@ using SumOverRanks = std::function<void(const Tensor& sum_of_squares)>;
 
 Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm,
                        const SumOverRanks& sum_over_ranks = {});
+
+void grad_norm_and_clip_factor(const std::vector<Tensor>& params, double max_norm,
+                               const Tensor& norm_out, const Tensor& factor_out,
+                               const SumOverRanks& sum_over_ranks = {});
 
 }  // namespace mt::optim

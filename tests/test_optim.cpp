@@ -14,6 +14,9 @@
 #include "optim/schedule.h"
 #include "optim/sgd.h"
 #include "tests/expect_error.h"
+#ifdef MT_WITH_CUDA
+#include "core/cuda/graph.h"
+#endif
 
 using namespace mt;
 using mt::test::expect_error;
@@ -394,6 +397,100 @@ TEST(ClipGradNorm, ThreeFourFive) {
   EXPECT_EQ(optim::clip_grad_norm_({no_grad}, 1.0).item(), 0);
 }
 
+namespace {
+
+// Gradients for `params` on `device` in their dtype: random, never zero (|g| in [0.25, ~2]).
+void set_random_grads(const std::vector<Tensor>& params, Generator& gen, Device device) {
+  for (const Tensor& p : params) {
+    std::vector<double> g(size_t(p.numel()));
+    for (double& x : g) x = (gen.normal() < 0 ? -1 : 1) * (0.25 + std::abs(gen.normal()));
+    Tensor(p).set_grad(from_vector(g, p.shape(), p.dtype(), device));
+  }
+}
+
+// Three parameters (two groups, one without decay) of `dtype` on `device`, seeded.
+std::vector<Tensor> three_params(DType dtype, Device device) {
+  manual_seed(21);
+  std::vector<Tensor> out{randn({3, 5}, dtype).to(device), randn({7}, dtype).to(device),
+                          randn({2, 2}, dtype).to(device)};
+  for (Tensor& p : out) p.set_requires_grad();
+  return out;
+}
+
+optim::AdamW adamw_of(const std::vector<Tensor>& p) {
+  return optim::AdamW({{{p[0], p[1]}, std::nullopt, std::nullopt}, {{p[2]}, std::nullopt, 0.0}},
+                      optim::AdamWOptions{.lr = 0.05, .weight_decay = 0.1});
+}
+
+// AdamW with the clip factor folded in (set_grad_scale, from grad_norm_and_clip_factor) against
+// clip_grad_norm_ then step(), over 3 steps of the same random gradients: the norm, the
+// parameters, m and v are the same bits, and the folded step leaves .grad as it was.
+void expect_folded_clip_is_clip_then_step(DType dtype, Device device, double max_norm, bool clips) {
+  const std::string what = std::string(dtype_name(dtype)) + " on " + device.str() + ", max_norm " +
+                           std::to_string(max_norm);
+  const std::vector<Tensor> pa = three_params(dtype, device), pb = three_params(dtype, device);
+  optim::AdamW a = adamw_of(pa), b = adamw_of(pb);
+  const DType scalar = device.is_cpu() ? DType::f64 : DType::f32;
+  const Tensor norm = zeros({}, device.is_cpu() ? dtype : DType::f32, device);
+  const Tensor factor = zeros({}, scalar, device);
+  b.set_grad_scale(factor);
+  Generator ga(7), gb(7);
+  for (int s = 0; s < 3; ++s) {
+    set_random_grads(pa, ga, device);
+    set_random_grads(pb, gb, device);
+    std::vector<std::vector<double>> grads;
+    for (const Tensor& p : pb) grads.push_back(p.grad().to_vector());
+    const double clipped_norm = optim::clip_grad_norm_(pa, max_norm).item();
+    optim::grad_norm_and_clip_factor(pb, max_norm, norm, factor);
+    EXPECT_EQ(norm.item(), clipped_norm) << what << ", step " << s;
+    if (clips) EXPECT_LT(factor.item(), 1.0) << what;
+    else EXPECT_EQ(factor.item(), 1.0) << what;
+    a.step();
+    b.step();
+    for (size_t k = 0; k < pb.size(); ++k) {
+      EXPECT_EQ(pb[k].to_vector(), pa[k].to_vector()) << what << ", step " << s << ", param " << k;
+      EXPECT_EQ(pb[k].grad().to_vector(), grads[k]) << what << ": .grad changed, param " << k;
+    }
+    const nn::StateDict sa = a.state_dict(), sb = b.state_dict();
+    ASSERT_EQ(sa.size(), sb.size());
+    for (size_t i = 0; i < sa.size(); ++i) {
+      EXPECT_EQ(sb[i].first, sa[i].first);
+      EXPECT_EQ(sb[i].second.to_vector(), sa[i].second.to_vector())
+          << what << ", step " << s << ", " << sa[i].first;
+    }
+  }
+}
+
+}  // namespace
+
+TEST(ClipGradNorm, FoldedIntoAdamWIsClipThenStepBitwise) {
+  for (DType dt : {DType::f32, DType::f64}) {
+    expect_folded_clip_is_clip_then_step(dt, kCPU, 0.5, /*clips=*/true);
+    expect_folded_clip_is_clip_then_step(dt, kCPU, 1e9, /*clips=*/false);
+  }
+}
+
+TEST(ClipGradNorm, NormAndFactorWithoutTouchingTheGradients) {
+  Tensor a = zeros({1}), b = zeros({1}), no_grad = zeros({2});
+  for (Tensor* t : {&a, &b, &no_grad}) t->set_requires_grad();
+  a.set_grad(full({1}, 3.0));
+  b.set_grad(full({1}, 4.0));
+  const Tensor norm = zeros({}), factor = zeros({}, DType::f64);
+  optim::grad_norm_and_clip_factor({a, b, no_grad}, 1.0, norm, factor);
+  EXPECT_FLOAT_EQ(norm.item(), 5.0f);
+  EXPECT_EQ(factor.item(), 1.0 / (5.0 + 1e-6));  // in double: what clip_grad_norm_ scales by
+  EXPECT_EQ(a.grad().item(), 3.0);
+  EXPECT_EQ(b.grad().item(), 4.0);
+  optim::grad_norm_and_clip_factor({a, b}, INFINITY, norm, factor);  // the norm alone
+  EXPECT_EQ(factor.item(), 1.0);
+  optim::grad_norm_and_clip_factor({no_grad}, 1.0, norm, factor);
+  EXPECT_EQ(norm.item(), 0.0);
+  EXPECT_EQ(factor.item(), 1.0);
+  expect_error([&] { optim::grad_norm_and_clip_factor({a}, 1.0, norm, zeros({})); },
+               {"factor_out f64", "got f32 and f32"});
+  expect_error([&] { optim::grad_norm_and_clip_factor({a}, 0.0, norm, factor); }, {"max_norm"});
+}
+
 // ---- schedules ------------------------------------------------------------------------------
 
 TEST(Schedule, WarmupCosineAtItsBoundaries) {
@@ -491,4 +588,53 @@ TEST(OptimCUDA, FusedAdamWSGDAndClippingMatchTheCPU) {
       }
     }
   }
+}
+
+TEST(OptimCUDA, FoldedClipIsClipThenStepBitwise) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU";
+  expect_folded_clip_is_clip_then_step(DType::f32, cuda_device(0), 0.5, /*clips=*/true);
+  expect_folded_clip_is_clip_then_step(DType::f32, cuda_device(0), 1e9, /*clips=*/false);
+}
+
+// Parameters with and without a bf16 compute copy, updated by one launch (counted as the nodes of
+// a CUDA graph of apply_step), with the clip factor folded in: the fp32 update matches the CPU's
+// and each copy is its parameter rounded to bf16.
+TEST(OptimCUDA, AdamWWithAndWithoutComputeCopiesIsOneLaunch) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU";
+#ifdef MT_WITH_CUDA
+  const Device dev = cuda_device(0);
+  const std::vector<Tensor> pc = three_params(DType::f32, kCPU), pg = three_params(DType::f32, dev);
+  pg[0].set_compute_copy(pg[0].to(DType::bf16));
+  pg[2].set_compute_copy(pg[2].to(DType::bf16));
+  optim::AdamW cpu = adamw_of(pc), gpu = adamw_of(pg);
+  const Tensor norm_c = zeros({}), factor_c = zeros({}, DType::f64);
+  const Tensor norm_g = zeros({}, DType::f32, dev), factor_g = zeros({}, DType::f32, dev);
+  cpu.set_grad_scale(factor_c);
+  gpu.set_grad_scale(factor_g);
+  Generator gc(3), gg(3);
+  for (int s = 0; s < 3; ++s) {
+    set_random_grads(pc, gc, kCPU);
+    set_random_grads(pg, gg, dev);
+    optim::grad_norm_and_clip_factor(pc, 0.5, norm_c, factor_c);
+    optim::grad_norm_and_clip_factor(pg, 0.5, norm_g, factor_g);
+    ASSERT_LT(factor_c.item(), 1.0);
+    cpu.step();
+    if (s == 0) {
+      gpu.step();
+    } else {
+      gpu.prepare_step();
+      const cuda::Graph graph = cuda::Graph::capture(dev.index, [&] { gpu.apply_step(); });
+      EXPECT_EQ(graph.num_nodes(), 1u) << graph.node_kinds();
+      graph.replay();
+    }
+    for (size_t k = 0; k < pc.size(); ++k) {
+      const std::vector<double> want = pc[k].to_vector(), got = pg[k].to_vector();
+      for (size_t i = 0; i < want.size(); ++i)
+        EXPECT_NEAR(got[i], want[i], 1e-6 * std::max(1.0, std::abs(want[i])))
+            << "step " << s << " param " << k << " element " << i;
+      if (k != 1) EXPECT_EQ(pg[k].compute_copy().to_vector(), pg[k].to(DType::bf16).to_vector());
+    }
+    EXPECT_FALSE(pg[1].compute_copy().defined());
+  }
+#endif
 }

@@ -5,7 +5,6 @@
 
 #include <spdlog/spdlog.h>
 
-#include "optim/clip.h"
 #include "train/step_graph.h"
 
 namespace mt::train {
@@ -30,7 +29,7 @@ bool Trainer::capture_step(const Tensor& loss_sum, const Tensor& grad_norm) {
     // same parameters, state and device scalars, which is all a replay needs.
     cuda::Graph graph = cuda::Graph::capture(device_.index, [&] {
       microbatch_passes(inputs, loss_sum, nullptr);
-      grad_norm.copy_(optim::clip_grad_norm_(params, max_norm));
+      clip_gradients(params, max_norm, grad_norm);  // as the eager step: the same kernels
       optimizer_->apply_step();
       optimizer_->zero_grad(/*set_to_none=*/false);
     });

@@ -266,6 +266,11 @@ void Trainer::resume(const std::string& path) {
   if (lead()) spdlog::info("resumed from {} at step {}", c.path, step_);
 }
 
+void Trainer::clip_gradients(const std::vector<Tensor>& params, double max_norm, const Tensor& grad_norm) {
+  if (clip_factor_.defined()) optim::grad_norm_and_clip_factor(params, max_norm, grad_norm, clip_factor_);
+  else grad_norm.copy_(zero_ ? zero_->clip_grad_norm_(max_norm) : optim::clip_grad_norm_(params, max_norm));
+}
+
 std::string Trainer::save(int64_t step, nn::StateDict optimizer) {
   for (const auto& [name, t] : scaler_.state_dict())
     optimizer.emplace_back(std::string(kScalerPrefix) + name, t);
@@ -383,6 +388,19 @@ RunSummary Trainer::run() {
   Tensor loss_sum = zeros({}, DType::f32, device_);
   // The norm of the last step that was applied: a skipped step has none of its own.
   Tensor grad_norm = zeros({}, dt == DType::f64 ? DType::f64 : DType::f32, device_);
+  // An unsharded AdamW folds the clip factor into its update (clip_gradients), read from here.
+  struct FoldedClip {
+    optim::AdamW* adamw;
+    Tensor& factor;
+    ~FoldedClip() {  // outside run(), optimizer().step() is a plain step
+      if (adamw) adamw->set_grad_scale({});
+      factor = {};
+    }
+  } folded{zero_ ? nullptr : dynamic_cast<optim::AdamW*>(optimizer_.get()), clip_factor_};
+  if (folded.adamw) {
+    clip_factor_ = zeros({}, device_.is_cpu() ? DType::f64 : DType::f32, device_);
+    folded.adamw->set_grad_scale(clip_factor_);
+  }
   bool use_graph = cfg_.cuda_graph;
   if (use_graph) {
     if (std::string why = graph_blocker(); !why.empty()) {
@@ -423,8 +441,7 @@ RunSummary Trainer::run() {
                      scaler_.scale());
       } else {
         // max_norm = inf computes the norm for the log without clipping.
-        const double max_norm = o.clip_norm > 0 ? o.clip_norm : INFINITY;
-        grad_norm.copy_(zero_ ? zero_->clip_grad_norm_(max_norm) : optim::clip_grad_norm_(params, max_norm));
+        clip_gradients(params, o.clip_norm > 0 ? o.clip_norm : INFINITY, grad_norm);
       }
       // The only host synchronization of a step: reading back what is logged. It comes before the
       // update, so that a NaN or inf stops the run while the tensors that show its origin are intact.

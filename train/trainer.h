@@ -11,6 +11,8 @@
 //   3. f16 only: divide the gradients by the loss scale and check them for inf/NaN; an overflow
 //      skips step 4 (the scale halves; docs/precision.md);
 //   4. clip the global gradient norm, optimizer step, learning-rate schedule; then zero_grad.
+//      AdamW (unsharded) takes the clip factor into its update instead of a pass that rescales
+//      every gradient, so .grad holds the unclipped gradient until zero_grad.
 // The loss stays on the device and is read back only when logged, evaluated or checkpointed; a
 // non-finite loss or gradient norm found then stops the run (exit code 3) before anything is
 // saved, so the last checkpoint on disk is always a good one.
@@ -141,6 +143,10 @@ class Trainer {
   // when `metrics` is given, the task's metric sums into it (a host read).
   void microbatch_passes(const std::vector<data::Loader::Microbatch>& batches, const Tensor& loss_sum,
                          Metrics* metrics);
+  // Step 4's clipping: the global gradient norm into grad_norm. With an unsharded AdamW the clip
+  // factor goes into clip_factor_, which the update folds in (optim/adamw.h: .grad is read, never
+  // rescaled); with SGD or ZeRO-1, .grad is clipped in place (optim/clip.h).
+  void clip_gradients(const std::vector<Tensor>& params, double max_norm, const Tensor& grad_norm);
   // Why this run's step cannot be captured in a CUDA graph; empty if it can.
   std::string graph_blocker() const;
   // Records the step in a CUDA graph, with this step's batch in its input buffers; false (after a
@@ -160,6 +166,7 @@ class Trainer {
   std::shared_ptr<Task> task_;
   std::unique_ptr<optim::Optimizer> optimizer_;  // null with ZeRO-1
   std::unique_ptr<ShardedAdamW> zero_;            // optim.shard_state with a communicator
+  Tensor clip_factor_;  // during run(), the clip factor optimizer_ folds in; undefined if none does
   std::unique_ptr<optim::LRSchedule> schedule_;
   std::unique_ptr<parallel::GradReducer> reducer_;  // data parallelism with more than one rank
   int64_t gradient_all_reduces_ = 0;            // the reducer's collectives in this run
