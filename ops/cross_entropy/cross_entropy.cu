@@ -1,7 +1,7 @@
 // Cross-entropy (fused log-softmax + NLL) CUDA kernels. The math and the save/recompute choice
 // are in cross_entropy_cuda.h.
 //
-// Forward, two launches (one for a small batch, below):
+// Forward, two launches:
 //   1. lse_kernel, one block per row (256 threads, or one warp when C < 1024). Each thread runs
 //      an online max / sum over its columns in fp32 (m = running max, s = sum of exp(x - m),
 //      rescaled when m grows), so the row is read once; the block merges the (m, s) pairs and
@@ -9,10 +9,6 @@
 //   2. loss_kernel, one block of 1024 threads: thread i adds lse[r] - logits[r, t_r] over rows
 //      r = i, i + 1024, ...; the block sums the threads in a fixed tree; loss[0] = total /
 //      normalizer ('='). One gathered logit per row, no scratch, the same bits on every run.
-//   With C < 1024 and at most kOneLaunchRows rows, small_forward_kernel does both in one block of
-//   1024 threads: warp w computes the lse of rows w, w + 32, ... exactly as lse_kernel's one-warp
-//   block does, then, after a barrier, the block runs loss_kernel's sum. The same bits as the two
-//   launches, one launch fewer (a small training step counts its launches).
 // Bytes: rows * C * sizeof(dt) read once (+ 4 B of lse and 8 B of target per row); FLOPs are one
 // exp per logit. Floor: the logits read at copy bandwidth.
 //
@@ -81,19 +77,6 @@ __device__ void block_merge(float& m, float& s) {
   }
 }
 
-// This thread's (m, s) over its columns of one row: thread t of n takes packs t, t + n, ...
-template <class T, int V>
-__device__ void row_partial(const T* row, int64_t C, int t, int n, float& m, float& s) {
-  m = -INFINITY, s = 0.f;
-  const int64_t cv = C / V;
-  for (int64_t i = t; i < cv; i += n) {
-    const Pack<T, V> p = reinterpret_cast<const Pack<T, V>*>(row)[i];
-#pragma unroll
-    for (int j = 0; j < V; ++j) online_add(m, s, to_float(p.v[j]));
-  }
-  for (int64_t c = cv * V + t; c < C; c += n) online_add(m, s, to_float(row[c]));
-}
-
 template <class T, int V>
 __global__ void lse_kernel(const T* logits, const int64_t* targets, float* lse, int64_t C,
                            int64_t ignore_index) {
@@ -102,20 +85,25 @@ __global__ void lse_kernel(const T* logits, const int64_t* targets, float* lse, 
     if (threadIdx.x == 0) lse[r] = 0.f;
     return;
   }
-  float m, s;
-  row_partial<T, V>(logits + r * C, C, int(threadIdx.x), int(blockDim.x), m, s);
+  const T* row = logits + r * C;
+  float m = -INFINITY, s = 0.f;
+  const int64_t cv = C / V;
+  for (int64_t i = threadIdx.x; i < cv; i += blockDim.x) {
+    const Pack<T, V> p = reinterpret_cast<const Pack<T, V>*>(row)[i];
+#pragma unroll
+    for (int j = 0; j < V; ++j) online_add(m, s, to_float(p.v[j]));
+  }
+  for (int64_t c = cv * V + threadIdx.x; c < C; c += blockDim.x) online_add(m, s, to_float(row[c]));
   block_merge(m, s);
   if (threadIdx.x == 0) lse[r] = m + logf(s);
 }
 
 constexpr int kLossThreads = 1024;
-constexpr int64_t kOneLaunchRows = 1024;  // small_forward_kernel: 32 rows per warp at most
 
-// The loss from lse[], by one block of kLossThreads threads (loss_kernel's body).
 template <class T>
-__device__ void loss_block(const T* logits, const int64_t* targets, const float* lse, float* loss,
-                           BadTargetRecord* bad_target, int64_t rows, int64_t C,
-                           int64_t ignore_index, float normalizer) {
+__global__ void loss_kernel(const T* logits, const int64_t* targets, const float* lse, float* loss,
+                            BadTargetRecord* bad_target, int64_t rows, int64_t C,
+                            int64_t ignore_index, float normalizer) {
   __shared__ unsigned long long first_bad;  // the lowest bad row: the same report on every run
   if (threadIdx.x == 0) first_bad = ~0ull;
   __syncthreads();
@@ -139,34 +127,6 @@ __device__ void loss_block(const T* logits, const int64_t* targets, const float*
       __threadfence_system();  // the record is host memory: make it visible past the GPU
     }
   }
-}
-
-template <class T>
-__global__ void loss_kernel(const T* logits, const int64_t* targets, const float* lse, float* loss,
-                            BadTargetRecord* bad_target, int64_t rows, int64_t C,
-                            int64_t ignore_index, float normalizer) {
-  loss_block(logits, targets, lse, loss, bad_target, rows, C, ignore_index, normalizer);
-}
-
-// lse_kernel's one-warp rows, a warp per row, then loss_block: C < 1024, rows <= kOneLaunchRows.
-template <class T, int V>
-__global__ void small_forward_kernel(const T* logits, const int64_t* targets, float* lse,
-                                     float* loss, BadTargetRecord* bad_target, int64_t rows,
-                                     int64_t C, int64_t ignore_index, float normalizer) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int64_t r = warp; r < rows; r += kLossThreads / 32) {
-    if (targets[r] == ignore_index) {  // uniform across the warp
-      if (lane == 0) lse[r] = 0.f;
-      continue;
-    }
-    float m, s;
-    row_partial<T, V>(logits + r * C, C, lane, 32, m, s);
-    for (int o = 16; o > 0; o >>= 1)  // block_merge of a one-warp block
-      merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
-    if (lane == 0) lse[r] = m + logf(s);
-  }
-  __syncthreads();  // every lse[r] written, and visible to the whole block
-  loss_block(logits, targets, lse, loss, bad_target, rows, C, ignore_index, normalizer);
 }
 
 template <class T, int V>
@@ -224,16 +184,6 @@ void cross_entropy_forward(const void* logits, const int64_t* targets, float* lo
     using T = decltype(tag);
     constexpr int V = 16 / sizeof(T);
     auto* x = static_cast<const T*>(logits);
-    if (rows > 0 && rows <= kOneLaunchRows && row_threads(C) == 32) {
-      if (rows_aligned(logits, C, sizeof(T)))
-        small_forward_kernel<T, V><<<1, kLossThreads, 0, s>>>(x, targets, lse, loss, bad_target,
-                                                              rows, C, ignore_index, normalizer);
-      else
-        small_forward_kernel<T, 1><<<1, kLossThreads, 0, s>>>(x, targets, lse, loss, bad_target,
-                                                              rows, C, ignore_index, normalizer);
-      MT_CUDA_CHECK_LAUNCH();
-      return;
-    }
     if (rows > 0) {
       if (rows_aligned(logits, C, sizeof(T)))
         lse_kernel<T, V><<<unsigned(rows), row_threads(C), 0, s>>>(x, targets, lse, C, ignore_index);
