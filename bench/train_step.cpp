@@ -418,9 +418,7 @@ Work work_of(const Size& s, double params, double weights) {
 // The step's GEMMs alone: for each microbatch, the three Linear forwards (the bf16 bias copy in
 // the epilogue, as the Linears run them),
 // then their backwards in reverse (dX = dY·W except for the first layer, whose input needs no
-// gradient; dW += dYᵀ·X in fp32 with beta = 1, as into the .grad sink, and past
-// kBiasGradEpilogueRows rows with db in that GEMM's epilogue, as the Linears run it, its one
-// N-element add included), through the launchers the
+// gradient; dW += dYᵀ·X in fp32 with beta = 1, as into the .grad sink), through the launchers the
 // linear op calls, on the same shapes and dtypes, back to back on the framework stream with
 // nothing else between them. The set is recorded once in a CUDA graph and replayed, so the host's
 // launch time is not in it (eager, the small size's 32 GEMMs would time the host). Median ms of
@@ -436,7 +434,7 @@ double gemm_floor_ms(const Size& s, int reps) {
   const Device dev = cuda_device(kDevice);
   const int64_t M = s.microbatch;
   struct Buffers {
-    Tensor x, W, b, y, dy, dx, dW, db;
+    Tensor x, W, b, y, dy, dx, dW;
   };
   std::vector<Buffers> buf;
   // N(0, 1) values: the power a GEMM draws, and so the clock it gets at the card's power limit,
@@ -445,8 +443,7 @@ double gemm_floor_ms(const Size& s, int reps) {
     buf.push_back({mt::randn({M, l.in}, DType::bf16, dev), mt::randn({l.out, l.in}, DType::bf16, dev),
                    mt::randn({l.out}, DType::bf16, dev), mt::empty({M, l.out}, DType::bf16, dev),
                    mt::randn({M, l.out}, DType::bf16, dev), mt::empty({M, l.in}, DType::bf16, dev),
-                   zeros({l.out, l.in}, DType::f32, dev), zeros({l.out}, DType::f32, dev)});
-  const bool db_in_epilogue = M > cuda::kBiasGradEpilogueRows;
+                   zeros({l.out, l.in}, DType::f32, dev)});
   cudaStream_t st = cuda::stream(kDevice);
   const auto gemm_set = [&] {
     for (int64_t k = 0; k < kMicrobatches; ++k) {
@@ -460,8 +457,7 @@ double gemm_floor_ms(const Size& s, int reps) {
         const Buffers& t = buf[i];
         cuda::linear_backward(t.x.data_ptr(), t.W.data_ptr(), t.dy.data_ptr(),
                               layers[i].needs_dx ? t.dx.data_ptr() : nullptr,
-                              static_cast<float*>(t.dW.data_ptr()), 1.0f,
-                              db_in_epilogue ? static_cast<float*>(t.db.data_ptr()) : nullptr, M,
+                              static_cast<float*>(t.dW.data_ptr()), 1.0f, nullptr, M,
                               layers[i].out, layers[i].in, DType::bf16, st);
       }
     }
@@ -597,9 +593,9 @@ bool run_size(const Size& s, const std::string& export_dir, double gemm_tflops, 
               s.name, same, kLossSteps, worst);
   const cuda::GemmPlanStats plans = cuda::gemm_plan_stats();
   std::printf("train_step %s GEMM algorithms: %s; %d plans so far in this run, %d chosen by timing, "
-              "%d of them not the heuristic's first; %d with db in the epilogue (BGRADB)\n",
+              "%d of them not the heuristic's first\n",
               s.name, gemm_autotune() ? "measured" : "heuristic", plans.plans, plans.measured,
-              plans.not_first, plans.bias_grad);
+              plans.not_first);
   // The GEMM floor, measured now (the card's clocks as in the step), and the goals.
   const double gemm_only_ms = gemm_floor_ms(s, s.timed_steps);
   const double best_ms = std::min(ms, graph_ms);

@@ -1,5 +1,4 @@
-// Linear forward / backward on CUDA: three cuBLASLt GEMMs, a bias cast and a column sum (or the
-// dW GEMM's bias-gradient epilogue).
+// Linear forward / backward on CUDA: three cuBLASLt GEMMs, a bias cast and a column sum.
 //
 // Row-major through column-major cuBLAS. A row-major [R, C] buffer is, read column-major, the
 // [C, R] transpose. So each row-major product is computed as its transpose, C^T = B^T · A^T,
@@ -21,13 +20,8 @@
 // Linear under mixed precision keeps that rounded bias as its compute copy (refreshed by the
 // optimizer with the weight's), and then no cast runs at all: linear_forward_dt_bias.
 //
-// db. Past kBiasGradEpilogueRows rows, when dW is computed too, the dW GEMM's BGRADB epilogue
-// writes the column sums of dy (its B operand, summed over the GEMM's k = the batch) into fp32
-// scratch from the tiles the GEMM loads anyway, and add_kernel does db += them: no second read of
-// dy (M·N·sizeof(dt) bytes) and no launch that depends on M. If cuBLASLt has no BGRADB algorithm
-// for the shape, or without dW, the column sum below runs instead. Both are deterministic.
-//
-// The column sum, two passes, deterministic (no atomics):
+// db, two passes, deterministic (no atomics). (cuBLASLt's BGRADB epilogue on the dW GEMM was
+// measured instead: on the H200 it runs a separate kernel of its own, slower than these two.)
 //   1. colsum_partials_kernel: grid (ceil(N/32), chunks), block (32, 8). A block owns 32 columns
 //      and a fixed range of rows; thread (c, r) adds rows r, r+8, ... of its column in fp32, the
 //      8 row-threads are added in order, partials[chunk, col] = ('=').
@@ -82,7 +76,6 @@ struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
-  bool usable = true;  // false: cuBLASLt offered no algorithm (only an optional epilogue asks)
   Plan() = default;
   Plan(const Plan&) = delete;
   Plan& operator=(const Plan&) = delete;
@@ -156,11 +149,10 @@ int fastest(cublasLtHandle_t h, const Plan& p, const cublasLtMatmulHeuristicResu
 
 // Builds the descriptor and layouts, then picks the algorithm: the heuristic's first, or with
 // gemm_autotune() the fastest of its first kCandidates measured here (not while the stream is
-// being captured into a graph: timing would wait on a stream that runs nothing yet). With no
-// algorithm at all it throws, or, when `optional`, returns a plan marked unusable.
+// being captured into a graph: timing would wait on a stream that runs nothing yet).
 std::unique_ptr<Plan> make_plan(cublasLtHandle_t h, const Gemm& g, const void* A, const void* B,
                                 const void* C, const void* bias, float beta, void* ws,
-                                size_t ws_bytes, cudaStream_t s, bool optional) {
+                                size_t ws_bytes, cudaStream_t s) {
   auto p = std::make_unique<Plan>();
   MT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &g.ta, sizeof(g.ta)));
@@ -194,12 +186,9 @@ std::unique_ptr<Plan> make_plan(cublasLtHandle_t h, const Gemm& g, const void* A
   const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
       h, p->desc, p->a, p->b, p->c, p->c, pref, measure ? kCandidates : 1, cand.data(), &found);
   cublasLtMatmulPreferenceDestroy(pref);
-  if (!(st == CUBLAS_STATUS_SUCCESS && found > 0 && cand[0].state == CUBLAS_STATUS_SUCCESS)) {
-    MT_CHECK(optional, "linear: cuBLASLt has no algorithm for m=", g.m, " n=", g.n, " k=", g.k,
-             " (", cublasGetStatusName(st), ", alignments A/B/C ", al_a, "/", al_b, "/", al_c, ")");
-    p->usable = false;
-    return p;
-  }
+  MT_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0 && cand[0].state == CUBLAS_STATUS_SUCCESS,
+           "linear: cuBLASLt has no algorithm for m=", g.m, " n=", g.n, " k=", g.k, " (",
+           cublasGetStatusName(st), ", alignments A/B/C ", al_a, "/", al_b, "/", al_c, ")");
   int pick = 0;
   if (measure && found > 1) {
     pick = fastest(h, *p, cand.data(), found, A, B, beta, ws, ws_bytes, g, s);
@@ -207,16 +196,13 @@ std::unique_ptr<Plan> make_plan(cublasLtHandle_t h, const Gemm& g, const void* A
     if (pick != 0) ++g_stats.not_first;
   }
   ++g_stats.plans;
-  if (g.epilogue == CUBLASLT_EPILOGUE_BGRADB) ++g_stats.bias_grad;
   p->algo = cand[pick].algo;
   return p;
 }
 
-// D = alpha · op(A) · op(B) + beta · D (+ the epilogue's bias or bias gradient), planned once
-// per key, on stream s. Returns false, having run nothing, only when `optional` and cuBLASLt has
-// no algorithm for the key (a caller with another way to do the epilogue's work).
-bool lt_matmul(const Gemm& g, const void* A, const void* B, void* D, float alpha, float beta,
-               const void* bias, cudaStream_t s, bool optional = false) {
+// D = alpha · op(A) · op(B) + beta · D (+ bias), planned once per key, on stream s.
+void lt_matmul(const Gemm& g, const void* A, const void* B, void* D, float alpha, float beta,
+               const void* bias, cudaStream_t s) {
   int dev = 0;
   MT_CUDA_CHECK(cudaGetDevice(&dev));
   cublasLtHandle_t h = cublaslt(dev);
@@ -229,15 +215,13 @@ bool lt_matmul(const Gemm& g, const void* A, const void* B, void* D, float alpha
   std::lock_guard<std::mutex> lock(g_plans_mutex);
   auto it = g_plans.find(key);
   if (it == g_plans.end())
-    it = g_plans.emplace(key, make_plan(h, g, A, B, D, bias, beta, ws, ws_bytes, s, optional)).first;
+    it = g_plans.emplace(key, make_plan(h, g, A, B, D, bias, beta, ws, ws_bytes, s)).first;
   Plan& p = *it->second;
-  if (!p.usable) return false;
   if (bias != nullptr)
     MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                    sizeof(bias)));
   MT_CUBLAS_CHECK(cublasLtMatmul(h, p.desc, &alpha, A, p.a, B, p.b, &beta, D, p.c, D, p.c, &p.algo,
                                  ws, ws_bytes, s));
-  return true;
 }
 
 // ---- small kernels -----------------------------------------------------------------------------
@@ -250,7 +234,7 @@ __global__ void cast_bias_kernel(const float* bias, T* out, int64_t N) {
 
 constexpr int kColBlock = 32;  // columns per block (one warp across)
 constexpr int kRowThreads = 8;  // row-threads per column
-constexpr int64_t kOneChunkRows = kBiasGradEpilogueRows;  // past it, db is the epilogue's
+constexpr int64_t kOneChunkRows = 512;
 
 // out = partials (out[chunk, col] '='), or with kIntoDb, db itself (out[col] '+=', one chunk).
 template <class T, bool kIntoDb>
@@ -283,11 +267,6 @@ __global__ void colsum_partials_kernel(const T* dy, int64_t M, int64_t N, int64_
     else
       out[int64_t(blockIdx.y) * N + col] = t;
   }
-}
-
-__global__ void add_kernel(const float* part, int64_t N, float* db) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < N) db[i] += part[i];
 }
 
 __global__ void colsum_final_kernel(const float* partials, int chunks, int64_t N, float* db) {
@@ -390,25 +369,8 @@ void linear_backward(const void* x, const void* W, const void* dy, void* dx, flo
     lt_matmul(g, W, dy, dx, 1.f, 0.f, nullptr, s);
   }
   if (dW != nullptr) {
-    Gemm g{CUBLAS_OP_N, CUBLAS_OP_T, K, N, M, t, CUDA_R_32F, K, N, K, CUBLASLT_EPILOGUE_DEFAULT};
-    // Past one chunk of rows, the dW GEMM's BGRADB epilogue sums dy's columns from the tiles it
-    // already loads (db_part '=', fp32), and one add folds that into db: dy is not read again.
-    if (db != nullptr && M > kBiasGradEpilogueRows) {
-      const int dev = scratch_device(s, "linear_backward with db");
-      auto* db_part = static_cast<float*>(mt::cuda::alloc(size_t(N) * sizeof(float), dev));
-      g.epilogue = CUBLASLT_EPILOGUE_BGRADB;
-      if (lt_matmul(g, x, dy, dW, 1.f, beta_dW, db_part, s, /*optional=*/true)) {
-        add_kernel<<<unsigned((N + 255) / 256), 256, 0, s>>>(db_part, N, db);
-        MT_CUDA_CHECK_LAUNCH();
-        db = nullptr;  // done
-      } else {
-        g.epilogue = CUBLASLT_EPILOGUE_DEFAULT;  // no such algorithm here: the column sum below
-        lt_matmul(g, x, dy, dW, 1.f, beta_dW, nullptr, s);
-      }
-      mt::cuda::free(db_part, dev);  // stream-ordered: released after the add has run
-    } else {
-      lt_matmul(g, x, dy, dW, 1.f, beta_dW, nullptr, s);
-    }
+    const Gemm g{CUBLAS_OP_N, CUBLAS_OP_T, K, N, M, t, CUDA_R_32F, K, N, K, CUBLASLT_EPILOGUE_DEFAULT};
+    lt_matmul(g, x, dy, dW, 1.f, beta_dW, nullptr, s);
   }
   if (db != nullptr) bias_grad(dy, db, M, N, dt, s);
 }

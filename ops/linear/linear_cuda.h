@@ -30,16 +30,11 @@ void linear_forward(const void* x, const void* W, const float* bias, void* y, in
 void linear_forward_dt_bias(const void* x, const void* W, const void* bias, void* y, int64_t M,
                             int64_t N, int64_t K, DType dt, cudaStream_t s);
 
-// With more rows than this (and dW wanted), db comes from the dW GEMM's bias-gradient epilogue
-// plus one N-element add; with fewer, from a one-launch column sum of dy.
-constexpr int64_t kBiasGradEpilogueRows = 512;
-
 // Each output is optional (nullptr skips its work):
 //   dx ('=', in dt)          = dy · W
 //   dW (fp32)                = dy^T · x + beta_dW * dW: beta_dW = 1 adds straight into an
 //                              existing fp32 .grad (the grad sink), beta_dW = 0 stores a fresh one
-//   db ('+=', fp32)          += column sums of dy, in a fixed order (the same bits every run):
-//                              past kBiasGradEpilogueRows rows with dW, from the dW GEMM's epilogue
+//   db ('+=', fp32)          += column sums of dy, in a fixed order (the same bits every run)
 // x, W, dy in dt. db's scratch comes from the framework's stream-ordered pool, so with db given
 // `s` must be mt::cuda::stream(current device).
 void linear_backward(const void* x, const void* W, const void* dy, void* dx, float* dW,
@@ -47,10 +42,10 @@ void linear_backward(const void* x, const void* W, const void* dy, void* dx, flo
                      cudaStream_t s);
 
 // GEMM plans built so far in this process: how many, how many chose by measuring (gemm_autotune()
-// on, more than one candidate), how many of those kept a candidate other than the heuristic's
-// first, and how many compute db in the dW GEMM's epilogue (BGRADB).
+// on, more than one candidate), and how many of those kept a candidate other than the heuristic's
+// first.
 struct GemmPlanStats {
-  int plans = 0, measured = 0, not_first = 0, bias_grad = 0;
+  int plans = 0, measured = 0, not_first = 0;
 };
 GemmPlanStats gemm_plan_stats();
 
