@@ -829,7 +829,7 @@ int main(int argc, char** argv) {
 #ifdef MT_WITH_NCCL
       if (size == "all") size = "large";
       if (world.size == 1 && nproc > 1)
-        return parallel::run_workers(nproc, "/proc/self/exe", {"--size", size});
+        return parallel::run_workers(nproc, "/proc/self/exe", {"--size", size, "--gemm-algo", gemm_algo});
       bool ok = true;
       for (const Size& s : kSizes)
         if (size == s.name) ok = run_data_parallel(s, world);
