@@ -17,6 +17,7 @@
 #include "ops/elementwise/elementwise.h"
 #include "ops/linear/linear.h"
 #include "ops/rms_norm/rms_norm.h"
+#include "ops/rms_norm/rms_norm_scaled_silu.h"
 #include "ops/scaled_silu/scaled_silu.h"
 #include "tests/expect_error.h"
 #ifdef MT_WITH_CUDA
@@ -145,6 +146,55 @@ TEST(CudaRMSNorm, MatchesTheCpuWhenEveryBlockLoopsOverManyRows) {
     rms_norm(xg, gg).backward(dyg);
     EXPECT_EQ(gg.grad().to_vector(), dw) << what << ": dweight differs between two runs";
   }
+}
+
+// The fused op over every backward layout: warp teams recomputing g (d <= 512) and holding it
+// (d = 768, 1024), and block teams of 32 elements a thread in each launch bound (d = 1025 and
+// 2048: 64 threads; 4096: 128; 8193: 288, one element per access; 16384: 512), with a second
+// backward that must add exactly as much again into each .grad (the '+=' contract) and the same
+// bits from a repeated run (fixed-order sums).
+TEST(CudaRMSNormScaledSiLU, ParityWithCpuForEveryLayoutAndDtype) {
+  MT_REQUIRE_CUDA();
+  ASSERT_TRUE(deterministic());
+  PoisonScope poison;
+  for (DType dt : {DType::f32, DType::bf16, DType::f16})
+    for (int64_t d : {int64_t(33), int64_t(256), int64_t(768), int64_t(1024), int64_t(1025),
+                      int64_t(2048), int64_t(4096), int64_t(8193), int64_t(16384)}) {
+      const int64_t rows = d > 1000 ? 301 : 1029;  // more rows than one wave's teams
+      std::string what =
+          std::string("rms_norm_scaled_silu ") + dtype_name(dt) + " d=" + std::to_string(d);
+      Tensor xc = leaf({rows, d}, dt, kCPU, 7), xg = leaf({rows, d}, dt, kGPU, 7);
+      Tensor gc = param({d}, kCPU, 8, 0.5, 1.5), gg = param({d}, kGPU, 8, 0.5, 1.5);
+      Tensor wc = param({1}, kCPU, 9, 0.5, 1.5), wg = param({1}, kGPU, 9, 0.5, 1.5);
+      Tensor dy = leaf({rows, d}, dt, kCPU, 10).detach(), dyg = dy.to(kGPU);
+      Tensor yc = rms_norm_scaled_silu(xc, gc, wc), yg = rms_norm_scaled_silu(xg, gg, wg);
+      expect_close(yg, yc, tol_for(dt), what + " y");
+      yc.backward(dy);
+      yg.backward(dyg);
+      const double tol = dt == DType::f32 ? 1e-4 : tol_for(dt);
+      expect_close(xg.grad(), xc.grad(), tol, what + " dx");
+      expect_close(gg.grad(), gc.grad(), dt == DType::f32 ? 1e-4 : 2 * tol, what + " dweight");
+      expect_close(wg.grad(), wc.grad(), dt == DType::f32 ? 1e-4 : 2 * tol, what + " dw");
+
+      const std::vector<double> dx = xg.grad().to_vector(), dg = gg.grad().to_vector(),
+                                dw = wg.grad().to_vector();
+      rms_norm_scaled_silu(xg, gg, wg).backward(dyg);
+      auto expect_doubled = [&](const Tensor& grad, const std::vector<double>& once,
+                                const std::string& name) {
+        const std::vector<double> twice = grad.to_vector();
+        for (size_t i = 0; i < once.size(); ++i)
+          if (twice[i] != 2 * once[i]) {
+            ADD_FAILURE() << what << " " << name << "[" << i << "]: " << twice[i]
+                          << " after two backwards, " << once[i] << " after one";
+            return;
+          }
+      };
+      // A second backward computes the same bits, so each .grad must hold exactly twice them
+      // (v + v is exact in every dtype).
+      expect_doubled(xg.grad(), dx, "x.grad");
+      expect_doubled(gg.grad(), dg, "weight.grad");
+      expect_doubled(wg.grad(), dw, "w.grad");
+    }
 }
 
 TEST(CudaLinear, ParityWithCpuIncludingMixedPrecision) {

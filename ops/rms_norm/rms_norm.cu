@@ -24,8 +24,8 @@
 //              elements (at d = 256 in bf16: 4 rows of one pack per lane), and the backward, which
 //              holds x and dy, two rows while a row is at most 8 elements a lane.
 //   d >  1024  the team is the whole block: ceil(d / elements per thread) threads rounded up to
-//              whole warps, 32 elements per thread in the forward and 16 in the backward, hence
-//              d <= kRmsNormMaxD = 16 * 1024.
+//              whole warps, 32 elements per thread in the forward and 16 in the backward (32
+//              with an epilogue, below), hence d <= kRmsNormMaxD = 16 * 1024.
 // The forward launches one block per group of rows, as many blocks as groups: the hardware starts
 // blocks in order, so the rows in flight at any moment are neighbours in memory. (A persistent
 // grid that strides over the rows lets its blocks drift apart, and DRAM serves the scattered rows
@@ -33,8 +33,12 @@
 // persistent, since a block sums dy xhat over all the rows it sees: one wave of blocks (as many
 // as the occupancy calculator fits) strides over the rows. Those sums live in shared memory, laid
 // out so that consecutive lanes touch consecutive words, which leaves the registers to the rows
-// in flight; the launch bounds cap a thread at 64 registers (128 for warp teams holding 32
-// elements), which decides how many blocks share an SM. Loads and stores are 16-byte packs when
+// in flight; the launch bounds cap a thread holding e elements of each input at 4e registers (64
+// or 128), which decides how many blocks share an SM. The backward's second pass needs
+// g = dL/dx̂ again: a thread with 128 registers keeps it from the first pass, one with 64
+// recomputes it from dy (keeping it there spills). An epilogue's g costs a σ(h) to recompute,
+// so the fused op's block teams take 32 elements a thread and keep it: 76% of copy at
+// d = 4096 and 8192 against 58% with 16 recomputed (bf16, H200). Loads and stores are 16-byte packs when
 // d is a multiple of the pack width and x, y (dy, dx) and weight are 16-byte aligned (then every
 // row is); otherwise the same kernels run with one element per access. docs/kernels.md lists
 // the layouts measured against these.
@@ -81,10 +85,14 @@ constexpr int kReduceCols = 32;      // column reduce: 32 columns (one warp wide
 constexpr int kReduceSlices = 32;    // and 32 slices of the partial rows summed side by side
 constexpr size_t kDefaultSharedBytes = 48 * 1024;  // more needs an explicit opt-in per kernel
 
-// Row elements a thread holds per input when the team is the whole block (d > 1024).
+// Row elements a thread holds per input when the team is the whole block (d > 1024). The
+// backward holds 16 (x and dy) in 64 registers and recomputes g = dy·weight in its second pass;
+// with an epilogue, whose g costs a σ(h) to recompute, it holds 32 in 128 registers and keeps g.
 constexpr int kFwdElems = 32;
 constexpr int kBwdElems = 16;
+constexpr int kBwdElemsEpilogue = 32;
 static_assert(kRmsNormMaxD == int64_t(kBwdElems) * kMaxBlock);
+static_assert(kRmsNormMaxD <= int64_t(kBwdElemsEpilogue) * 512);
 
 // Rows a warp team takes at once: the forward fills 32 elements a thread; the backward, which
 // holds two inputs, takes two rows while a row is at most 8 elements a lane.
@@ -240,7 +248,8 @@ __device__ __forceinline__ void add_sums(float* sums, int p, int lane, int team_
 //
 // kMaxThreads and kMinBlocks are the launch bounds: they cap a thread's registers at
 // 65536 / (kMaxThreads * kMinBlocks).
-template <class T, int V, int kPPL, int kRows, int kMaxThreads, int kMinBlocks, class E>
+template <class T, int V, int kPPL, int kRows, int kMaxThreads, int kMinBlocks, bool kHoldG,
+          class E>
 __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
     backward_kernel(const T* __restrict__ x, const float* __restrict__ weight,
                     const float* __restrict__ scalar, const float* __restrict__ rstd,
@@ -282,6 +291,10 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
       }
     }
 
+    // Pass 1: g = dL/dx̂ per element, and this thread's shares of c and of dweight. With kHoldG
+    // g stays in fp32 registers for pass 2, which then reads neither dy's packs nor the weight
+    // again, nor recomputes an epilogue's σ(h); without it pass 2 recomputes g from dy.
+    float g[kHoldG ? kRows : 1][kHoldG ? kPPL : 1][V];
     float c[kRows];  // this thread's share of sum_j g_j xhat_j, then the team's mean
 #pragma unroll
     for (int s = 0; s < kRows; ++s) {
@@ -297,8 +310,10 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
         for (int k = 0; k < V; ++k) {
           const float xhat = to_float(xv[s][p].v[k]) * r[s];  // x̂_j = x_j·rstd
           const float dyv = E::backward(xhat * w[k], to_float(gv[s][p].v[k]), ws, scalar_sum);
-          c[s] += dyv * w[k] * xhat;  // g_j·x̂_j, with g_j = dy_j·weight_j = dL/dx̂_j
-          dw[k] = dyv * xhat;         // this row's term of dw_j = Σ_r dy_j·x̂_j
+          const float gk = dyv * w[k];  // g_j = dy_j·weight_j = dL/dx̂_j
+          if constexpr (kHoldG) g[s][p][k] = gk;
+          c[s] += gk * xhat;
+          dw[k] = dyv * xhat;  // this row's term of dw_j = Σ_r dy_j·x̂_j
         }
         if (want_dw) add_sums<V>(my_sums, p, lane, team_size, dw);
       }
@@ -308,6 +323,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
       c[s] = team_sum(c[s], team_size, parity) / float(d);  // c = mean_j g_j·x̂_j: rstd's share
     if (dx == nullptr) continue;
 
+    // Pass 2: dx_j = rstd·(g_j − x̂_j·c): the direct term minus the one through rstd.
 #pragma unroll
     for (int s = 0; s < kRows; ++s) {
       if (first + s >= rows) break;
@@ -317,14 +333,19 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
         const int q = lane + p * team_size;
         if (q >= packs) break;
         float w[V];
-        load_weight<V>(weight, q * V, w);
+        if constexpr (!kHoldG) load_weight<V>(weight, q * V, w);
         P out;
 #pragma unroll
         for (int k = 0; k < V; ++k) {
           const float xhat = to_float(xv[s][p].v[k]) * r[s];
-          float unused = 0.0f;  // the scalar's term was taken in the first pass
-          const float g = E::backward(xhat * w[k], to_float(gv[s][p].v[k]), ws, unused) * w[k];
-          out.v[k] = from_float<T>(r[s] * (g - xhat * c[s]));  // dx_j = rstd·(g_j − x̂_j·c): direct − via rstd
+          float gk;
+          if constexpr (kHoldG) {
+            gk = g[s][p][k];
+          } else {
+            float unused = 0.0f;  // the scalar's term was taken in pass 1
+            gk = E::backward(xhat * w[k], to_float(gv[s][p].v[k]), ws, unused) * w[k];
+          }
+          out.v[k] = from_float<T>(r[s] * (gk - xhat * c[s]));
         }
         dxr[q] = out;
       }
@@ -489,7 +510,8 @@ void backward_as(const void* x, const float* weight, const float* scalar, const 
   const T* xt = static_cast<const T*>(x);
   const T* gt = static_cast<const T*>(dy);
   T* dxt = static_cast<T*>(dx);
-  const Layout L = layout_for(d, kBwdElems);
+  constexpr int kElems = E::kScalar ? kBwdElemsEpilogue : kBwdElems;  // a block team's
+  const Layout L = layout_for(d, kElems);
   const int width = d + int(E::kScalar);
   auto launch = [&](auto kernel, int elems_per_lane, int rows_per_team) {
     const size_t shared_bytes =
@@ -517,26 +539,34 @@ void backward_as(const void* x, const float* weight, const float* scalar, const 
       free_on(s, partials);  // stream-ordered: released after the reduce has run
     }
   };
-  // Warp teams: up to 16 elements a thread may use 64 registers, 32 elements 128. Block teams
-  // hold 16 elements in at most 64 registers, under the smallest launch bound that fits the block.
+  // A thread holding e elements may use 4e registers (64 or 128), which sets the launch bound's
+  // blocks per SM, and holds g from pass 1 to pass 2 when it has 128 (under 64, g would spill).
+  // A warp team holds its row's elements (16 or fewer, or 32); a block team kElems, under the
+  // smallest launch bound that fits the block.
   auto with_width = [&](auto v) {
     constexpr int V = decltype(v)::value;
     if (L.team_size == 32) {
       with_warp_ppl<V>(d, [&](auto ppl) {
         constexpr int kPPL = decltype(ppl)::value, kRows = bwd_rows(kPPL, V);
-        constexpr int kMinBlocks = kPPL * V * kRows <= 16 ? 4 : 2;
-        launch(backward_kernel<T, V, kPPL, kRows, kWarpTeamBlock, kMinBlocks, E>, kPPL * V,
-               kRows);
+        constexpr bool kHold = kPPL * V * kRows > 16;
+        launch(backward_kernel<T, V, kPPL, kRows, kWarpTeamBlock, kHold ? 2 : 4, kHold, E>,
+               kPPL * V, kRows);
       });
       return;
     }
-    constexpr int kPPL = kBwdElems / V;
-    if (L.block <= 256)
-      launch(backward_kernel<T, V, kPPL, 1, 256, 4, E>, kBwdElems, 1);
-    else if (L.block <= 512)
-      launch(backward_kernel<T, V, kPPL, 1, 512, 2, E>, kBwdElems, 1);
-    else
-      launch(backward_kernel<T, V, kPPL, 1, 1024, 1, E>, kBwdElems, 1);
+    constexpr int kPPL = kElems / V;
+    constexpr bool kHold = kElems > 16;
+    auto bounded = [&](auto threads) {
+      constexpr int kThreads = decltype(threads)::value;
+      constexpr int kMinBlocks = 65536 / (kThreads * 4 * kElems);  // 4·kElems registers
+      static_assert(kMinBlocks >= 1);
+      launch(backward_kernel<T, V, kPPL, 1, kThreads, kMinBlocks, kHold, E>, kElems, 1);
+    };
+    if (L.block <= 128) return bounded(std::integral_constant<int, 128>{});
+    if (L.block <= 256) return bounded(std::integral_constant<int, 256>{});
+    if (L.block <= 512) return bounded(std::integral_constant<int, 512>{});
+    if constexpr (kElems == kBwdElems) return bounded(std::integral_constant<int, 1024>{});
+    MT_THROW("rms_norm: no backward build for d = ", d);  // unreachable: d <= kRmsNormMaxD
   };
   constexpr int V = 16 / sizeof(T);
   const bool vectorized = d % V == 0 && aligned16(x) && aligned16(dy) && aligned16(weight) &&
