@@ -243,13 +243,16 @@ void bench_rms_norm(Table& table, DType dt, int64_t rows, int64_t d, bool target
 }
 
 // The fused rms_norm_scaled_silu over [rows, d]: the same bytes as rms_norm alone (x read, y
-// written; x, dy read, dx written), plus w's scalar. Reported beside rms_norm's rows, no target.
+// written; x, dy read, dx written), plus w's scalar. Reported beside rms_norm's rows, no target;
+// the row names carry d, and the row count too when it is not kRmsRows.
 void bench_rms_norm_scaled_silu(Table& table, DType dt, int64_t rows, int64_t d, int device,
                                 cudaStream_t s) {
   const int64_t n = rows * d;
   const size_t bytes = size_t(n) * mt::dtype_size(dt);
   const double e = double(bytes);
-  const std::string name = mt::dtype_name(dt), at = " d=" + std::to_string(d);
+  const std::string name = mt::dtype_name(dt),
+                    at = (rows == kRmsRows ? "" : " rows=" + std::to_string(rows)) +
+                         " d=" + std::to_string(d);
   DeviceBuffer x(bytes, device), y(bytes, device), dy(bytes, device), dx(bytes, device);
   DeviceBuffer weight(d * sizeof(float), device), dweight(d * sizeof(float), device);
   DeviceBuffer w(sizeof(float), device), dw(sizeof(float), device);
@@ -390,7 +393,9 @@ int run() {
   for (int64_t d : kRmsTargetD) bench_rms_norm(table, DType::bf16, kRmsRows, d, true, device, s);
   bench_rms_norm(table, DType::bf16, kRmsRows * 16, 256, false, device, s);  // warp teams
   bench_rms_norm(table, DType::f32, kRmsRows, 4096, false, device, s);
-  bench_rms_norm_scaled_silu(table, DType::bf16, kRmsRows, 4096, device, s);
+  for (int64_t d : kRmsTargetD)
+    bench_rms_norm_scaled_silu(table, DType::bf16, kRmsRows, d, device, s);
+  bench_rms_norm_scaled_silu(table, DType::bf16, 8192, 8192, device, s);  // the large step's shape
   bench_cross_entropy(table, DType::bf16, device, s);
   bench_elementwise(table, DType::bf16, device, s);
   bench_bias_grad(table, DType::bf16, device, s);

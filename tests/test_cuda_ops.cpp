@@ -300,6 +300,46 @@ TEST(CudaCrossEntropy, ParityWithCpuUpTo32768ClassesWithIgnoredTargets) {
     }
 }
 
+// Masked logits (-inf, as attention-style masking writes them) and a row holding +inf: the
+// forward's running max must never form inf - inf. Each width takes the 16-byte path (C = 1000)
+// or the one-element path (C = 37). Every row has its first half masked, so each thread starts
+// on packs that are all -inf (the running max is still -inf when they are added), and a quarter
+// of the rest; never the target. One row then gets +inf at its target: its loss term is
+// inf - inf, NaN, as on the CPU.
+TEST(CudaCrossEntropy, MaskedAndInfiniteLogitsMatchTheCpu) {
+  MT_REQUIRE_CUDA();
+  PoisonScope poison;
+  for (DType dt : {DType::f32, DType::bf16})
+    for (int64_t C : {int64_t(37), int64_t(1000)}) {
+      const int64_t rows = 9;
+      const std::string what =
+          std::string("cross_entropy ") + dtype_name(dt) + " C=" + std::to_string(C);
+      Generator g(13);
+      std::vector<int64_t> t(rows);
+      for (int64_t r = 0; r < rows; ++r) t[size_t(r)] = int64_t(g.below(uint64_t(C)));
+      manual_seed(14);
+      std::vector<double> v = randn({rows, C}, DType::f64).to_vector();
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < C; ++c)
+          if (c != t[size_t(r)] && (c < C / 2 || g.below(4) == 0)) v[size_t(r * C + c)] = -INFINITY;
+      Tensor finite_c = from_vector(v, {rows, C}).to(dt).set_requires_grad();
+      Tensor finite_g = from_vector(v, {rows, C}).to(dt).to(kGPU).set_requires_grad();
+      Tensor tc = from_vector(t, {rows}), tg = tc.to(kGPU);
+      Tensor Lc = cross_entropy(finite_c, tc), Lg = cross_entropy(finite_g, tg);
+      ASSERT_TRUE(std::isfinite(Lc.item())) << what;
+      expect_close(Lg, Lc, 1e-4, what + " masked: loss");
+      Lc.backward();
+      Lg.backward();
+      expect_close(finite_g.grad(), finite_c.grad(), dt == DType::f32 ? 1e-5 : 1e-3,
+                   what + " masked: dlogits");
+
+      v[size_t(4 * C + t[4])] = INFINITY;
+      Tensor inf_c = from_vector(v, {rows, C}).to(dt), inf_g = inf_c.to(kGPU);
+      EXPECT_TRUE(std::isnan(cross_entropy(inf_c, tc).item())) << what << ": CPU";
+      EXPECT_TRUE(std::isnan(cross_entropy(inf_g, tg).item())) << what << ": CUDA";
+    }
+}
+
 // The kernel cannot throw: the bad target is recorded on the device and raised, with the CPU's
 // message, at the next host synchronization (item() here); the op itself never waits.
 TEST(CudaCrossEntropy, OutOfRangeTargetIsTheCpuErrorAtTheNextRead) {
