@@ -38,10 +38,10 @@
 // g = dL/dx̂ again: a thread with 128 registers keeps it from the first pass, one with 64
 // recomputes it from dy (keeping it there spills). An epilogue's g costs a σ(h) to recompute,
 // so the fused op's block teams take 32 elements a thread and keep it: 76% of copy at
-// d = 4096 and 8192 against 58% with 16 recomputed (bf16, H200). Loads and stores are 16-byte packs when
-// d is a multiple of the pack width and x, y (dy, dx) and weight are 16-byte aligned (then every
-// row is); otherwise the same kernels run with one element per access. docs/kernels.md lists
-// the layouts measured against these.
+// d = 4096 and 8192 against 58% with 16 recomputed (bf16, H200). Loads and stores are 16-byte
+// packs when d is a multiple of the pack width and x, y (dy, dx) and weight are 16-byte aligned
+// (then every row is); otherwise the same kernels run with one element per access.
+// docs/kernels.md lists the layouts measured against these.
 //
 // Accumulation:
 //   forward    y = (dt, rounded from fp32), rstd = (fp32)

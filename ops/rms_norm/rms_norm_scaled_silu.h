@@ -26,7 +26,9 @@
 // the measured difference).
 //
 // Grids: rms_norm's kernels (rms_norm.cu) with the ScaledSiLU epilogue; the backward's block
-// partials carry one more column, w's, and the column reduce adds it into w's .grad.
+// partials carry one more column, w's, and the column reduce adds it into w's .grad. Its block
+// teams hold 32 elements a thread (the plain backward 16), enough registers to keep g = dh·weight
+// from the first pass to the second, so σ(h) is computed once per element.
 //
 // nn::Sequential runs an nn::RMSNorm followed by an nn::ScaledSiLU through this op (nn/modules.h).
 #include "core/tensor.h"
