@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "core/autograd.h"
 #include "core/rng.h"
@@ -122,6 +123,23 @@ TEST(CrossEntropy, LargeLogitsMatchAnF64LogSumExp) {
     EXPECT_NEAR(loss.item(), expected, tol) << dtype_name(dt);
     const auto g = logits.grad().to_vector();
     for (size_t i = 0; i < g.size(); ++i) EXPECT_NEAR(g[i], dx[i], tol) << dtype_name(dt) << " " << i;
+  }
+}
+
+// ±inf logits give the limits: a +inf logit off the target makes lse, and the loss, +inf; a row
+// masked to -inf but for its target has lse = that logit, loss 0 and no gradient. Subtracting the
+// max from every logit would make the first NaN (inf - inf).
+TEST(CrossEntropy, InfiniteLogitsGiveTheLimitsNotNaN) {
+  const double inf = std::numeric_limits<double>::infinity();
+  for (DType dt : {DType::f64, DType::f32, DType::bf16}) {
+    Tensor up = from_vector(std::vector<double>{0.5, inf, -1.0}, {1, 3}).to(dt);
+    EXPECT_EQ(cross_entropy(up, targets_of({0})).item(), inf) << dtype_name(dt);
+    Tensor masked =
+        from_vector(std::vector<double>{-inf, 2.0, -inf, -inf}, {1, 4}).to(dt).set_requires_grad();
+    Tensor loss = cross_entropy(masked, targets_of({1}));
+    EXPECT_EQ(loss.item(), 0.0) << dtype_name(dt);
+    loss.backward();
+    for (double g : masked.grad().to_vector()) EXPECT_EQ(g, 0.0) << dtype_name(dt);
   }
 }
 

@@ -78,8 +78,14 @@ void forward_cpu(const Tensor& logits, const Tensor& targets, int64_t ignore_ind
       const scalar_t* row = logits.data<scalar_t>() + r * C;
       acc m = cpu::to_acc(row[0]);
       for (int64_t c = 1; c < C; ++c) m = std::max(m, cpu::to_acc(row[c]));
-      double sum_exp = 0;  // max-subtracted: every term is in (0, 1]
-      for (int64_t c = 0; c < C; ++c) sum_exp += double(std::exp(cpu::to_acc(row[c]) - m));
+      // Max-subtracted: every term is in [0, 1]. A logit equal to the max counts 1 without the
+      // subtraction, so a row whose max is +inf gives lse = +inf and a row of -inf gives -inf
+      // (inf - inf would be NaN): the limits, as the CUDA kernel computes them.
+      double sum_exp = 0;
+      for (int64_t c = 0; c < C; ++c) {
+        const acc x = cpu::to_acc(row[c]);
+        sum_exp += x == m ? 1.0 : double(std::exp(x - m));
+      }
       const acc l = m + acc(std::log(sum_exp));
       lsep[r] = l;
       const int64_t t = tp[r];
