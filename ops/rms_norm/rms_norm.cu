@@ -33,8 +33,8 @@
 // persistent, since a block sums dy xhat over all the rows it sees: one wave of blocks (as many
 // as the occupancy calculator fits) strides over the rows. Those sums live in shared memory, laid
 // out so that consecutive lanes touch consecutive words, which leaves the registers to the rows
-// in flight; the launch bounds cap a thread holding e elements of each input at 4e registers (64
-// or 128), which decides how many blocks share an SM. The backward's second pass needs
+// in flight; the launch bounds cap a thread at 64 registers when it holds up to 16 elements of
+// each input and at 128 when it holds 32, which decides how many blocks share an SM. The backward's second pass needs
 // g = dL/dx̂ again: a thread with 128 registers keeps it from the first pass, one with 64
 // recomputes it from dy (keeping it there spills). An epilogue's g costs a σ(h) to recompute,
 // so the fused op's block teams take 32 elements a thread and keep it: 76% of copy at
@@ -539,8 +539,9 @@ void backward_as(const void* x, const float* weight, const float* scalar, const 
       free_on(s, partials);  // stream-ordered: released after the reduce has run
     }
   };
-  // A thread holding e elements may use 4e registers (64 or 128), which sets the launch bound's
-  // blocks per SM, and holds g from pass 1 to pass 2 when it has 128 (under 64, g would spill).
+  // A thread holding up to 16 elements may use 64 registers and one holding 32 may use 128, which
+  // sets the launch bound's blocks per SM; it holds g from pass 1 to pass 2 when it has 128
+  // (under 64, g would spill).
   // A warp team holds its row's elements (16 or fewer, or 32); a block team kElems, under the
   // smallest launch bound that fits the block.
   auto with_width = [&](auto v) {
@@ -558,7 +559,7 @@ void backward_as(const void* x, const float* weight, const float* scalar, const 
     constexpr bool kHold = kElems > 16;
     auto bounded = [&](auto threads) {
       constexpr int kThreads = decltype(threads)::value;
-      constexpr int kMinBlocks = 65536 / (kThreads * 4 * kElems);  // 4·kElems registers
+      constexpr int kMinBlocks = 65536 / (kThreads * 4 * kElems);  // 4·kElems: 64 or 128
       static_assert(kMinBlocks >= 1);
       launch(backward_kernel<T, V, kPPL, 1, kThreads, kMinBlocks, kHold, E>, kElems, 1);
     };

@@ -12,7 +12,7 @@
 namespace mt::cuda {
 
 // A backward thread keeps 16 elements of a long row in registers and a team is at most 1024
-// threads.
+// threads (the fused op's backward: 32 elements, at most 512 threads).
 inline constexpr int64_t kRmsNormMaxD = 16 * 1024;
 
 // y[r,:] = x[r,:] * rstd[r] * weight[:],  rstd[r] = 1/sqrt(mean(x[r,:]^2) + eps).

@@ -28,7 +28,8 @@
 // Grids: rms_norm's kernels (rms_norm.cu) with the ScaledSiLU epilogue; the backward's block
 // partials carry one more column, w's, and the column reduce adds it into w's .grad. Its block
 // teams hold 32 elements a thread (the plain backward 16), enough registers to keep g = dh·weight
-// from the first pass to the second, so σ(h) is computed once per element.
+// from the first pass to the second, so σ(h) is computed once per element (as in the warp teams
+// of 32 elements; those of 16 or fewer, aligned rows of at most 512, recompute it).
 //
 // nn::Sequential runs an nn::RMSNorm followed by an nn::ScaledSiLU through this op (nn/modules.h).
 #include "core/tensor.h"
