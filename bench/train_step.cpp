@@ -599,9 +599,9 @@ bool run_size(const Size& s, const std::string& export_dir, double gemm_tflops, 
   // The GEMM floor, measured now (the card's clocks as in the step), and the goals.
   const double gemm_only_ms = gemm_floor_ms(s, s.timed_steps);
   const double best_ms = std::min(ms, graph_ms);
-  std::printf("train_step %s GEMM floor: %.3f ms (the step's GEMMs alone, back to back in a CUDA graph) = %.1f "
-              "TFLOP/s, %.1f%% of the bare 8192^3 rate; eager step %.3fx, graph step %.3fx the "
-              "GEMM floor\n",
+  std::printf("train_step %s GEMM floor: %.3f ms (the step's GEMMs alone, back to back in a "
+              "CUDA graph) = %.1f TFLOP/s, %.1f%% of the bare 8192^3 rate; eager step %.3fx, "
+              "graph step %.3fx the GEMM floor\n",
               s.name, gemm_only_ms, w.gemm_flop / (gemm_only_ms * 1e-3) / 1e12,
               100 * w.gemm_flop / (gemm_only_ms * 1e-3) / 1e12 / gemm_tflops, ms / gemm_only_ms,
               graph_ms / gemm_only_ms);
@@ -829,7 +829,8 @@ int main(int argc, char** argv) {
 #ifdef MT_WITH_NCCL
       if (size == "all") size = "large";
       if (world.size == 1 && nproc > 1)
-        return parallel::run_workers(nproc, "/proc/self/exe", {"--size", size, "--gemm-algo", gemm_algo});
+        return parallel::run_workers(nproc, "/proc/self/exe",
+                                     {"--size", size, "--gemm-algo", gemm_algo});
       bool ok = true;
       for (const Size& s : kSizes)
         if (size == s.name) ok = run_data_parallel(s, world);

@@ -118,9 +118,8 @@ TEST(CudaRMSNorm, ParityWithCpuForEveryWidthAndDtype) {
     }
 }
 
-// Grids where every block loops over many rows: each dtype and width matches the CPU, for
-// rms_norm and for the fused rms_norm_scaled_silu, and the parameter gradients (hundreds of
-// per-block partials, summed in a fixed order) are the same on a second run.
+// Grids where every block loops over many rows: each dtype and width matches the CPU, and
+// dweight (hundreds of per-block partials, summed in a fixed order) is the same on a second run.
 TEST(CudaRMSNorm, MatchesTheCpuWhenEveryBlockLoopsOverManyRows) {
   MT_REQUIRE_CUDA();
   ASSERT_TRUE(deterministic());
@@ -128,88 +127,86 @@ TEST(CudaRMSNorm, MatchesTheCpuWhenEveryBlockLoopsOverManyRows) {
   struct Case { DType dt; int64_t rows, d; };
   for (Case c : {Case{DType::bf16, 40001, 256}, Case{DType::bf16, 20003, 1024},
                  Case{DType::bf16, 3001, 4096}, Case{DType::f32, 3001, 4096},
-                 Case{DType::bf16, 1501, 8192}, Case{DType::f16, 1001, 100}})
-    for (bool fused : {false, true}) {
-      const std::string what = std::string(fused ? "rms_norm_scaled_silu " : "rms_norm ") +
-                               dtype_name(c.dt) + " [" + std::to_string(c.rows) + ", " +
-                               std::to_string(c.d) + "]";
-      Tensor xc = leaf({c.rows, c.d}, c.dt, kCPU, 40), xg = leaf({c.rows, c.d}, c.dt, kGPU, 40);
-      Tensor gc = param({c.d}, kCPU, 41, 0.5, 1.5), gg = param({c.d}, kGPU, 41, 0.5, 1.5);
-      Tensor wc = param({1}, kCPU, 43, 0.5, 1.5), wg = param({1}, kGPU, 43, 0.5, 1.5);
-      auto op = [&](const Tensor& x, const Tensor& g, const Tensor& w) {
-        return fused ? rms_norm_scaled_silu(x, g, w) : rms_norm(x, g);
-      };
-      Tensor dy = leaf({c.rows, c.d}, c.dt, kCPU, 42).detach(), dyg = dy.to(kGPU);
-      Tensor yc = op(xc, gc, wc);
-      yc.backward(dy);
-      const double tol = c.dt == DType::f32 ? 1e-4 : tol_for(c.dt);
-      Tensor yg = op(xg, gg, wg);
-      yg.backward(dyg);
-      expect_close(yg, yc, tol_for(c.dt), what + " y");
-      expect_close(xg.grad(), xc.grad(), tol, what + " dx");
-      const double ptol = c.dt == DType::f32 ? 1e-4 : 2 * tol;
-      expect_close(gg.grad(), gc.grad(), ptol, what + " dweight");
-      if (fused) expect_close(wg.grad(), wc.grad(), ptol, what + " dw");
-      const std::vector<double> dweight = gg.grad().to_vector();
-      const std::vector<double> dw = fused ? wg.grad().to_vector() : std::vector<double>{};
-      gg.zero_grad();
-      if (fused) wg.zero_grad();
-      op(xg, gg, wg).backward(dyg);
-      EXPECT_EQ(gg.grad().to_vector(), dweight) << what << ": dweight differs between two runs";
-      if (fused) EXPECT_EQ(wg.grad().to_vector(), dw) << what << ": dw differs between two runs";
-    }
+                 Case{DType::bf16, 1501, 8192}, Case{DType::f16, 1001, 100}}) {
+    const std::string what = std::string("rms_norm ") + dtype_name(c.dt) + " [" +
+                             std::to_string(c.rows) + ", " + std::to_string(c.d) + "]";
+    Tensor xc = leaf({c.rows, c.d}, c.dt, kCPU, 40), xg = leaf({c.rows, c.d}, c.dt, kGPU, 40);
+    Tensor gc = param({c.d}, kCPU, 41, 0.5, 1.5), gg = param({c.d}, kGPU, 41, 0.5, 1.5);
+    Tensor dy = leaf({c.rows, c.d}, c.dt, kCPU, 42).detach(), dyg = dy.to(kGPU);
+    Tensor yc = rms_norm(xc, gc);
+    yc.backward(dy);
+    const double tol = c.dt == DType::f32 ? 1e-4 : tol_for(c.dt);
+    Tensor yg = rms_norm(xg, gg);
+    yg.backward(dyg);
+    expect_close(yg, yc, tol_for(c.dt), what + " y");
+    expect_close(xg.grad(), xc.grad(), tol, what + " dx");
+    expect_close(gg.grad(), gc.grad(), c.dt == DType::f32 ? 1e-4 : 2 * tol, what + " dweight");
+    const std::vector<double> dw = gg.grad().to_vector();
+    gg.zero_grad();
+    rms_norm(xg, gg).backward(dyg);
+    EXPECT_EQ(gg.grad().to_vector(), dw) << what << ": dweight differs between two runs";
+  }
 }
 
 // The fused op over every backward layout: warp teams of at most 16 elements a thread, which
 // recompute g (d = 256: two rows a team; 512: one), and of 32, which hold it (768 and 1024, and
 // d = 33, one element per access); block teams of 32 elements a thread in each launch bound
 // (1025 and 2048: 64 threads, 4096: 128, 8192: 256, 8193: 288 and 16384: 512; 1025 and 8193
-// one element per access). A second backward must add exactly as much again into each .grad
-// (the '+=' contract) with the same bits (fixed-order sums). The grids' persistent loops over
-// many rows per block are `MatchesTheCpuWhenEveryBlockLoopsOverManyRows`'s.
+// one element per access); then grids where every block loops over many rows. A second backward
+// must add exactly as much again into each .grad (the '+=' contract) with the same bits
+// (fixed-order sums).
 TEST(CudaRMSNormScaledSiLU, ParityWithCpuForEveryLayoutAndDtype) {
   MT_REQUIRE_CUDA();
   ASSERT_TRUE(deterministic());
   PoisonScope poison;
+  struct Case { DType dt; int64_t rows, d; };
+  std::vector<Case> cases;
   for (DType dt : {DType::f32, DType::bf16, DType::f16})
     for (int64_t d : {int64_t(33), int64_t(256), int64_t(512), int64_t(768), int64_t(1024),
                       int64_t(1025), int64_t(2048), int64_t(4096), int64_t(8192), int64_t(8193),
-                      int64_t(16384)}) {
-      const int64_t rows = d > 1024 ? 301 : 1029;
-      std::string what =
-          std::string("rms_norm_scaled_silu ") + dtype_name(dt) + " d=" + std::to_string(d);
-      Tensor xc = leaf({rows, d}, dt, kCPU, 7), xg = leaf({rows, d}, dt, kGPU, 7);
-      Tensor gc = param({d}, kCPU, 8, 0.5, 1.5), gg = param({d}, kGPU, 8, 0.5, 1.5);
-      Tensor wc = param({1}, kCPU, 9, 0.5, 1.5), wg = param({1}, kGPU, 9, 0.5, 1.5);
-      Tensor dy = leaf({rows, d}, dt, kCPU, 10).detach(), dyg = dy.to(kGPU);
-      Tensor yc = rms_norm_scaled_silu(xc, gc, wc), yg = rms_norm_scaled_silu(xg, gg, wg);
-      expect_close(yg, yc, tol_for(dt), what + " y");
-      yc.backward(dy);
-      yg.backward(dyg);
-      const double tol = dt == DType::f32 ? 1e-4 : tol_for(dt);
-      expect_close(xg.grad(), xc.grad(), tol, what + " dx");
-      expect_close(gg.grad(), gc.grad(), dt == DType::f32 ? 1e-4 : 2 * tol, what + " dweight");
-      expect_close(wg.grad(), wc.grad(), dt == DType::f32 ? 1e-4 : 2 * tol, what + " dw");
+                      int64_t(16384)})
+      cases.push_back({dt, d > 1024 ? 301 : 1029, d});
+  for (Case c : {Case{DType::bf16, 40001, 256}, Case{DType::bf16, 20003, 1024},
+                 Case{DType::bf16, 3001, 4096}, Case{DType::f32, 3001, 4096},
+                 Case{DType::bf16, 1501, 8192}, Case{DType::f16, 1001, 100}})
+    cases.push_back(c);
+  for (const Case& c : cases) {
+    const DType dt = c.dt;
+    const int64_t rows = c.rows, d = c.d;
+    const std::string what = std::string("rms_norm_scaled_silu ") + dtype_name(dt) + " [" +
+                             std::to_string(rows) + ", " + std::to_string(d) + "]";
+    Tensor xc = leaf({rows, d}, dt, kCPU, 7), xg = leaf({rows, d}, dt, kGPU, 7);
+    Tensor gc = param({d}, kCPU, 8, 0.5, 1.5), gg = param({d}, kGPU, 8, 0.5, 1.5);
+    Tensor wc = param({1}, kCPU, 9, 0.5, 1.5), wg = param({1}, kGPU, 9, 0.5, 1.5);
+    Tensor dy = leaf({rows, d}, dt, kCPU, 10).detach(), dyg = dy.to(kGPU);
+    Tensor yc = rms_norm_scaled_silu(xc, gc, wc), yg = rms_norm_scaled_silu(xg, gg, wg);
+    expect_close(yg, yc, tol_for(dt), what + " y");
+    yc.backward(dy);
+    yg.backward(dyg);
+    const double tol = dt == DType::f32 ? 1e-4 : tol_for(dt);
+    expect_close(xg.grad(), xc.grad(), tol, what + " dx");
+    expect_close(gg.grad(), gc.grad(), dt == DType::f32 ? 1e-4 : 2 * tol, what + " dweight");
+    expect_close(wg.grad(), wc.grad(), dt == DType::f32 ? 1e-4 : 2 * tol, what + " dw");
 
-      const std::vector<double> dx = xg.grad().to_vector(), dg = gg.grad().to_vector(),
-                                dw = wg.grad().to_vector();
-      rms_norm_scaled_silu(xg, gg, wg).backward(dyg);
-      auto expect_doubled = [&](const Tensor& grad, const std::vector<double>& once,
-                                const std::string& name) {
-        const std::vector<double> twice = grad.to_vector();
-        for (size_t i = 0; i < once.size(); ++i)
-          if (twice[i] != 2 * once[i]) {
-            ADD_FAILURE() << what << " " << name << "[" << i << "]: " << twice[i]
-                          << " after two backwards, " << once[i] << " after one";
-            return;
-          }
-      };
-      // A second backward computes the same bits, so each .grad must hold exactly twice them
-      // (v + v is exact in every dtype).
-      expect_doubled(xg.grad(), dx, "x.grad");
-      expect_doubled(gg.grad(), dg, "weight.grad");
-      expect_doubled(wg.grad(), dw, "w.grad");
-    }
+    const std::vector<double> dx = xg.grad().to_vector(), dg = gg.grad().to_vector(),
+                              dw = wg.grad().to_vector();
+    rms_norm_scaled_silu(xg, gg, wg).backward(dyg);
+    auto expect_doubled = [&](const Tensor& grad, const std::vector<double>& once,
+                              const std::string& name) {
+      const std::vector<double> twice = grad.to_vector();
+      for (size_t i = 0; i < once.size(); ++i)
+        if (twice[i] != 2 * once[i]) {
+          ADD_FAILURE() << what << " " << name << "[" << i << "]: " << twice[i]
+                        << " after two backwards, " << once[i] << " after one";
+          return;
+        }
+    };
+    // A second backward computes the same bits, so each .grad must hold exactly twice them
+    // (v + v is exact in every dtype).
+    expect_doubled(xg.grad(), dx, "x.grad");
+    expect_doubled(gg.grad(), dg, "weight.grad");
+    expect_doubled(wg.grad(), dw, "w.grad");
+  }
 }
 
 TEST(CudaLinear, ParityWithCpuIncludingMixedPrecision) {

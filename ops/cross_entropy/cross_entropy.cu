@@ -19,7 +19,7 @@
 // bandwidth.
 //
 // Both row kernels move 16-byte packs when every row starts 16-byte aligned (aligned base and
-// C * sizeof(dt) a multiple of 16), else single elements.
+// C * sizeof(dt) a multiple of 16, so a row is whole packs), else single elements (V = 1).
 #include "ops/cross_entropy/cross_entropy_cuda.h"
 
 #include <cuda_bf16.h>
@@ -41,22 +41,13 @@
 namespace mt::cuda {
 namespace {
 
-// Adds exp(x) to the running (m, s) where s = sum exp(x_i - m). x == m is special-cased so that
-// -inf and +inf logits never form inf - inf: while m is -inf the 1s counted are later multiplied
-// by exp(-inf - x) = 0, and an all -inf row gives lse = -inf. A NaN logit makes s NaN.
-__device__ __forceinline__ void online_add(float& m, float& s, float x) {
-  if (x > m) {
-    s = s * expf(m - x) + 1.f;
-    m = x;
-  } else {
-    s += x == m ? 1.f : expf(x - m);
-  }
-}
-
-// Adds a pack of V logits: the running max moves once, to the pack's max, and the V exponentials
-// are then independent of each other. Element by element, each online_add waits for the previous
-// one's m and exp: a serial chain that held the forward at about half the copy rate. The x == m
-// care is online_add's; fmaxf skips a NaN, which still reaches s through its own exp.
+// Adds a pack of V logits to the running (m, s), s = sum exp(x_i - m): the running max moves
+// once, to the pack's max, and the V exponentials are then independent of each other (logit by
+// logit, each update waited for the previous one's m and exp: a serial chain that held the
+// forward at about half the copy rate). x == m counts 1 without the subtraction, so -inf and +inf
+// logits never form inf - inf: while m is -inf the 1s counted are later multiplied by
+// exp(-inf - x) = 0, and an all -inf row gives lse = -inf. fmaxf skips a NaN, which still makes
+// s NaN through its own exp.
 template <int V>
 __device__ __forceinline__ void online_add_pack(float& m, float& s, const float (&x)[V]) {
   float pm = x[0];
@@ -70,7 +61,7 @@ __device__ __forceinline__ void online_add_pack(float& m, float& s, const float 
   for (int j = 0; j < V; ++j) s += x[j] == m ? 1.f : expf(x[j] - m);
 }
 
-// Merges (m2, s2) into (m, s), with the same x == m care as online_add.
+// Merges (m2, s2) into (m, s), with the same x == m care as online_add_pack.
 __device__ __forceinline__ void merge(float& m, float& s, float m2, float s2) {
   const float mm = fmaxf(m, m2);
   s = (m == mm ? s : s * expf(m - mm)) + (m2 == mm ? s2 : s2 * expf(m2 - mm));
@@ -105,7 +96,7 @@ __global__ void lse_kernel(const T* logits, const int64_t* targets, float* lse, 
   }
   const T* row = logits + r * C;
   float m = -INFINITY, s = 0.f;
-  const int64_t cv = C / V;
+  const int64_t cv = C / V;  // C is a multiple of V (above)
   for (int64_t i = threadIdx.x; i < cv; i += blockDim.x) {
     const Pack<T, V> p = reinterpret_cast<const Pack<T, V>*>(row)[i];
     float x[V];
@@ -113,7 +104,6 @@ __global__ void lse_kernel(const T* logits, const int64_t* targets, float* lse, 
     for (int j = 0; j < V; ++j) x[j] = to_float(p.v[j]);
     online_add_pack<V>(m, s, x);
   }
-  for (int64_t c = cv * V + threadIdx.x; c < C; c += blockDim.x) online_add(m, s, to_float(row[c]));
   block_merge(m, s);
   if (threadIdx.x == 0) lse[r] = m + logf(s);
 }
@@ -163,7 +153,6 @@ __global__ void backward_kernel(const T* logits, const int64_t* targets, const f
 #pragma unroll
     for (int j = 0; j < V; ++j) zero.v[j] = from_float<T>(0.f);
     for (int64_t i = threadIdx.x; i < cv; i += blockDim.x) reinterpret_cast<Pack<T, V>*>(drow)[i] = zero;
-    for (int64_t c = cv * V + threadIdx.x; c < C; c += blockDim.x) drow[c] = from_float<T>(0.f);
     return;
   }
   const float g = *dloss / normalizer;
@@ -178,8 +167,6 @@ __global__ void backward_kernel(const T* logits, const int64_t* targets, const f
     }
     reinterpret_cast<Pack<T, V>*>(drow)[i] = d;
   }
-  for (int64_t c = cv * V + threadIdx.x; c < C; c += blockDim.x)
-    drow[c] = from_float<T>(g * (expf(to_float(row[c]) - l) - (c == t ? 1.f : 0.f)));
 }
 
 // Rows may use 16-byte packs when every row starts on a 16-byte boundary.
