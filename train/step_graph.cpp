@@ -33,8 +33,10 @@ bool Trainer::capture_step(const Tensor& loss_sum, const Tensor& grad_norm) {
       optimizer_->apply_step();
       optimizer_->zero_grad(/*set_to_none=*/false);
     });
-    if (lead()) spdlog::info("cuda_graph: step {} captured ({} nodes); replayed on every step not logged or saved",
-                 step_ + 1, graph.num_nodes());
+    if (lead())
+      spdlog::info("cuda_graph: step {} captured ({} nodes, {} on the longest chain); replayed "
+                   "on every step not logged or saved", step_ + 1, graph.num_nodes(),
+                   graph.longest_chain());
     graph_ = std::make_unique<StepGraph>(StepGraph{std::move(inputs), std::move(graph)});
     return true;
   } catch (const Error& e) {

@@ -30,10 +30,16 @@ const char* kind_name(cudaGraphNodeType t) {
   }
 }
 
-// "kernel 175, mem alloc 120, ...": the nodes of `graph` counted by kind, most first.
-std::string count_kinds(cudaGraph_t graph, size_t n) {
+std::vector<cudaGraphNode_t> nodes_of(cudaGraph_t graph) {
+  size_t n = 0;
+  MT_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
   std::vector<cudaGraphNode_t> nodes(n);
   if (n > 0) MT_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
+  return nodes;
+}
+
+// "kernel 175, mem alloc 120, ...": the nodes counted by kind, most first.
+std::string count_kinds(const std::vector<cudaGraphNode_t>& nodes) {
   std::map<std::string, size_t> count;
   for (cudaGraphNode_t node : nodes) {
     cudaGraphNodeType t;
@@ -47,6 +53,37 @@ std::string count_kinds(cudaGraph_t graph, size_t n) {
   for (const auto& [kind, k] : sorted)
     out += (out.empty() ? "" : ", ") + kind + " " + std::to_string(k);
   return out;
+}
+
+// The nodes on the longest path through the graph's dependencies (Kahn's order; a node's depth
+// is one more than its deepest dependency's).
+size_t count_longest_chain(cudaGraph_t graph, const std::vector<cudaGraphNode_t>& nodes) {
+  size_t e = 0;
+  MT_CUDA_CHECK(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &e));
+  std::vector<cudaGraphNode_t> from(e), to(e);
+  if (e > 0) MT_CUDA_CHECK(cudaGraphGetEdges(graph, from.data(), to.data(), nullptr, &e));
+  std::map<cudaGraphNode_t, size_t> index;
+  for (size_t i = 0; i < nodes.size(); ++i) index[nodes[i]] = i;
+  std::vector<std::vector<size_t>> next(nodes.size());
+  std::vector<size_t> waiting(nodes.size(), 0), depth(nodes.size(), 1);
+  for (size_t i = 0; i < e; ++i) {
+    next[index.at(from[i])].push_back(index.at(to[i]));
+    ++waiting[index.at(to[i])];
+  }
+  std::vector<size_t> ready;
+  for (size_t i = 0; i < nodes.size(); ++i)
+    if (waiting[i] == 0) ready.push_back(i);
+  size_t longest = 0;
+  while (!ready.empty()) {
+    const size_t i = ready.back();
+    ready.pop_back();
+    longest = std::max(longest, depth[i]);
+    for (size_t j : next[i]) {
+      depth[j] = std::max(depth[j], depth[i] + 1);
+      if (--waiting[j] == 0) ready.push_back(j);
+    }
+  }
+  return longest;
 }
 
 }  // namespace
@@ -69,6 +106,7 @@ Graph Graph::capture(int device, const std::function<void()>& body) {
       }
     }
   } carving{begin_graph_memory(device, graph_memory_hint(device))};
+  (void)side_stream(device);  // made now: ops may branch onto it during the capture (runtime.h)
   MT_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
   cudaGraph_t graph = nullptr;
   std::string failure;
@@ -94,8 +132,10 @@ Graph Graph::capture(int device, const std::function<void()>& body) {
   carving.kept = true;
   g.device_ = device;
   g.graph_ = graph;
-  MT_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &g.nodes_));
-  g.kinds_ = count_kinds(graph, g.nodes_);
+  const std::vector<cudaGraphNode_t> nodes = nodes_of(graph);
+  g.nodes_ = nodes.size();
+  g.kinds_ = count_kinds(nodes);
+  g.chain_ = count_longest_chain(graph, nodes);
   MT_CUDA_CHECK(cudaGraphInstantiate(&g.exec_, graph, 0));
   MT_CUDA_CHECK(cudaGraphUpload(g.exec_, s));  // the first replay costs no more than the others
   return g;
@@ -109,6 +149,7 @@ Graph& Graph::operator=(Graph&& other) noexcept {
   std::swap(exec_, other.exec_);
   std::swap(nodes_, other.nodes_);
   std::swap(kinds_, other.kinds_);
+  std::swap(chain_, other.chain_);
   std::swap(memory_, other.memory_);
   return *this;
 }

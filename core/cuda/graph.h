@@ -51,6 +51,10 @@ class Graph {
   // The nodes by kind, most first: "kernel 175, mem alloc 120, mem free 120, memset 12, ...".
   // Stream-ordered allocations made and freed inside the body are two nodes each.
   const std::string& node_kinds() const { return kinds_; }
+  // The nodes on its longest chain of dependencies: what a replay must run one after another.
+  // Equal to num_nodes() when everything was recorded on one stream; less where an op ran part
+  // of its work on a side branch (core/cuda/runtime.h, SideBranch).
+  size_t longest_chain() const { return chain_; }
 
  private:
   Graph() = default;
@@ -59,6 +63,7 @@ class Graph {
   cudaGraphExec_t exec_ = nullptr;
   size_t nodes_ = 0;
   std::string kinds_;
+  size_t chain_ = 0;
   GraphMemory* memory_ = nullptr;  // the block the capture's allocations were carved from
 };
 

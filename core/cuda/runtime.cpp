@@ -3,6 +3,7 @@
 #include "core/cuda/runtime.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -32,6 +33,11 @@ struct DeviceState {
   cublasHandle_t cublas = nullptr;
   cublasLtHandle_t cublaslt = nullptr;
   void* workspace = nullptr;
+
+  std::once_flag side_once;  // SideBranch: a second stream, its workspace, two events
+  std::atomic<cudaStream_t> side_stream{nullptr};  // read without the flag by cublaslt_workspace
+  void* side_workspace = nullptr;
+  cudaEvent_t fork = nullptr, join = nullptr;
 
   std::once_flag sm_once;
   int sm_count = 0;
@@ -88,8 +94,9 @@ void init_blas(int device, DeviceState& st) {
   // pool_used_bytes, which tests read to find leaks.
   MT_CUDA_CHECK(cudaMalloc(&st.workspace, kCublasWorkspaceBytes));
   MT_CUBLAS_CHECK(cublasSetWorkspace(st.cublas, st.workspace, kCublasWorkspaceBytes));
-  // cuBLASLt takes its stream and workspace per call. Both handles only ever run on the framework
-  // stream, so their kernels never overlap and one workspace serves both.
+  // cuBLASLt takes its stream and workspace per call. Both handles run on the framework stream,
+  // where their kernels never overlap, so one workspace serves both; a GEMM on the side stream
+  // (SideBranch) has a workspace of its own.
   MT_CUBLAS_CHECK(cublasLtCreate(&st.cublaslt));
 }
 
@@ -306,9 +313,60 @@ cublasHandle_t cublas(int device) { return blas_state(device).cublas; }
 
 cublasLtHandle_t cublaslt(int device) { return blas_state(device).cublaslt; }
 
-void* cublaslt_workspace(int device, size_t* nbytes) {
+DeviceState& side_state(int device) {
+  DeviceState& st = state(device);
+  std::call_once(st.side_once, [&] {
+    DeviceGuard guard(device);
+    cudaStream_t side = nullptr;
+    MT_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+    MT_CUDA_CHECK(cudaMalloc(&st.side_workspace, kCublasWorkspaceBytes));
+    MT_CUDA_CHECK(cudaEventCreateWithFlags(&st.fork, cudaEventDisableTiming));
+    MT_CUDA_CHECK(cudaEventCreateWithFlags(&st.join, cudaEventDisableTiming));
+    st.side_stream = side;  // last: a GEMM seen on it finds its workspace ready
+  });
+  return st;
+}
+
+cudaStream_t side_stream(int device) { return side_state(device).side_stream; }
+
+void* cublaslt_workspace(int device, cudaStream_t s, size_t* nbytes) {
   if (nbytes != nullptr) *nbytes = kCublasWorkspaceBytes;
+  DeviceState& st = state(device);
+  if (s != nullptr && s == st.side_stream.load()) return st.side_workspace;
   return blas_state(device).workspace;
+}
+
+SideBranch::SideBranch(cudaStream_t main, int device, bool wanted) : main_(main), side_(main) {
+  if (!wanted) return;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  MT_CUDA_CHECK(cudaStreamIsCapturing(main, &capture));
+  if (capture != cudaStreamCaptureStatusActive) return;
+  // The side stream and its workspace are made before a capture (Graph::capture calls
+  // side_stream()): a capture refuses the cudaMalloc. A capture begun elsewhere, before any,
+  // keeps all its work on `main`.
+  DeviceState& st = state(device);
+  if (st.side_stream.load() == nullptr) return;
+  // Recording an event and waiting on it inside a capture adds no node: it is an edge from
+  // main's last node to the side stream's next one.
+  MT_CUDA_CHECK(cudaEventRecord(st.fork, main));
+  MT_CUDA_CHECK(cudaStreamWaitEvent(st.side_stream, st.fork, 0));
+  side_ = st.side_stream;
+  join_ = st.join;
+}
+
+void SideBranch::join() {
+  if (side_ == main_) return;
+  MT_CUDA_CHECK(cudaEventRecord(join_, side_));
+  MT_CUDA_CHECK(cudaStreamWaitEvent(main_, join_, 0));
+  side_ = main_;
+}
+
+SideBranch::~SideBranch() {
+  // An exception left the branch open: join it so that the capture can end (which then reports
+  // the failure); a destructor must not throw.
+  if (side_ == main_) return;
+  (void)cudaEventRecord(join_, side_);
+  (void)cudaStreamWaitEvent(main_, join_, 0);
 }
 
 void set_device(int device) { MT_CUDA_CHECK(cudaSetDevice(device)); }

@@ -69,7 +69,40 @@ void add_device_error_check(void (*check)(int device));
 // cuBLAS and cuBLASLt handles bound to the framework stream, with a workspace allocated once.
 cublasHandle_t cublas(int device);
 cublasLtHandle_t cublaslt(int device);
-void* cublaslt_workspace(int device, size_t* nbytes);
+// The cuBLASLt workspace for a GEMM on stream `s`: the side stream's own (below), else the
+// framework stream's. Two GEMMs in flight at once must not share one.
+void* cublaslt_workspace(int device, cudaStream_t s, size_t* nbytes);
+
+// A branch beside the framework stream, for a graph capture. Inside a capture the order of
+// launches on one stream becomes a chain of graph nodes, and a replay runs the chain one node
+// after another even where a node does not need its predecessor's result. An op with launches
+// that are independent of each other (a Linear's dW and db do not need its dx) puts some of them
+// on branch.stream(): the constructor makes the device's side stream wait for what `main` has
+// enqueued so far, join() makes `main` wait for the side stream, and the replay runs both
+// branches side by side. Outside a capture, or when `wanted` is false, it does nothing and
+// stream() is `main`: eager launches are issued by the host one at a time, so there a second
+// stream would add host calls and no overlap. Work on the side stream must not allocate from the
+// pool (its scratch would be ordered on the wrong stream); the destructor joins if join() was
+// not reached.
+//
+// side_stream() makes the side stream, its cuBLASLt workspace and its events on first use.
+// Graph::capture calls it before it begins, since a capture refuses cudaMalloc; a capture begun
+// elsewhere, before any, keeps all of a branch's work on `main`.
+cudaStream_t side_stream(int device);
+
+class SideBranch {
+ public:
+  SideBranch(cudaStream_t main, int device, bool wanted);
+  ~SideBranch();
+  SideBranch(const SideBranch&) = delete;
+  SideBranch& operator=(const SideBranch&) = delete;
+  cudaStream_t stream() const { return side_; }
+  void join();
+
+ private:
+  cudaStream_t main_, side_;
+  cudaEvent_t join_ = nullptr;
+};
 
 // Makes `device` current for the calling thread (cudaSetDevice, checked).
 void set_device(int device);

@@ -12,6 +12,8 @@
 //   dX  = dY · W           [M, K]  '=' into a new tensor, x's dtype
 //   dW += dYᵀ · X          [N, K]  '+=' straight into W's fp32 .grad (the grad sink: GEMM beta = 1)
 //   db += Σ_rows dY        [N]     '+=' into b's fp32 .grad, fixed-order reduction
+// The three are independent: in a CUDA graph capture of at most 512 rows, dW and db run on a
+// side branch beside dX (linear.cu), so a replay overlaps them; eager runs them in order.
 //
 // Saved: x and W (both inputs; a GEMM cannot be cheaply recomputed from anything smaller).
 #include "core/tensor.h"
