@@ -60,17 +60,22 @@ TEST(CudaGraph, HostSynchronizationInsideACaptureIsAClearErrorAndTheStreamStillW
 // A Linear's dW and db need dy and x, not dx. In a capture of at most 512 rows linear.cu puts
 // them on a side branch beside dx, so the graph's longest chain is shorter than its node count;
 // past 512 rows everything stays on one stream, a chain. Either way a replay gives the eager bits.
+// The 4096-wide case gives dx a long reduction (cuBLASLt's split-K, with its workspace, is
+// likely), run while dW uses the side stream's own workspace. A capture that fails after a branch
+// leaves the side stream usable: the next capture of the same step replays the eager bits.
 TEST(CudaGraph, ASmallLinearBackwardRunsDwAndDbBesideDxWithTheEagerBits) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device: CUDA tests skipped";
   const Device dev = cuda_device(0);
-  for (const int64_t rows : {128, 600}) {
+  struct Case { int64_t rows, in, out; };
+  for (const Case c : {Case{128, 96, 80}, Case{600, 96, 80}, Case{256, 512, 4096}}) {
     for (const DType dt : {DType::f32, DType::bf16}) {
-      SCOPED_TRACE(std::to_string(rows) + " rows, " + dtype_name(dt));
-      Tensor x = randn({rows, 96}, dt, dev);
-      Tensor W = scale(randn({80, 96}, DType::f32, dev), 0.1);
-      Tensor b = randn({80}, DType::f32, dev);
+      SCOPED_TRACE(std::to_string(c.rows) + " rows, " + std::to_string(c.in) + " -> " +
+                   std::to_string(c.out) + ", " + dtype_name(dt));
+      Tensor x = randn({c.rows, c.in}, dt, dev);
+      Tensor W = scale(randn({c.out, c.in}, DType::f32, dev), 0.1);
+      Tensor b = randn({c.out}, DType::f32, dev);
       for (Tensor* t : {&x, &W, &b}) t->set_requires_grad();
-      const Tensor r = randn({rows, 80}, dt, dev);  // dy of the Linear: random, not ones
+      const Tensor r = randn({c.rows, c.out}, dt, dev);  // dy of the Linear: random, not ones
       auto step = [&] { sum(mul(linear(x, W, b), r)).backward(); };
       step();  // eager: builds the GEMM plans and allocates each .grad
       std::vector<std::vector<double>> eager;
@@ -78,8 +83,10 @@ TEST(CudaGraph, ASmallLinearBackwardRunsDwAndDbBesideDxWithTheEagerBits) {
         eager.push_back(t->grad().to_vector());
         t->zero_grad(/*set_to_none=*/false);
       }
+      expect_error([&] { cuda::Graph::capture(0, [&] { step(); (void)sum(b).item(); }); },
+                   {"CUDA graph capture on cuda:0 failed"});
       cuda::Graph g = cuda::Graph::capture(0, step);
-      if (rows <= 512)
+      if (c.rows <= 512)
         EXPECT_LT(g.longest_chain(), g.num_nodes()) << g.node_kinds();
       else
         EXPECT_EQ(g.longest_chain(), g.num_nodes()) << g.node_kinds();

@@ -4,6 +4,7 @@
 #include <exception>
 #include <map>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -59,10 +60,20 @@ std::string count_kinds(const std::vector<cudaGraphNode_t>& nodes) {
 // is one more than its deepest dependency's).
 size_t count_longest_chain(cudaGraph_t graph, const std::vector<cudaGraphNode_t>& nodes) {
   size_t e = 0;
+  std::vector<cudaGraphNode_t> from, to;
+#if CUDART_VERSION >= 13000
+  // CUDA 13 reports each edge's data too; asking without it fails on an edge that has some (a
+  // programmatic launch's), so ask with it.
   MT_CUDA_CHECK(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &e));
-  std::vector<cudaGraphNode_t> from(e), to(e);
-  if (e > 0) MT_CUDA_CHECK(cudaGraphGetEdges(graph, from.data(), to.data(), nullptr, &e));
-  std::map<cudaGraphNode_t, size_t> index;
+  std::vector<cudaGraphEdgeData> data(e);
+  from.resize(e), to.resize(e);
+  if (e > 0) MT_CUDA_CHECK(cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &e));
+#else
+  MT_CUDA_CHECK(cudaGraphGetEdges(graph, nullptr, nullptr, &e));
+  from.resize(e), to.resize(e);
+  if (e > 0) MT_CUDA_CHECK(cudaGraphGetEdges(graph, from.data(), to.data(), &e));
+#endif
+  std::unordered_map<cudaGraphNode_t, size_t> index;
   for (size_t i = 0; i < nodes.size(); ++i) index[nodes[i]] = i;
   std::vector<std::vector<size_t>> next(nodes.size());
   std::vector<size_t> waiting(nodes.size(), 0), depth(nodes.size(), 1);

@@ -35,7 +35,7 @@ struct DeviceState {
   void* workspace = nullptr;
 
   std::once_flag side_once;  // SideBranch: a second stream, its workspace, two events
-  std::atomic<cudaStream_t> side_stream{nullptr};  // read without the flag by cublaslt_workspace
+  std::atomic<cudaStream_t> side_stream{nullptr};  // also read outside the flag
   void* side_workspace = nullptr;
   cudaEvent_t fork = nullptr, join = nullptr;
 
@@ -94,9 +94,9 @@ void init_blas(int device, DeviceState& st) {
   // pool_used_bytes, which tests read to find leaks.
   MT_CUDA_CHECK(cudaMalloc(&st.workspace, kCublasWorkspaceBytes));
   MT_CUBLAS_CHECK(cublasSetWorkspace(st.cublas, st.workspace, kCublasWorkspaceBytes));
-  // cuBLASLt takes its stream and workspace per call. Both handles run on the framework stream,
-  // where their kernels never overlap, so one workspace serves both; a GEMM on the side stream
-  // (SideBranch) has a workspace of its own.
+  // cuBLASLt takes its stream and workspace per call. The cuBLAS handle runs on the framework
+  // stream, and so do the framework's cuBLASLt calls, whose kernels therefore never overlap its
+  // kernels: one workspace serves both. A GEMM on the side stream (SideBranch) has its own.
   MT_CUBLAS_CHECK(cublasLtCreate(&st.cublaslt));
 }
 
@@ -313,19 +313,45 @@ cublasHandle_t cublas(int device) { return blas_state(device).cublas; }
 
 cublasLtHandle_t cublaslt(int device) { return blas_state(device).cublaslt; }
 
+namespace {
+
+// Makes the side stream, its workspace and its two events once. If any of them cannot be made
+// (out of memory), none is kept and side_stream stays null: branches then keep their work on
+// the framework stream, which is slower but the same arithmetic, rather than failing a capture.
 DeviceState& side_state(int device) {
   DeviceState& st = state(device);
   std::call_once(st.side_once, [&] {
     DeviceGuard guard(device);
     cudaStream_t side = nullptr;
-    MT_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
-    MT_CUDA_CHECK(cudaMalloc(&st.side_workspace, kCublasWorkspaceBytes));
-    MT_CUDA_CHECK(cudaEventCreateWithFlags(&st.fork, cudaEventDisableTiming));
-    MT_CUDA_CHECK(cudaEventCreateWithFlags(&st.join, cudaEventDisableTiming));
-    st.side_stream = side;  // last: a GEMM seen on it finds its workspace ready
+    void* workspace = nullptr;
+    cudaEvent_t fork = nullptr, join = nullptr;
+    const bool made = cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking) == cudaSuccess &&
+                      cudaMalloc(&workspace, kCublasWorkspaceBytes) == cudaSuccess &&
+                      cudaEventCreateWithFlags(&fork, cudaEventDisableTiming) == cudaSuccess &&
+                      cudaEventCreateWithFlags(&join, cudaEventDisableTiming) == cudaSuccess;
+    if (!made) {
+      (void)cudaGetLastError();  // not a sticky error: the next checked call must not see it
+      if (join != nullptr) (void)cudaEventDestroy(join);
+      if (fork != nullptr) (void)cudaEventDestroy(fork);
+      if (workspace != nullptr) (void)cudaFree(workspace);
+      if (side != nullptr) (void)cudaStreamDestroy(side);
+      return;
+    }
+    st.side_workspace = workspace;
+    st.fork = fork;
+    st.join = join;
+    st.side_stream = side;  // last: whoever sees the stream finds the rest ready
   });
   return st;
 }
+
+// Makes `main` wait for everything enqueued on `side` so far.
+cudaError_t enqueue_join(cudaEvent_t join, cudaStream_t side, cudaStream_t main) {
+  const cudaError_t err = cudaEventRecord(join, side);
+  return err != cudaSuccess ? err : cudaStreamWaitEvent(main, join, 0);
+}
+
+}  // namespace
 
 cudaStream_t side_stream(int device) { return side_state(device).side_stream; }
 
@@ -337,13 +363,11 @@ void* cublaslt_workspace(int device, cudaStream_t s, size_t* nbytes) {
 }
 
 SideBranch::SideBranch(cudaStream_t main, int device, bool wanted) : main_(main), side_(main) {
-  if (!wanted) return;
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  MT_CUDA_CHECK(cudaStreamIsCapturing(main, &capture));
-  if (capture != cudaStreamCaptureStatusActive) return;
-  // The side stream and its workspace are made before a capture (Graph::capture calls
-  // side_stream()): a capture refuses the cudaMalloc. A capture begun elsewhere, before any,
-  // keeps all its work on `main`.
+  // Only inside this thread's Graph::capture of `device`'s framework stream: there is one side
+  // stream per device, and one capture of that framework stream at a time. (Graph::capture made
+  // the side stream before it began: a capture refuses the cudaMalloc of its workspace.)
+  if (!wanted || carving == nullptr || carving->device != device || carving->stream != main)
+    return;
   DeviceState& st = state(device);
   if (st.side_stream.load() == nullptr) return;
   // Recording an event and waiting on it inside a capture adds no node: it is an edge from
@@ -356,17 +380,14 @@ SideBranch::SideBranch(cudaStream_t main, int device, bool wanted) : main_(main)
 
 void SideBranch::join() {
   if (side_ == main_) return;
-  MT_CUDA_CHECK(cudaEventRecord(join_, side_));
-  MT_CUDA_CHECK(cudaStreamWaitEvent(main_, join_, 0));
+  MT_CUDA_CHECK(enqueue_join(join_, side_, main_));
   side_ = main_;
 }
 
 SideBranch::~SideBranch() {
   // An exception left the branch open: join it so that the capture can end (which then reports
   // the failure); a destructor must not throw.
-  if (side_ == main_) return;
-  (void)cudaEventRecord(join_, side_);
-  (void)cudaStreamWaitEvent(main_, join_, 0);
+  if (side_ != main_) (void)enqueue_join(join_, side_, main_);
 }
 
 void set_device(int device) { MT_CUDA_CHECK(cudaSetDevice(device)); }

@@ -66,11 +66,13 @@ void synchronize(int device);
 // nothing waits, anywhere else.
 void add_device_error_check(void (*check)(int device));
 
-// cuBLAS and cuBLASLt handles bound to the framework stream, with a workspace allocated once.
+// The cuBLAS handle, bound to the framework stream, and the cuBLASLt handle, whose calls name
+// their stream; made once per device.
 cublasHandle_t cublas(int device);
 cublasLtHandle_t cublaslt(int device);
 // The cuBLASLt workspace for a GEMM on stream `s`: the side stream's own (below), else the
-// framework stream's. Two GEMMs in flight at once must not share one.
+// framework stream's, allocated once. Two GEMMs in flight at once must not share one, so a GEMM
+// a caller runs on a stream of its own must not overlap the framework stream's work.
 void* cublaslt_workspace(int device, cudaStream_t s, size_t* nbytes);
 
 // A branch beside the framework stream, for a graph capture. Inside a capture the order of
@@ -79,15 +81,17 @@ void* cublaslt_workspace(int device, cudaStream_t s, size_t* nbytes);
 // that are independent of each other (a Linear's dW and db do not need its dx) puts some of them
 // on branch.stream(): the constructor makes the device's side stream wait for what `main` has
 // enqueued so far, join() makes `main` wait for the side stream, and the replay runs both
-// branches side by side. Outside a capture, or when `wanted` is false, it does nothing and
+// branches side by side. Outside a capture (below), or when `wanted` is false, it does nothing and
 // stream() is `main`: eager launches are issued by the host one at a time, so there a second
 // stream would add host calls and no overlap. Work on the side stream must not allocate from the
 // pool (its scratch would be ordered on the wrong stream); the destructor joins if join() was
 // not reached.
 //
-// side_stream() makes the side stream, its cuBLASLt workspace and its events on first use.
-// Graph::capture calls it before it begins, since a capture refuses cudaMalloc; a capture begun
-// elsewhere, before any, keeps all of a branch's work on `main`.
+// A branch forks only inside this thread's Graph::capture, and only from the framework stream
+// it records (one side stream per device serves one capture at a time). side_stream() makes the
+// side stream, its cuBLASLt workspace and its events on first use, and Graph::capture calls it
+// before it begins, since a capture refuses cudaMalloc. It returns nullptr when they could not be
+// made (out of memory): branches then keep their work on `main`.
 cudaStream_t side_stream(int device);
 
 class SideBranch {

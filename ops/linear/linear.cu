@@ -369,14 +369,18 @@ void linear_backward(const void* x, const void* W, const void* dy, void* dx, flo
       MT_CUDA_CHECK(cudaMemsetAsync(dW, 0, size_t(N) * K * sizeof(float), s));
     return;
   }
-  SideBranch branch(s, current_device(), M <= kOneChunkRows);
+  // Worth a branch when both sides have work: dx beside dW or db, or dW beside db.
+  const bool two_sides =
+      dx != nullptr ? dW != nullptr || db != nullptr : dW != nullptr && db != nullptr;
+  SideBranch branch(s, current_device(), M <= kOneChunkRows && two_sides);
   if (dx != nullptr) {
     const Gemm g{CUBLAS_OP_N, CUBLAS_OP_N, K, M, N, t, t, K, N, K, CUBLASLT_EPILOGUE_DEFAULT};
     lt_matmul(g, W, dy, dx, 1.f, 0.f, nullptr, s);
   }
   if (dW != nullptr) {
     const Gemm g{CUBLAS_OP_N, CUBLAS_OP_T, K, N, M, t, CUDA_R_32F, K, N, K, CUBLASLT_EPILOGUE_DEFAULT};
-    lt_matmul(g, x, dy, dW, 1.f, beta_dW, nullptr, dx != nullptr ? branch.stream() : s);
+    const cudaStream_t on = dx != nullptr ? branch.stream() : s;  // the branch, if dx took s
+    lt_matmul(g, x, dy, dW, 1.f, beta_dW, nullptr, on);
   }
   if (db != nullptr) bias_grad(dy, db, M, N, dt, branch.stream());
   branch.join();
