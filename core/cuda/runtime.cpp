@@ -362,13 +362,12 @@ void* cublaslt_workspace(int device, cudaStream_t s, size_t* nbytes) {
   return blas_state(device).workspace;
 }
 
-SideBranch::SideBranch(cudaStream_t main, int device, bool wanted) : main_(main), side_(main) {
-  // Only inside this thread's Graph::capture of `device`'s framework stream: there is one side
-  // stream per device, and one capture of that framework stream at a time. (Graph::capture made
-  // the side stream before it began: a capture refuses the cudaMalloc of its workspace.)
-  if (!wanted || carving == nullptr || carving->device != device || carving->stream != main)
-    return;
-  DeviceState& st = state(device);
+SideBranch::SideBranch(cudaStream_t main, bool wanted) : main_(main), side_(main) {
+  // Only inside this thread's Graph::capture, from the framework stream it records: there is one
+  // side stream per device, and one capture of that framework stream at a time. (Graph::capture
+  // made the side stream before it began: a capture refuses the cudaMalloc of its workspace.)
+  if (!wanted || carving == nullptr || carving->stream != main) return;
+  DeviceState& st = state(carving->device);
   if (st.side_stream.load() == nullptr) return;
   // Recording an event and waiting on it inside a capture adds no node: it is an edge from
   // main's last node to the side stream's next one.

@@ -81,11 +81,11 @@ void* cublaslt_workspace(int device, cudaStream_t s, size_t* nbytes);
 // that are independent of each other (a Linear's dW and db do not need its dx) puts some of them
 // on branch.stream(): the constructor makes the device's side stream wait for what `main` has
 // enqueued so far, join() makes `main` wait for the side stream, and the replay runs both
-// branches side by side. Outside a capture (below), or when `wanted` is false, it does nothing and
-// stream() is `main`: eager launches are issued by the host one at a time, so there a second
-// stream would add host calls and no overlap. Work on the side stream must not allocate from the
-// pool (its scratch would be ordered on the wrong stream); the destructor joins if join() was
-// not reached.
+// branches side by side. Outside a capture (below), or when `wanted` is false, it does nothing
+// and stream() is `main`: eager launches are issued by the host one at a time, so there a second
+// stream would add host calls and no overlap. Work on the side stream must not allocate from
+// the pool (its scratch would be ordered on the wrong stream); the destructor joins if join()
+// was not reached.
 //
 // A branch forks only inside this thread's Graph::capture, and only from the framework stream
 // it records (one side stream per device serves one capture at a time). side_stream() makes the
@@ -96,7 +96,7 @@ cudaStream_t side_stream(int device);
 
 class SideBranch {
  public:
-  SideBranch(cudaStream_t main, int device, bool wanted);
+  SideBranch(cudaStream_t main, bool wanted);
   ~SideBranch();
   SideBranch(const SideBranch&) = delete;
   SideBranch& operator=(const SideBranch&) = delete;

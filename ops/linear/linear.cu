@@ -372,7 +372,7 @@ void linear_backward(const void* x, const void* W, const void* dy, void* dx, flo
   // Worth a branch when both sides have work: dx beside dW or db, or dW beside db.
   const bool two_sides =
       dx != nullptr ? dW != nullptr || db != nullptr : dW != nullptr && db != nullptr;
-  SideBranch branch(s, current_device(), M <= kOneChunkRows && two_sides);
+  SideBranch branch(s, M <= kOneChunkRows && two_sides);
   if (dx != nullptr) {
     const Gemm g{CUBLAS_OP_N, CUBLAS_OP_N, K, M, N, t, t, K, N, K, CUBLASLT_EPILOGUE_DEFAULT};
     lt_matmul(g, W, dy, dx, 1.f, 0.f, nullptr, s);

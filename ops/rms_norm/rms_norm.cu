@@ -34,13 +34,13 @@
 // as the occupancy calculator fits) strides over the rows. Those sums live in shared memory, laid
 // out so that consecutive lanes touch consecutive words, which leaves the registers to the rows
 // in flight; the launch bounds cap a thread at 64 registers when it holds up to 16 elements of
-// each input and at 128 when it holds 32, which decides how many blocks share an SM. The backward's second pass needs
-// g = dL/dx̂ again: a thread with 128 registers keeps it from the first pass, one with 64
-// recomputes it from dy (keeping it there spills). An epilogue's g costs a σ(h) to recompute,
-// so the fused op's block teams take 32 elements a thread and keep it: 76% of copy at
-// d = 4096 and 8192 against 58% with 16 recomputed (bf16, H200). Loads and stores are 16-byte
-// packs when d is a multiple of the pack width and x, y (dy, dx) and weight are 16-byte aligned
-// (then every row is); otherwise the same kernels run with one element per access.
+// each input and at 128 when it holds 32, which decides how many blocks share an SM. The
+// backward's second pass needs g = dL/dx̂ again: a thread with 128 registers keeps it from the
+// first pass, one with 64 recomputes it from dy (keeping it there spills). An epilogue's g costs
+// a σ(h) to recompute, so the fused op's block teams take 32 elements a thread and keep it: 76%
+// of copy at d = 4096 and 8192 against 58% with 16 recomputed (bf16, H200). Loads and stores are
+// 16-byte packs when d is a multiple of the pack width and x, y (dy, dx) and weight are 16-byte
+// aligned (then every row is); otherwise the same kernels run with one element per access.
 // docs/kernels.md lists the layouts measured against these.
 //
 // Accumulation:
