@@ -5,13 +5,19 @@
 # then the train-step benchmark beside PyTorch, and print a short summary last. The summary is
 # also written as it grows to $MT_LOG_DIR/summary.txt (default build-gpu/logs), with every log.
 #
+#   scripts/gpu-test.sh [PHASE...]     PHASE: tests, bench, train, step (default: all four)
+#
+# The whole run takes about ten minutes on an H200; each phase alone fits well inside that, so a
+# machine that gives commands a time limit runs it one phase per command (each builds first; the
+# build is incremental when build-gpu/ is still there).
+#
 # Exit status: 0 only if everything passed. A failing test, a benchmark or training run that exits
 # non-zero, or a failed check (compare_metrics.py, same_weights.py) is recorded and the rest still
 # runs, so the summary is complete; it ends with one "FAILED: ..." line per failure and exit 1.
 #
 # To see it fail once on purpose: MT_GPU_TEST_BREAK=1 also runs CudaSelfCheck.DISABLED_FailsOnPurpose,
 # a test that always fails. MT_GPU_TEST_FILTER=<gtest filter> runs only those tests (e.g. to check
-# the script quickly); MT_GPU_TEST_ONLY_TESTS=1 stops after the tests.
+# the script quickly).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0  # never use NVLink multicast
@@ -44,6 +50,14 @@ finish() {
 }
 trap finish EXIT
 
+phases=("$@")
+(( ${#phases[@]} )) || phases=(tests bench train step)
+for p in "${phases[@]}"; do
+  [[ $p =~ ^(tests|bench|train|step)$ ]] || { echo "gpu-test.sh: unknown phase '$p' (tests, bench, train, step)" >&2; exit 2; }
+done
+want() { [[ " ${phases[*]} " == *" $1 "* ]]; }
+note "phases: ${phases[*]}"
+
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$logs/gpu.txt" \
   || fail "nvidia-smi"
 start=$(date +%s)
@@ -58,6 +72,7 @@ else
   note "build ok in $(( $(date +%s) - start )) s"
 fi
 
+run_tests() {
 # Every test in one process (the CUDA ones included; the CPU ones are cheap).
 test_args=()
 [[ -n ${MT_GPU_TEST_FILTER:-} ]] && test_args+=("--gtest_filter=$MT_GPU_TEST_FILTER")
@@ -77,8 +92,9 @@ grep -q '^\[  PASSED  \] [1-9]' "$logs/tests.log" || fail "mt_tests: no test pas
 # The op check (check/op_check.h) of every op: its headline, and every CUDA line that failed.
 grep -E '^op_check ' "$logs/tests.log" | while IFS= read -r l; do note "  $l"; done
 grep -E '^  FAIL cuda' "$logs/tests.log" | head -20 | while IFS= read -r l; do note "  $l"; done
-[[ ${MT_GPU_TEST_ONLY_TESTS:-0} == 1 ]] && exit 0
+}
 
+run_bench() {
 for b in "$build"/bench_*; do
   [[ -x $b ]] || continue
   name=$(basename "$b")
@@ -107,6 +123,9 @@ else
   fail "lab_bench was not built"
 fi
 
+}
+
+run_train() {
 # The default config in each compute dtype; bf16 twice (determinism) and f16 from a scale of 2^40
 # (forced overflow: the dynamic scaler must back off, skip those steps and recover).
 train() {  # name, then --set arguments
@@ -212,6 +231,9 @@ else
   fail "examples/swiglu build against the installed package"
 fi
 
+}
+
+run_step() {
 # Last, as it takes longest: the whole train step beside PyTorch.
 if [[ -x $build/train_step ]]; then
   timeout 1500 bash scripts/bench-train-step.sh "$build" "$build/train-step" >"$logs/train_step.log" 2>&1
@@ -220,3 +242,10 @@ if [[ -x $build/train_step ]]; then
   sed -n '/=== train step summary ===/,$p' "$logs/train_step.log" | tail -n +2 | while IFS= read -r l; do note "  $l"; done
   (( rc == 0 )) || fail "train step benchmark (rc $rc, see $logs/train_step.log)"
 fi
+}
+
+want tests && run_tests
+want bench && run_bench
+want train && run_train
+want step && run_step
+exit 0  # the summary (trap finish) decides the status
