@@ -68,6 +68,113 @@ RmsGrads rms_backward_reference(const std::vector<float>& x, const std::vector<f
   return r;
 }
 
+namespace {
+
+void check_attention_sizes(const char* what, size_t q, size_t k, size_t v, int64_t heads, int64_t T,
+                           int64_t d) {
+  const int64_t n = heads * T * d;
+  MT_CHECK(heads > 0 && T > 0 && d > 0 && int64_t(q) == n && int64_t(k) == n && int64_t(v) == n,
+           what, ": q, k, v have ", q, ", ", k, ", ", v, " elements, not heads·T·d = ", heads, "·",
+           T, "·", d);
+}
+
+// Row i of one head's probabilities: P_ij = exp(S_ij − L_i) for j <= i.
+void probabilities_row(const float* q, const float* k, int64_t T, int64_t d, int64_t i, double L,
+                       std::vector<double>& p) {
+  const double scale = 1 / std::sqrt(double(d));
+  for (int64_t j = 0; j < T; ++j) {
+    if (j > i) {
+      p[j] = 0;
+      continue;
+    }
+    double s = 0;
+    for (int64_t c = 0; c < d; ++c) s += double(q[i * d + c]) * k[j * d + c];
+    p[j] = std::exp(s * scale - L);
+  }
+}
+
+}  // namespace
+
+AttnForward attention_forward_reference(const std::vector<float>& q, const std::vector<float>& k,
+                                        const std::vector<float>& v, int64_t heads, int64_t T,
+                                        int64_t d) {
+  check_attention_sizes("attention_forward_reference", q.size(), k.size(), v.size(), heads, T, d);
+  const double scale = 1 / std::sqrt(double(d));
+  AttnForward r;
+  r.o.assign(q.size(), 0.0);
+  r.o_scale.assign(q.size(), 0.0);
+  r.L.assign(size_t(heads * T), 0.0);
+  std::vector<double> s(static_cast<size_t>(T));
+  for (int64_t h = 0; h < heads; ++h) {
+    const float *qh = q.data() + h * T * d, *kh = k.data() + h * T * d, *vh = v.data() + h * T * d;
+    for (int64_t i = 0; i < T; ++i) {
+      double m = -INFINITY;
+      for (int64_t j = 0; j <= i; ++j) {
+        double dot = 0;
+        for (int64_t c = 0; c < d; ++c) dot += double(qh[i * d + c]) * kh[j * d + c];
+        s[j] = dot * scale;
+        m = std::max(m, s[j]);
+      }
+      double l = 0;
+      for (int64_t j = 0; j <= i; ++j) l += std::exp(s[j] - m);
+      const double L = m + std::log(l);
+      r.L[h * T + i] = L;
+      for (int64_t j = 0; j <= i; ++j) {
+        const double p = std::exp(s[j] - L);
+        for (int64_t c = 0; c < d; ++c) {
+          r.o[(h * T + i) * d + c] += p * vh[j * d + c];
+          r.o_scale[(h * T + i) * d + c] += p * std::abs(vh[j * d + c]);
+        }
+      }
+    }
+  }
+  return r;
+}
+
+AttnGrads attention_backward_reference(const std::vector<float>& q, const std::vector<float>& k,
+                                       const std::vector<float>& v, const std::vector<float>& o,
+                                       const std::vector<double>& L, const std::vector<float>& dO,
+                                       int64_t heads, int64_t T, int64_t d) {
+  check_attention_sizes("attention_backward_reference", q.size(), k.size(), v.size(), heads, T, d);
+  MT_CHECK(o.size() == q.size() && dO.size() == q.size() && int64_t(L.size()) == heads * T,
+           "attention_backward_reference: o, dO, L have ", o.size(), ", ", dO.size(), ", ",
+           L.size(), " elements for heads·T·d = ", q.size());
+  const double scale = 1 / std::sqrt(double(d));
+  AttnGrads r;
+  for (auto* g : {&r.dq, &r.dk, &r.dv, &r.dq_scale, &r.dk_scale, &r.dv_scale})
+    g->assign(q.size(), 0.0);
+  std::vector<double> p(static_cast<size_t>(T));
+  for (int64_t h = 0; h < heads; ++h) {
+    const int64_t base = h * T * d;
+    const float *qh = q.data() + base, *kh = k.data() + base, *vh = v.data() + base;
+    for (int64_t i = 0; i < T; ++i) {
+      probabilities_row(qh, kh, T, d, i, L[h * T + i], p);
+      double D = 0, D_abs = 0;
+      for (int64_t c = 0; c < d; ++c) {
+        D += double(dO[base + i * d + c]) * o[base + i * d + c];
+        D_abs += std::abs(double(dO[base + i * d + c]) * o[base + i * d + c]);
+      }
+      for (int64_t j = 0; j <= i; ++j) {
+        double dP = 0, dP_abs = 0;
+        for (int64_t c = 0; c < d; ++c) {
+          dP += double(dO[base + i * d + c]) * vh[j * d + c];
+          dP_abs += std::abs(double(dO[base + i * d + c]) * vh[j * d + c]);
+        }
+        const double dS = p[j] * (dP - D), dS_abs = p[j] * (dP_abs + D_abs);
+        for (int64_t c = 0; c < d; ++c) {
+          r.dq[base + i * d + c] += dS * kh[j * d + c] * scale;
+          r.dq_scale[base + i * d + c] += dS_abs * std::abs(kh[j * d + c]) * scale;
+          r.dk[base + j * d + c] += dS * qh[i * d + c] * scale;
+          r.dk_scale[base + j * d + c] += dS_abs * std::abs(qh[i * d + c]) * scale;
+          r.dv[base + j * d + c] += p[j] * dO[base + i * d + c];
+          r.dv_scale[base + j * d + c] += p[j] * std::abs(dO[base + i * d + c]);
+        }
+      }
+    }
+  }
+  return r;
+}
+
 std::string GemmShape::str() const {
   std::ostringstream os;
   os << "M=" << M << " N=" << N << " K=" << K << " (" << (a_t ? "Aᵀ" : "A") << ", "

@@ -63,6 +63,28 @@ struct GemmResult {
 GemmResult gemm_reference(const GemmShape& g, const std::vector<float>& a,
                           const std::vector<float>& b, const std::vector<float>& c0, float beta);
 
+// ---- causal self-attention, per head: q, k, v [T, d] ----------------------------------------------
+// S = q·kᵀ/√d masked to j <= i, P = softmax_j(S), o = P·v, L_i = log Σ_j exp(S_ij) (= m + log ℓ).
+// heads > 1: the buffers hold `heads` such [T, d] blocks one after another (L: heads blocks of T).
+struct AttnForward {
+  std::vector<double> o, o_scale;  // o_scale[i,c] = Σ_j P_ij·|v_jc|
+  std::vector<double> L;           // one per row
+};
+AttnForward attention_forward_reference(const std::vector<float>& q, const std::vector<float>& k,
+                                        const std::vector<float>& v, int64_t heads, int64_t T,
+                                        int64_t d);
+// The backward from the saved o (as the kernel saved it: rounded) and the exact L:
+//   D_i = Σ_c dO_ic·o_ic,  dP_ij = dO_i·v_j,  dS_ij = P_ij·(dP_ij − D_i)
+//   dq_i = Σ_j dS_ij·k_j/√d,  dk_j = Σ_i dS_ij·q_i/√d,  dv_j = Σ_i P_ij·dO_i
+// Each scale sums |P|·(|dP| + Σ_c |dO_ic·o_ic|)·|k or q| (or P·|dO| for dv): the size of the terms.
+struct AttnGrads {
+  std::vector<double> dq, dk, dv, dq_scale, dk_scale, dv_scale;
+};
+AttnGrads attention_backward_reference(const std::vector<float>& q, const std::vector<float>& k,
+                                       const std::vector<float>& v, const std::vector<float>& o,
+                                       const std::vector<double>& L, const std::vector<float>& dO,
+                                       int64_t heads, int64_t T, int64_t d);
+
 // ---- the comparison ------------------------------------------------------------------------
 struct Tolerance {
   double rel;  // per unit of |want|: the output's rounding
@@ -70,6 +92,10 @@ struct Tolerance {
 };
 inline constexpr Tolerance kBf16Out{1.0 / 256, 1e-5};  // one bf16 ulp, plus fp32 sums
 inline constexpr Tolerance kFp32Out{1e-6, 2e-5};       // fp32 out: summation order only
+// Attention's outputs pass with one bf16 rounding of the output and of each term: tensor-core
+// kernels round P (and dS) to bf16 before their second GEMM. A kernel that drops ℓ or L misses by
+// whole factors, far outside this bound (LabCheck.AttentionCompareRejectsAForgottenLogSumExp).
+inline constexpr Tolerance kAttnTol{1.0 / 256, 1.0 / 256};
 
 struct Check {
   bool ok = true;

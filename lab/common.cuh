@@ -30,6 +30,18 @@ __device__ inline float block_sum_all(float v) {
   return total;
 }
 
+// max v over the block, returned to every thread (the same shape as block_sum_all).
+__device__ inline float block_max_all(float v) {
+  __shared__ float warp_max[kThreads / 32];
+  for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = v;
+  __syncthreads();
+  float m = -INFINITY;
+  for (int i = 0; i < kThreads / 32; ++i) m = fmaxf(m, warp_max[i]);
+  __syncthreads();
+  return m;
+}
+
 // A persistent grid: `per_sm` blocks on every SM, at most `work` blocks.
 inline int persistent_grid(int per_sm, int64_t work) {
   const int64_t cap = int64_t(cuda::sm_count(cuda::current_device())) * per_sm;

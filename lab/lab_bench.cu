@@ -25,6 +25,7 @@
 #include "core/cuda/check.h"
 #include "core/cuda/runtime.h"
 #include "core/error.h"
+#include "lab/attention/attention.h"
 #include "lab/lab.h"
 #include "lab/matmul/gemm.h"
 #include "ops/rms_norm/rms_norm_cuda.h"
@@ -216,6 +217,49 @@ void gemm_table(Report& r) {
   }
 }
 
+// Every attention version at the GPT-2 shape and a long-context one, causal, bf16. TFLOP/s count
+// the FLOPs of the unmasked half, as FlashAttention and PyTorch report them: forward
+// 2·heads·T²·d (S = q·kᵀ and P·v, 2·T²·d each, halved by the mask), backward 2.5 times that.
+void attention_tables(Report& r) {
+  struct Shape { const char* name; int64_t B, H, T, d; };
+  for (const Shape& sh : {Shape{"[16, 12, 1024, 64]", 16, 12, 1024, 64}, Shape{"[4, 16, 4096, 128]", 4, 16, 4096, 128}}) {
+    const AttnShape s{sh.B * sh.H, sh.T, sh.d};
+    const int64_t n = s.heads * s.T * s.d, rows = s.heads * s.T;
+    DeviceBuffer q(n * 2), k(n * 2), v(n * 2), o(n * 2), dO(n * 2), dq(n * 2), dk(n * 2), dv(n * 2),
+        L(rows * 4), P(size_t(s.heads) * s.T * s.T * 4), work(size_t(s.heads) * s.T * (s.T + 1) * 4);
+    fill_bf16(q, n, 31, -1, 1);
+    fill_bf16(k, n, 32, -1, 1);
+    fill_bf16(v, n, 33, -1, 1);
+    fill_bf16(dO, n, 34, -1, 1);
+    const double fwd_flops = 2.0 * double(s.heads) * s.T * s.T * s.d, bwd_flops = 2.5 * fwd_flops;
+    r.line("");
+    r.line(std::string("### Causal attention ") + sh.name + " (B, H, T, d), bf16");
+    r.line("");
+    r.line("| version | what changed | time | TFLOP/s |");
+    r.line("| --- | --- | --- | --- |");
+    auto row = [&](const char* pass, const char* name, const char* change, double flops, double ms) {
+      r.line(std::string("| ") + pass + " " + name + " | " + change + " | " + fmt("%.3f ms", ms) + " | " +
+             fmt("%.1f", flops / (ms * 1e-3) / 1e12) + " |");
+      r.summary.push_back(std::string("lab: attention ") + sh.name + ", " + pass + " " + name + ": " +
+                          fmt("%.1f TFLOP/s", flops / (ms * 1e-3) / 1e12));
+    };
+    for (const auto& ver : attention_forward_versions()) {
+      const double ms = median_ms([&] {
+        ver.fn(q.get(), k.get(), v.get(), o.get(), L.f(), ver.uses_P ? P.f() : nullptr, s, cuda::stream(0));
+      });
+      row("forward", ver.name, ver.change, fwd_flops, ms);
+    }
+    attn_v1::forward(q.get(), k.get(), v.get(), o.get(), L.f(), P.f(), s, cuda::stream(0));  // P, o, L saved
+    for (const auto& ver : attention_backward_versions()) {
+      const double ms = median_ms([&] {
+        ver.fn(q.get(), k.get(), v.get(), o.get(), L.f(), ver.uses_P ? P.f() : nullptr, dO.get(), dq.get(), dk.get(),
+               dv.get(), work.f(), s, cuda::stream(0));
+      });
+      row("backward", ver.name, ver.change, bwd_flops, ms);
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -242,6 +286,7 @@ int main(int argc, char** argv) {
     silu_table(r, copy);
     rms_table(r, copy);
     gemm_table(r);
+    attention_tables(r);
     if (!markdown.empty()) {
       std::ofstream f(markdown);
       f << r.md.str();

@@ -1,4 +1,5 @@
 // The lab's table of contents: every version in order, with the line the bench prints beside it.
+#include "lab/attention/attention.h"
 #include "lab/lab.h"
 
 namespace mt::lab {
@@ -26,6 +27,26 @@ const std::vector<Version<RmsBackwardFn>>& rms_versions() {
        true},
       {"v5 production", "rows in registers, one wave, dweight sums in shared memory (ops/rms_norm)",
        rms_v5::backward},
+  };
+  return v;
+}
+
+const std::vector<AttnVersion<AttnForwardFn>>& attention_forward_versions() {
+  static const std::vector<AttnVersion<AttnForwardFn>> v{
+      {"v1 materialized", "S and P as T×T buffers in memory, a thread per element",
+       attn_v1::forward, true},
+      {"v2 online softmax", "a warp per row walks its keys with a running m and ℓ; no T×T",
+       attn_v2::forward},
+      {"v3 shared-memory tiles", "64 rows a block share each 32-key tile; one rescale per tile",
+       attn_v3::forward},
+  };
+  return v;
+}
+
+const std::vector<AttnVersion<AttnBackwardFn>>& attention_backward_versions() {
+  static const std::vector<AttnVersion<AttnBackwardFn>> v{
+      {"v1 saved P", "reads the forward's P, writes dS as a T×T buffer", attn_v1::backward, true},
+      {"v2 recompute from L", "P = exp(S − L) per pair, a D pass, a warp per row", attn_v2::backward},
   };
   return v;
 }

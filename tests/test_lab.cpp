@@ -152,4 +152,80 @@ TEST(LabCheck, ReferencesRefuseInconsistentSizes) {
   EXPECT_THROW(rms_backward_reference({1, 2}, {1}, {1}, {1, 2}, 1, 2), mt::Error);
   EXPECT_THROW(gemm_reference({2, 2, 2, false, false}, {1, 2, 3}, {1, 2, 3, 4}, {}, 0), mt::Error);
   EXPECT_THROW(gemm_reference({2, 2, 2, false, false}, {1, 2, 3, 4}, {1, 2, 3, 4}, {}, 1), mt::Error);
+  EXPECT_THROW(attention_forward_reference({1, 2}, {1, 2}, {1}, 1, 1, 2), mt::Error);
+  EXPECT_THROW(attention_backward_reference({1, 2}, {1, 2}, {1, 2}, {1}, {0.0}, {1, 2}, 1, 1, 2), mt::Error);
+}
+
+// The attention references against each other: the backward reference is the forward's gradient
+// (central differences of Σ o·dO in f64, the forward reference run on f64 perturbations).
+TEST(LabCheck, AttentionBackwardReferenceIsTheForwardsGradient) {
+  const int64_t heads = 2, T = 5, d = 4, n = heads * T * d;
+  const auto q = random_bf16_values(n, 41, -1, 1), k = random_bf16_values(n, 42, -1, 1),
+             v = random_bf16_values(n, 43, -1, 1), dO = random_bf16_values(n, 44, -1, 1);
+  const AttnForward f = attention_forward_reference(q, k, v, heads, T, d);
+  const std::vector<float> o(f.o.begin(), f.o.end());  // fp32: close enough to exact for D
+  const AttnGrads g = attention_backward_reference(q, k, v, o, f.L, dO, heads, T, d);
+  auto loss = [&](const std::vector<float>& qq, const std::vector<float>& kk, const std::vector<float>& vv) {
+    const AttnForward r = attention_forward_reference(qq, kk, vv, heads, T, d);
+    double s = 0;
+    for (int64_t i = 0; i < n; ++i) s += r.o[i] * dO[i];
+    return s;
+  };
+  // A step that fp32 inputs can hold exactly enough: the check is at the 1e-3 level, far below
+  // what a wrong term would change.
+  const float h = 1.0f / 256;
+  for (int which = 0; which < 3; ++which) {
+    const std::vector<double>& want = which == 0 ? g.dq : which == 1 ? g.dk : g.dv;
+    for (int64_t i = 0; i < n; i += 3) {
+      std::vector<float> in[3] = {q, k, v};
+      in[which][i] += h;
+      const double up = loss(in[0], in[1], in[2]);
+      in[which][i] -= 2 * h;
+      const double down = loss(in[0], in[1], in[2]);
+      EXPECT_NEAR((up - down) / (2 * h), want[i], 2e-3) << "qkv"[which] << "[" << i << "]";
+    }
+  }
+}
+
+// A kernel that forgets part of the log-sum-exp fails the lab's check: the forward's o with
+// P = exp(S − m) (m without ℓ: rows no longer sum to 1), and the backward's gradients with
+// P = exp(S) (the − L forgotten).
+TEST(LabCheck, AttentionCompareRejectsAForgottenLogSumExp) {
+  const int64_t heads = 2, T = 33, d = 32, n = heads * T * d;
+  const auto q = random_bf16_values(n, 51, -1, 1), k = random_bf16_values(n, 52, -1, 1),
+             v = random_bf16_values(n, 53, -1, 1), dO = random_bf16_values(n, 54, -1, 1);
+  const AttnForward f = attention_forward_reference(q, k, v, heads, T, d);
+  EXPECT_TRUE(compare(round_to_bf16(f.o), f.o, f.o_scale, kAttnTol, "o").ok);
+
+  // m without ℓ: o_i = Σ_j exp(S_ij − m_i)·v_j = ℓ_i · (the right o_i).
+  std::vector<double> L_minus_log_l(f.L.size());
+  std::vector<double> no_ell(f.o.size());
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t i = 0; i < T; ++i) {
+      double m = -INFINITY;
+      for (int64_t j = 0; j <= i; ++j) {
+        double s = 0;
+        for (int64_t c = 0; c < d; ++c) s += double(q[(h * T + i) * d + c]) * k[(h * T + j) * d + c];
+        m = std::max(m, s / std::sqrt(double(d)));
+      }
+      const double ell = std::exp(f.L[h * T + i] - m);
+      L_minus_log_l[h * T + i] = m;
+      for (int64_t c = 0; c < d; ++c) no_ell[(h * T + i) * d + c] = ell * f.o[(h * T + i) * d + c];
+    }
+  const Check forward = compare(round_to_bf16(no_ell), f.o, f.o_scale, kAttnTol, "o without ℓ");
+  EXPECT_FALSE(forward.ok) << forward.message;
+  EXPECT_GT(forward.bad, n / 2) << forward.message;
+
+  // The backward recomputing P from m alone, and from nothing (L = 0: P = exp(S)).
+  const std::vector<float> o(f.o.begin(), f.o.end());
+  const AttnGrads right = attention_backward_reference(q, k, v, o, f.L, dO, heads, T, d);
+  EXPECT_TRUE(compare(round_to_bf16(right.dq), right.dq, right.dq_scale, kAttnTol, "dq").ok);
+  for (const auto& [what, L] : {std::pair{"P = exp(S − m)", L_minus_log_l},
+                                std::pair{"P = exp(S)", std::vector<double>(f.L.size(), 0.0)}}) {
+    const AttnGrads wrong = attention_backward_reference(q, k, v, o, L, dO, heads, T, d);
+    const Check dq = compare(round_to_bf16(wrong.dq), right.dq, right.dq_scale, kAttnTol, what);
+    const Check dv = compare(round_to_bf16(wrong.dv), right.dv, right.dv_scale, kAttnTol, what);
+    EXPECT_FALSE(dq.ok) << dq.message;
+    EXPECT_FALSE(dv.ok) << dv.message;
+  }
 }

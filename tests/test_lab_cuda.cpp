@@ -12,6 +12,7 @@
 #include "core/cuda/runtime.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "lab/attention/attention.h"
 #include "lab/check.h"
 #include "lab/lab.h"
 #include "lab/matmul/gemm.h"
@@ -131,6 +132,69 @@ TEST(CudaLab, EveryRmsNormVersionMatchesTheCpuReference) {
       EXPECT_TRUE(cdx.ok) << cdx.message;
       const Check cdw = compare(dw.values(), want_dw, scale_dw, kFp32Out, what + " dweight");
       EXPECT_TRUE(cdw.ok) << cdw.message;
+    }
+  }
+}
+
+// Every attention version, forward and backward, against the f64 reference, with o, L, dq, dk, dv
+// poisoned first; each backward run twice must give the same bits (no version uses atomics).
+TEST(CudaLab, EveryAttentionVersionMatchesTheCpuReference) {
+  MT_REQUIRE_CUDA();
+  struct Case { int64_t heads, T, d; float range; };
+  // T = 1 (one key), T not a multiple of any tile, and |S| up to about 30 (inputs within ±5).
+  const Case cases[] = {{3, 1, 64, 1}, {2, 7, 32, 1}, {2, 100, 64, 1}, {1, 257, 128, 1},
+                        {2, 70, 64, 5}};
+  for (const Case& c : cases) {
+    const int64_t n = c.heads * c.T * c.d, rows = c.heads * c.T;
+    const AttnShape shape{c.heads, c.T, c.d};
+    const auto q = random_bf16_values(n, 21, -c.range, c.range), k = random_bf16_values(n, 22, -c.range, c.range),
+               v = random_bf16_values(n, 23, -1, 1), dO = random_bf16_values(n, 24, -1, 1);
+    const AttnForward ref = attention_forward_reference(q, k, v, c.heads, c.T, c.d);
+    std::vector<float> saved_o(ref.o.begin(), ref.o.end()), saved_L(ref.L.begin(), ref.L.end());
+    for (float& x : saved_o) x = bf16_to_float(float_to_bf16(x));  // as a kernel saves it
+    const AttnGrads grads = attention_backward_reference(q, k, v, saved_o, ref.L, dO, c.heads, c.T, c.d);
+    Buffer qd = Buffer::bf16(q), kd = Buffer::bf16(k), vd = Buffer::bf16(v), gd = Buffer::bf16(dO),
+           od_saved = Buffer::bf16(saved_o), Ld_saved = Buffer::fp32(saved_L);
+    Buffer P = Buffer::poisoned(size_t(c.heads * c.T * c.T), 4);
+    Buffer work = Buffer::poisoned(size_t(c.heads * c.T * (c.T + 1)), 4);
+    const std::string at = " [" + std::to_string(c.heads) + ", " + std::to_string(c.T) + ", " +
+                           std::to_string(c.d) + "]";
+    for (const auto& ver : attention_forward_versions()) {
+      Buffer o = Buffer::poisoned(size_t(n), 2), L = Buffer::poisoned(size_t(rows), 4);
+      ver.fn(qd.get(), kd.get(), vd.get(), o.get(), L.f(), ver.uses_P ? P.f() : nullptr, shape, stream());
+      const Check co = compare(o.values(), ref.o, ref.o_scale, kAttnTol, std::string(ver.name) + at + " o");
+      EXPECT_TRUE(co.ok) << co.message;
+      const Check cl = compare(L.values(), ref.L, {}, Tolerance{1e-5, 1e-4}, std::string(ver.name) + at + " L");
+      EXPECT_TRUE(cl.ok) << cl.message;
+    }
+    // P for the version that reads it: v1's forward wrote it last in the loop above if it ran;
+    // run it again so the buffer is the forward's whatever the order of the list.
+    {
+      Buffer o = Buffer::poisoned(size_t(n), 2), L = Buffer::poisoned(size_t(rows), 4);
+      attn_v1::forward(qd.get(), kd.get(), vd.get(), o.get(), L.f(), P.f(), shape, stream());
+    }
+    for (const auto& ver : attention_backward_versions()) {
+      std::vector<float> first[3];
+      for (int run = 0; run < 2; ++run) {
+        Buffer dq = Buffer::poisoned(size_t(n), 2), dk = Buffer::poisoned(size_t(n), 2),
+               dv = Buffer::poisoned(size_t(n), 2);
+        ver.fn(qd.get(), kd.get(), vd.get(), od_saved.get(), Ld_saved.f(), ver.uses_P ? P.f() : nullptr,
+               gd.get(), dq.get(), dk.get(), dv.get(), work.f(), shape, stream());
+        const std::vector<float> got[3] = {dq.values(), dk.values(), dv.values()};
+        if (run == 1) {
+          for (int t = 0; t < 3; ++t)
+            EXPECT_EQ(0, std::memcmp(got[t].data(), first[t].data(), got[t].size() * sizeof(float)))
+                << ver.name << at << ": two runs differ (" << "qkv"[t] << ")";
+          break;
+        }
+        const Check cq = compare(got[0], grads.dq, grads.dq_scale, kAttnTol, std::string(ver.name) + at + " dq");
+        const Check ck = compare(got[1], grads.dk, grads.dk_scale, kAttnTol, std::string(ver.name) + at + " dk");
+        const Check cv = compare(got[2], grads.dv, grads.dv_scale, kAttnTol, std::string(ver.name) + at + " dv");
+        EXPECT_TRUE(cq.ok) << cq.message;
+        EXPECT_TRUE(ck.ok) << ck.message;
+        EXPECT_TRUE(cv.ok) << cv.message;
+        for (int t = 0; t < 3; ++t) first[t] = got[t];
+      }
     }
   }
 }
