@@ -39,6 +39,8 @@ const std::vector<AttnVersion<AttnForwardFn>>& attention_forward_versions() {
        attn_v2::forward},
       {"v3 shared-memory tiles", "64 rows a block share each 32-key tile; one rescale per tile",
        attn_v3::forward},
+      {"v4 production", "tensor cores (mma.sync), cp.async tiles, P in registers (ops/attention)",
+       attn_v4::forward},
   };
   return v;
 }
@@ -47,6 +49,10 @@ const std::vector<AttnVersion<AttnBackwardFn>>& attention_backward_versions() {
   static const std::vector<AttnVersion<AttnBackwardFn>> v{
       {"v1 saved P", "reads the forward's P, writes dS as a T×T buffer", attn_v1::backward, true},
       {"v2 recompute from L", "P = exp(S − L) per pair, a D pass, a warp per row", attn_v2::backward},
+      {"v3 production", "key tiles on tensor cores; dq by its own pass, fixed order (ops/attention)",
+       attn_v3_backward::deterministic},
+      {"v3 production, atomic dq", "dq added by atomicAdd from each key tile: order varies",
+       attn_v3_backward::atomic, false, true},
   };
   return v;
 }

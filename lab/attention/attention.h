@@ -1,7 +1,8 @@
 #pragma once
 // The attention lab: causal self-attention's forward and backward rebuilt in numbered steps, from
-// the kernels that write the T×T matrices to memory (v1) to the production kernel in ops/attention
-// (the last version of each, so the lab cannot drift from it). docs/lab.md tells the road.
+// the kernels that write the T×T matrices to memory (v1) to the production kernels in
+// ops/attention (forward v4 and backward v3, so the lab cannot drift from them). docs/lab.md
+// tells the road.
 //
 // Every version takes the same arguments, one head after another in [heads, T, d] bf16 buffers
 // (a [B, H, T, d] tensor is heads = B·H of them), d a multiple of 32 up to 128:
@@ -34,6 +35,7 @@ struct AttnVersion {
   const char* change;  // what it adds to the version before, in a line
   Fn* fn;
   bool uses_P = false;  // v1: the forward writes P, the backward reads it (heads·T·T floats)
+  bool atomic = false;  // float atomics: the last bits may differ from run to run
 };
 
 const std::vector<AttnVersion<AttnForwardFn>>& attention_forward_versions();
@@ -42,5 +44,7 @@ const std::vector<AttnVersion<AttnBackwardFn>>& attention_backward_versions();
 namespace attn_v1 { AttnForwardFn forward; AttnBackwardFn backward; }
 namespace attn_v2 { AttnForwardFn forward; AttnBackwardFn backward; }
 namespace attn_v3 { AttnForwardFn forward; }
+namespace attn_v4 { AttnForwardFn forward; }
+namespace attn_v3_backward { AttnBackwardFn deterministic, atomic; }
 
 }  // namespace mt::lab
