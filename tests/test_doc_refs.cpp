@@ -111,4 +111,14 @@ TEST(DocNumbers, CrossoverFiguresAreTheCrossoverProgramsOwn) {
       EXPECT_EQ(std::stoi((*it)[1].str()), fp32_4) << file << ": " << (*it)[0].str();
     EXPECT_GT(found, 0) << file << " no longer quotes the crossover";
   }
+
+  // docs/lab.md prices attention's P with the tensor cores' crossover for a bf16 value, and the
+  // exp with the fp32 one.
+  const std::string lab = mt::test::read_text(root / "docs/lab.md");
+  const std::string bf16_4 = f1(crossover_flops_per_element(g.bf16_tflops, g.bandwidth_gbs, 2));
+  const std::string lab_flat = std::regex_replace(lab, std::regex("\\s+"), " ");
+  EXPECT_NE(lab_flat.find("breaks even at " + bf16_4 + " flops per element"), std::string::npos)
+      << "docs/lab.md: the attention crossover is not " << bf16_4;
+  EXPECT_NE(lab_flat.find("a few flops against its crossover of " + std::to_string(fp32_4)), std::string::npos)
+      << "docs/lab.md: the fp32 crossover is not " << fp32_4;
 }
