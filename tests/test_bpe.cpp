@@ -82,6 +82,11 @@ const std::vector<Case>& tricky_cases() {
        {"''", "s", "!!'", "s", " ?!", " ", " ..."},
        {7061, 82, 3228, 6, 82, 5633, 0, 220, 2644}},
       {"Ⅻ ½ ٣", {"Ⅻ", " ½", " ٣"}, {158, 227, 104, 25208, 18923, 96}},
+      // Letters and numbers beyond Latin-1 next to punctuation and to each other.
+      {"東京!ΑΒΓ? ٣٤x Ⅻ.ǅa",
+       {"東京", "!", "ΑΒΓ", "?", " ٣٤", "x", " Ⅻ", ".", "ǅa"},
+       {30266, 109, 12859, 105, 0, 138, 239, 138, 240, 138, 241, 30, 18923, 96, 149, 97, 87, 2343,
+        227, 104, 13, 131, 227, 64}},
   };
   return cases;
 }
@@ -131,7 +136,9 @@ TEST(Gpt2Tokenizer, SplitsAtTheEdges) {
   EXPECT_EQ(split("a\xC2\xA0\xC2\xA0" "b"),
             (std::vector<std::string>{"a", "\xC2\xA0", "\xC2\xA0", "b"}));
   EXPECT_EQ(split("a\xE3\x80\x80" "b"), (std::vector<std::string>{"a", "\xE3\x80\x80", "b"}));
-  EXPECT_EQ(split("a\x1f" "b"), (std::vector<std::string>{"a", "\x1f", "b"}));
+  EXPECT_EQ(split("a \x1f\x1f" "b"), (std::vector<std::string>{"a", " \x1f\x1f", "b"}));
+  EXPECT_EQ(split("a\xC2\x85\xC2\x85" "b"),  // U+0085 is \s
+            (std::vector<std::string>{"a", "\xC2\x85", "\xC2\x85", "b"}));
   EXPECT_EQ(split("'"), (std::vector<std::string>{"'"}));
   EXPECT_EQ(split("x'r"), (std::vector<std::string>{"x", "'", "r"}));
   EXPECT_EQ(split("x're"), (std::vector<std::string>{"x", "'re"}));
