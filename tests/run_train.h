@@ -7,11 +7,9 @@
 
 namespace mt::test {
 
-// Runs `train ARGS` and returns its exit code (-1 when it did not exit normally). Its stdout goes
-// to `out` when given, with stderr too unless `with_stderr` is false (then stderr is dropped).
-inline int run_train(const std::string& args, std::string* out = nullptr, bool with_stderr = true) {
-  const std::string cmd = std::string(MT_BINARY_DIR) + "/train " + args +
-                          (with_stderr ? " 2>&1" : " 2>/dev/null");
+// Runs a shell command line and returns its exit code (-1 when it did not exit normally), its
+// stdout in `out` when given.
+inline int run_shell(const std::string& cmd, std::string* out) {
   FILE* p = ::popen(cmd.c_str(), "r");
   if (p == nullptr) return -1;
   std::string text;
@@ -20,6 +18,21 @@ inline int run_train(const std::string& args, std::string* out = nullptr, bool w
   const int status = ::pclose(p);
   if (out) *out = text;
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// Runs `train ARGS` and returns its exit code (-1 when it did not exit normally). Its stdout goes
+// to `out` when given, with stderr too unless `with_stderr` is false (then stderr is dropped).
+inline int run_train(const std::string& args, std::string* out = nullptr, bool with_stderr = true) {
+  return run_shell(std::string(MT_BINARY_DIR) + "/train " + args +
+                   (with_stderr ? " 2>&1" : " 2>/dev/null"), out);
+}
+
+// The same with a per-call limit (coreutils' timeout), for a call that must end at once: exit
+// code 124 when `train` was stopped after `limit_s` seconds. The limit is one no machine comes
+// near however busy (such a call takes well under a second), so only a call that hangs reaches it.
+inline int run_train_within(int limit_s, const std::string& args, std::string* out = nullptr) {
+  return run_shell("timeout -k 5 " + std::to_string(limit_s) + " " + std::string(MT_BINARY_DIR) +
+                   "/train " + args + " 2>&1", out);
 }
 
 }  // namespace mt::test

@@ -3,7 +3,6 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <filesystem>
 #include <fstream>
 
@@ -493,15 +492,14 @@ TEST(Config, StringsAreOneLineOfValidUtf8) {
 }
 
 // /dev/zero as a config (or a CSV) used to be read until memory ran out.
+// The messages say what was read: at most the 16 MiB bound, or nothing.
 TEST(Config, UnboundedFilesAreRefusedBeforeTheyAreRead) {
-  const auto t0 = std::chrono::steady_clock::now();
   EXPECT_EQ(config_error("/dev/zero", {}),
             "config file /dev/zero gives more than 16777216 bytes (16 MiB), the most a config may "
             "have (it is not a regular file)");
   EXPECT_EQ(config_error("", {"data.kind=csv", "data.path=/dev/zero"}),
             "data.path: is not a regular file (a device or pipe may never end), got '/dev/zero' "
             "(from --set data.path=/dev/zero)");
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0);
 
   TempDir dir;
   const std::string big = dir.write("big.yaml", "seed: 1\n");

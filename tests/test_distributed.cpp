@@ -311,9 +311,7 @@ TEST(DistLocalGroup, AMissingRankMakesTheOthersTimeOut) {
       }
     });
   for (auto& t : threads) t.join();
-  const auto waited = std::chrono::steady_clock::now() - start;
-  EXPECT_GE(waited, 190ms);
-  EXPECT_LT(waited, 5s);
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 190ms);  // a busy machine only adds to it
   for (const std::string& e : errors)
     for (const char* part : {"all_reduce_sum", "timed out after 200 ms", "waiting for rank(s) 2"})
       EXPECT_NE(e.find(part), std::string::npos) << "'" << e << "' lacks '" << part << "'";
@@ -322,7 +320,6 @@ TEST(DistLocalGroup, AMissingRankMakesTheOthersTimeOut) {
 TEST(DistLocalGroup, AbortWakesTheOthersPromptly) {
   Comms comms = parallel::make_local_group(3, 60s);
   std::vector<std::string> errors(2);
-  const auto start = std::chrono::steady_clock::now();
   std::vector<std::thread> threads;
   for (int r = 1; r < 3; ++r)
     threads.emplace_back([&, r] {
@@ -335,7 +332,7 @@ TEST(DistLocalGroup, AbortWakesTheOthersPromptly) {
   std::this_thread::sleep_for(50ms);
   comms[0]->abort("loss is NaN at step 7");
   for (auto& t : threads) t.join();
-  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+  // The abort ended the wait, not the 60 s timeout, which says "timed out after 60000 ms".
   for (const std::string& e : errors)
     for (const char* part : {"all_reduce_sum", "rank 0 aborted", "loss is NaN at step 7"})
       EXPECT_NE(e.find(part), std::string::npos) << "'" << e << "' lacks '" << part << "'";
@@ -347,16 +344,23 @@ TEST(DistLocalGroup, AbortWakesTheOthersPromptly) {
 // its error must reach the test's thread rather than end the process.
 TEST(DistThreads, AnExceptionInOneRankReachesTheTestsThread) {
   Comms comms = parallel::make_local_group(3, 60s);
-  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::string> others(3);  // what ranks 0 and 2 saw
   test::expect_error(
       [&] {
         run_ranks(comms, [&](int r) {
           if (r == 1) MT_THROW("rank 1 failed on purpose");
-          comms[size_t(r)]->all_reduce_sum(ones({2}));
+          try {
+            comms[size_t(r)]->all_reduce_sum(ones({2}));
+          } catch (const parallel::DistError& e) {
+            others[size_t(r)] = e.what();
+            throw;
+          }
         });
       },
       {"rank 1 failed on purpose"});
-  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+  // Rank 1's abort ended their wait, not the 60 s timeout ("timed out after 60000 ms").
+  for (int r : {0, 2})
+    EXPECT_NE(others[size_t(r)].find("rank 1 aborted the group: rank 1 failed on purpose"), std::string::npos) << others[size_t(r)];
 }
 
 // ---- the gradient reducer -----------------------------------------------------------------

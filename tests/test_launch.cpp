@@ -149,10 +149,8 @@ TEST(TcpStore, EveryRankGetsEveryRanksValue) {
 
 TEST(TcpStore, AKeyNobodySetsTimesOutNamingIt) {
   const int port = free_port();
-  const auto t0 = std::chrono::steady_clock::now();
   parallel::TcpStore store("127.0.0.1", port, 0, 1, std::chrono::milliseconds(300));
   expect_error([&] { store.get("nccl-id"); }, {"rank 0", "waited 0.3 s", "'nccl-id'", "MT_DIST_TIMEOUT"});
-  EXPECT_LT(seconds_since(t0), 5.0);
 }
 
 TEST(TcpStore, NoRankZeroIsAClearErrorAfterTheTimeout) {
@@ -160,15 +158,12 @@ TEST(TcpStore, NoRankZeroIsAClearErrorAfterTheTimeout) {
   const auto t0 = std::chrono::steady_clock::now();
   expect_error([&] { parallel::TcpStore("127.0.0.1", port, 1, 2, std::chrono::milliseconds(300)); },
                {"rank 1", "cannot reach the TCP rendezvous (rank 0) at 127.0.0.1:" + std::to_string(port)});
-  const double s = seconds_since(t0);
-  EXPECT_GE(s, 0.3);
-  EXPECT_LT(s, 5.0);
+  EXPECT_GE(seconds_since(t0), 0.3);  // a lower bound: a busy machine only makes it longer
 }
 
 TEST(TcpStore, ADeadRankZeroEndsTheWaitAtOnce) {
   const int port = free_port();
   std::string error;
-  double waited = 0;
   on_threads(2, [&](int r) {
     if (r == 0) {
       try {
@@ -183,16 +178,14 @@ TEST(TcpStore, ADeadRankZeroEndsTheWaitAtOnce) {
     parallel::TcpStore store("127.0.0.1", port, 1, 2, std::chrono::seconds(30));
     EXPECT_EQ(store.get("ready"), "1");
     store.set("ack", "1");
-    const auto t0 = std::chrono::steady_clock::now();
     try {
       store.get("never");
     } catch (const parallel::DistError& e) {
       error = e.what();
     }
-    waited = seconds_since(t0);
   });
+  // The closed connection ended the wait, not the 30 s timeout ("waited 30 s for 'never'").
   EXPECT_NE(error.find("closed the connection while waiting for 'never'"), std::string::npos) << error;
-  EXPECT_LT(waited, 5.0);  // not the 30 s timeout
 }
 
 TEST(TcpStore, ThePortMustBeFree) {
@@ -301,7 +294,6 @@ TEST(DistGloo, ADeadPeerFailsTheOthersPromptly) {
   auto comms = gloo_group(3, std::chrono::seconds(30));
   comms[2].reset();  // rank 2 goes away: its sockets close
   std::vector<std::string> errors(2);
-  const auto t0 = std::chrono::steady_clock::now();
   on_threads(2, [&](int r) {
     try {
       comms[size_t(r)]->all_reduce_sum(ones({1000}, DType::f32));
@@ -309,11 +301,12 @@ TEST(DistGloo, ADeadPeerFailsTheOthersPromptly) {
       errors[size_t(r)] = e.what();
     }
   });
-  EXPECT_LT(seconds_since(t0), 10.0);  // not the 30 s timeout
   for (int r = 0; r < 2; ++r) {
     EXPECT_NE(errors[size_t(r)].find("rank " + std::to_string(r) + " of 3: Gloo all_reduce_sum"),
               std::string::npos) << errors[size_t(r)];
     EXPECT_NE(errors[size_t(r)].find("a peer rank has probably died"), std::string::npos);
+    // The closed sockets ended the wait, not the 30 s timeout (Gloo's "Read timeout", say).
+    EXPECT_EQ(errors[size_t(r)].find("timeout"), std::string::npos) << errors[size_t(r)];
   }
   // Broken from then on.
   expect_error([&] { comms[0]->barrier(); }, {"rank 0 of 3", "barrier", "broken communicator"});

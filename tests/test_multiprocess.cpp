@@ -177,13 +177,14 @@ TEST(MultiProcess, NprocAndTorchrunStyleRanksTrainLikeOneRank) {
   }
 }
 
-// The survivors of a killed rank stop within 10 s: the peer's sockets close, so Gloo fails at
-// once (well under a second when the machine is not loaded); at worst a collective waits out
-// MT_DIST_TIMEOUT, 5 s here.
+// The survivors of a killed rank stop at once: the peer's sockets close, so Gloo fails (well under
+// a second). MT_DIST_TIMEOUT is 10 minutes here, so a survivor that waited for a timeout instead
+// would run past wait_for's 2-minute limit, a limit no machine comes near however busy.
 TEST(MultiProcess, AKilledRankEndsTheJobWithAMessage) {
   MT_NEEDS_GLOO();
   TempDir dir;
   const std::vector<std::string> args = run_args(dir / "ckpt", 1, 1'000'000);
+  const std::map<std::string, std::string> env = {{"MT_DIST_TIMEOUT", "600"}};
   auto running = [&](const std::string& log) {  // the first step was logged
     const auto deadline = Clock::now() + std::chrono::seconds(60);
     while (read_file(log).find("step ") == std::string::npos && Clock::now() < deadline)
@@ -191,12 +192,10 @@ TEST(MultiProcess, AKilledRankEndsTheJobWithAMessage) {
   };
 
   // By hand: rank 0 notices rank 1's death itself.
-  std::vector<pid_t> pids = start_ranks(2, args, dir, {{"MT_DIST_TIMEOUT", "5"}});
+  std::vector<pid_t> pids = start_ranks(2, args, dir, env);
   running(dir / "rank0.log");
   ASSERT_EQ(::kill(pids[1], SIGKILL), 0);
-  const auto t0 = Clock::now();
-  EXPECT_EQ(wait_for(pids[0], 10), 1) << "rank 0 should end with an error within 10 s";
-  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 10.0);
+  EXPECT_EQ(wait_for(pids[0]), 1) << "rank 0 should end with an error at once";
   EXPECT_EQ(wait_for(pids[1]), 128 + SIGKILL);
   const std::string log = read_file(dir / "rank0.log");
   EXPECT_NE(log.find("rank 0 of 2: Gloo"), std::string::npos) << log;
@@ -206,7 +205,7 @@ TEST(MultiProcess, AKilledRankEndsTheJobWithAMessage) {
   fs::remove_all(dir / "ckpt");
   std::vector<std::string> nproc_args = args;
   nproc_args.insert(nproc_args.end(), {"--nproc", "3"});
-  const pid_t launcher = spawn_train(nproc_args, {}, dir / "launcher.log");
+  const pid_t launcher = spawn_train(nproc_args, env, dir / "launcher.log");
   running(dir / "launcher.log");
   std::vector<pid_t> workers;
   {
@@ -215,9 +214,7 @@ TEST(MultiProcess, AKilledRankEndsTheJobWithAMessage) {
   }
   ASSERT_EQ(workers.size(), 3u);
   ASSERT_EQ(::kill(workers[2], SIGKILL), 0);
-  const auto t1 = Clock::now();
-  EXPECT_EQ(wait_for(launcher, 10), 1);
-  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t1).count(), 10.0);
+  EXPECT_EQ(wait_for(launcher), 1);
   const std::string llog = read_file(dir / "launcher.log");
   EXPECT_NE(llog.find("was killed by signal 9"), std::string::npos) << llog;
   EXPECT_NE(llog.find("the job failed"), std::string::npos) << llog;

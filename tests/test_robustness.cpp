@@ -245,7 +245,7 @@ TEST(BadData, AModelTooLargeForTheMachineIsRefusedBeforeAllocating) {
   EXPECT_EQ(train::estimate_memory(bf16).state, 75 * 4 * 4 + 56 * 2);
   EXPECT_EQ(train::estimate_memory(small, 2).activations, std::max(6 * 15, 64 * 8) * 4);
 
-  const auto t0 = std::chrono::steady_clock::now();
+  // Refused before anything is allocated: an allocation of petabytes would be std::bad_alloc.
   try {
     train::Trainer t(fault_config(dir, {"model.hidden=[16777216,16777216]"}), kCPU);
     ADD_FAILURE() << "expected a ConfigError";
@@ -256,7 +256,6 @@ TEST(BadData, AModelTooLargeForTheMachineIsRefusedBeforeAllocating) {
     EXPECT_CONTAINS(e.what(), "), but cpu has " + train::format_bytes(train::physical_memory_bytes()) +
                                   " of physical memory; make model.hidden");
   }
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0);
   EXPECT_FALSE(fs::exists(dir / "ckpt"));
 }
 

@@ -199,6 +199,8 @@ TEST(TrainCli, ExitCodesAndNothingWrittenOnBadConfig) {
 
 // Inputs that were read without a bound, sizes that overflowed or exhausted memory, and values
 // that only failed once the run was under way: each is exit code 2 at start-up, nothing written.
+// "At start-up": each call has a limit of a minute (exit code 124 past it), which a call that
+// reads /dev/zero forever reaches and a busy machine does not.
 TEST(TrainCli, BadInputsExitTwoAtOnce) {
   TempDir dir;
   const std::string out = dir / "never";
@@ -207,7 +209,7 @@ TEST(TrainCli, BadInputsExitTwoAtOnce) {
                           "--set optim.warmup_steps=0 --set checkpoint.dir=" + out + " ";
   const std::string two_docs = dir.write("two.yaml", "seed: 1\n---\nseed: 2\n");
   std::ofstream(dir / "file") << "not a folder";
-  const auto t0 = std::chrono::steady_clock::now();
+  auto run_train = [](const std::string& args) { return test::run_train_within(60, args); };
   EXPECT_EQ(run_train("--config /dev/zero"), 2);                            // was read forever
   EXPECT_EQ(run_train(run + "--set data.kind=csv --set data.path=/dev/zero"), 2);  // the same
   EXPECT_EQ(run_train(run + "--set model.classes=4611686018427387904"), 2);  // was a segfault
@@ -217,7 +219,6 @@ TEST(TrainCli, BadInputsExitTwoAtOnce) {
   EXPECT_EQ(run_train("--config " + two_docs + " --set checkpoint.dir=" + out), 2);
   EXPECT_EQ(run_train(run + "--set checkpoint.dir=\"$(printf '" + out + "\\377')\""), 2);  // not UTF-8
   EXPECT_EQ(run_train(run + "--set checkpoint.dir=" + (dir / "file/ckpt")), 2);  // failed at a save
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
   EXPECT_FALSE(fs::exists(out));
   EXPECT_FALSE(fs::exists(out + "\377"));
 }
@@ -446,7 +447,8 @@ TEST(DistTrainer, AFailingRankStopsTheOthersWithItsOwnError) {
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("rank 1 fell over at step 5"), std::string::npos) << e.what();
   }
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  // The abort stopped the others, not the group's 60 s timeout: a bound far from both ends.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(45));
 }
 
 TEST(DistTrainer, BatchTooSmallForTheRanksIsAConfigError) {
