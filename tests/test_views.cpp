@@ -232,7 +232,7 @@ TEST(CudaViews, ForwardAndBackwardEqualTheCpuBitForBit) {
     std::vector<double> grads[2], outs[2];
     for (int on_gpu = 0; on_gpu < 2; ++on_gpu) {
       const Device where = on_gpu ? cuda_device(0) : kCPU;
-      Tensor qkv = qkv_values.to(where).set_requires_grad();
+      Tensor qkv = qkv_values.to(where).detach().set_requires_grad();  // a leaf of its own
       std::vector<Tensor> p = split_heads(qkv, H);
       // k gets no gradient (its slice of dx stays zero); q goes through a permute round trip,
       // and only rows 1..3 of T reach the output (narrow's zero-filled backward).
