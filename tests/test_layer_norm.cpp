@@ -141,7 +141,8 @@ TEST(CudaLayerNorm, ManyRowsBothLayoutsMatchTheCpuAndRepeatBitwise) {
       Tensor x = randn({rows, d}).to(dt), up = randn({rows, d}).to(dt);
       Tensor w = rand({d}), b = randn({d});
       auto run = [&](Device dev) {
-        Tensor xl = x.to(dev), wl = w.to(dev), bl = b.to(dev);
+        // Fresh leaves each run: x.to(cpu) is x itself, which the CPU run would leave requiring grad.
+        Tensor xl = x.to(dev).detach(), wl = w.to(dev).detach(), bl = b.to(dev).detach();
         xl.set_requires_grad();
         wl.set_requires_grad();
         bl.set_requires_grad();
