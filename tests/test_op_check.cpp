@@ -11,7 +11,11 @@
 #include "core/autograd.h"
 #include "core/registry.h"
 #include "ops/cross_entropy/cross_entropy.h"
+#include "ops/dropout/dropout.h"
 #include "ops/elementwise/elementwise.h"
+#include "ops/embedding/embedding.h"
+#include "ops/gelu/gelu.h"
+#include "ops/layer_norm/layer_norm.h"
 #include "ops/linear/linear.h"
 #include "ops/rms_norm/rms_norm.h"
 #include "ops/rms_norm/rms_norm_scaled_silu.h"
@@ -130,6 +134,32 @@ OpSpec cross_entropy_spec() {
   return s;
 }
 
+// A padded vocabulary: 16 columns of which 11 are classes; the padding holds large logits that
+// would dominate the loss if they counted, and must get exactly zero gradient.
+OpSpec cross_entropy_padded_spec() {
+  OpSpec s = cross_entropy_spec();
+  s.name = "cross_entropy (11 of 16 classes valid)";
+  s.op = [](const Inputs& in) { return Inputs{cross_entropy(in[0], in[1], -100, 50.0, 11)}; };
+  s.make = [](Generator& g, int64_t n) {
+    Tensor t = labels(g, n, 11);
+    int64_t* p = t.data<int64_t>();
+    for (int64_t i = 0; i < n; i += 5) p[i] = -100;
+    Tensor logits = normal(g, {n, 16}, 2.0);
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t c = 11; c < 16; ++c) logits.data<double>()[r * 16 + c] = 30.0;
+    return Inputs{logits, t};
+  };
+  s.bad_inputs = {
+      {"a target in the padding",
+       [] { cross_entropy(randn({2, 16}), from_vector(std::vector<int64_t>{0, 11}, {2}, DType::i64),
+                          -100, 0, 11); }},
+      {"more valid classes than columns",
+       [] { cross_entropy(randn({2, 16}), from_vector(std::vector<int64_t>{0, 1}, {2}, DType::i64),
+                          -100, 0, 17); }},
+  };
+  return s;
+}
+
 OpSpec binary_spec(const std::string& name, Tensor (*f)(const Tensor&, const Tensor&)) {
   OpSpec s;
   s.name = name;
@@ -153,6 +183,69 @@ OpSpec unary_spec(const std::string& name, std::function<Tensor(const Tensor&)> 
 
 Tensor add1(const Tensor& a, const Tensor& b) { return add(a, b); }
 
+OpSpec layer_norm_spec(int64_t d) {
+  OpSpec s;
+  s.name = "layer_norm (d = " + std::to_string(d) + ")";
+  s.inputs = {{"x", Cast::Compute, true, true},
+              {"weight", Cast::Grad, true, false},
+              {"bias", Cast::Grad, true, false}};
+  s.op = [](const Inputs& in) { return Inputs{layer_norm(in[0], in[1], in[2])}; };
+  s.make = [d](Generator& g, int64_t n) {
+    return Inputs{normal(g, {n, d}, 1.5), uniform(g, {d}, 0.5, 1.5), normal(g, {d})};
+  };
+  s.sizes = {1, 3, 33, 517};
+  s.gradcheck_size = 3;
+  s.row_separable = true;
+  // Rows whose packs are 16-byte aligned take the warp path, which sums in another order than
+  // the block path: same bits run to run, not across alignments.
+  s.alignment_invariant = false;
+  s.bad_inputs = {
+      {"weight of the wrong length",
+       [d] { layer_norm(randn({2, d}), randn({d + 1}), randn({d})); }},
+      {"f64 bias for f32 x", [d] { layer_norm(randn({2, d}), randn({d}), randn({d}, DType::f64)); }},
+  };
+  return s;
+}
+
+OpSpec gelu_spec(GeluApprox a) {
+  OpSpec s = unary_spec(a == GeluApprox::Tanh ? "gelu (tanh)" : "gelu (erf)",
+                        [a](const Tensor& x) { return gelu(x, a); }, true);
+  s.sizes = {1, 7, 33, 1031, 4099};  // odd: a scalar tail after the packs
+  s.bad_inputs = {{"integer x", [a] { gelu(ones({3}, DType::i64), a); }}};
+  return s;
+}
+
+// The mask depends on an element's position in the call, so row chunks draw other masks: not
+// row-separable.
+OpSpec dropout_spec() {
+  OpSpec s = unary_spec("dropout", [](const Tensor& x) { return dropout(x, 0.25, 77, 5); }, false);
+  s.sizes = {1, 7, 33, 1031, 4099};
+  s.bad_inputs = {{"p = 1", [] { dropout(randn({4}), 1.0, 1, 1); }},
+                  {"p < 0", [] { dropout(randn({4}), -0.5, 1, 1); }}};
+  return s;
+}
+
+// ids repeat (a 40-row table for up to 1031 positions, and id 3 at every 4th position), so
+// every check also covers the scatter-add's many contributions to one row.
+OpSpec embedding_spec(int64_t C) {
+  OpSpec s;
+  s.name = "embedding (C = " + std::to_string(C) + ")";
+  s.inputs = {{"ids", Cast::Keep, false, true}, {"W", Cast::Compute, true, false}};
+  s.op = [](const Inputs& in) { return Inputs{embedding(in[0], in[1])}; };
+  s.make = [C](Generator& g, int64_t n) {
+    Tensor ids = labels(g, n, 40);
+    for (int64_t i = 0; i < n; i += 4) ids.data<int64_t>()[i] = 3;
+    return Inputs{ids, normal(g, {40, C})};
+  };
+  s.row_separable = true;
+  s.bad_inputs = {
+      {"an id outside [0, rows)",
+       [] { embedding(from_vector(std::vector<int64_t>{0, 40}, {2}, DType::i64), randn({40, 3})); }},
+      {"f32 ids", [] { embedding(zeros({2}), randn({40, 3})); }},
+  };
+  return s;
+}
+
 }  // namespace
 
 TEST(OpCheck, ScaledSiLU) { MT_EXPECT_OP_CHECK(scaled_silu_spec()); }
@@ -162,6 +255,14 @@ TEST(OpCheck, RMSNormScaledSiLUOddWidth) { MT_EXPECT_OP_CHECK(rms_norm_scaled_si
 TEST(OpCheck, RMSNormScaledSiLUVectorWidth) { MT_EXPECT_OP_CHECK(rms_norm_scaled_silu_spec(256)); }
 TEST(OpCheck, Linear) { MT_EXPECT_OP_CHECK(linear_spec()); }
 TEST(OpCheck, CrossEntropy) { MT_EXPECT_OP_CHECK(cross_entropy_spec()); }
+TEST(OpCheck, CrossEntropyPaddedVocabulary) { MT_EXPECT_OP_CHECK(cross_entropy_padded_spec()); }
+TEST(OpCheck, LayerNormOddWidth) { MT_EXPECT_OP_CHECK(layer_norm_spec(37)); }
+TEST(OpCheck, LayerNormVectorWidth) { MT_EXPECT_OP_CHECK(layer_norm_spec(256)); }
+TEST(OpCheck, GeluTanh) { MT_EXPECT_OP_CHECK(gelu_spec(GeluApprox::Tanh)); }
+TEST(OpCheck, GeluErf) { MT_EXPECT_OP_CHECK(gelu_spec(GeluApprox::Erf)); }
+TEST(OpCheck, Dropout) { MT_EXPECT_OP_CHECK(dropout_spec()); }
+TEST(OpCheck, EmbeddingOddWidth) { MT_EXPECT_OP_CHECK(embedding_spec(5)); }
+TEST(OpCheck, EmbeddingVectorWidth) { MT_EXPECT_OP_CHECK(embedding_spec(64)); }
 TEST(OpCheck, Add) { MT_EXPECT_OP_CHECK(binary_spec("add", add1)); }
 TEST(OpCheck, Mul) { MT_EXPECT_OP_CHECK(binary_spec("mul", mul)); }
 TEST(OpCheck, Relu) { MT_EXPECT_OP_CHECK(unary_spec("relu", relu, true)); }
@@ -188,7 +289,8 @@ TEST(OpCheck, Mean) {
 TEST(OpRegistry, EveryOpHasItsKernelsWithTheDeclaredSignatures) {
   EXPECT_NO_THROW(verify_ops());
   for (const std::string& op : {"scaled_silu", "rms_norm", "rms_norm_scaled_silu", "linear",
-                                "cross_entropy", "relu", "sum"})
+                                "cross_entropy", "relu", "sum", "layer_norm", "gelu", "dropout",
+                                "embedding"})
     EXPECT_NE(OpRegistry::instance().find(op, Phase::Backward, DeviceType::CPU), nullptr) << op;
 }
 

@@ -1,0 +1,156 @@
+// layer_norm: the Function (the graph node's contract) and the CPU reference kernels.
+// The math, the saved-vs-recomputed choice and the grids are in layer_norm.h.
+#include "ops/layer_norm/layer_norm.h"
+
+#include <cmath>
+#include <vector>
+
+#include "core/autograd.h"
+#include "core/cpu_kernels.h"
+#include "core/registry.h"
+
+namespace mt {
+namespace {
+
+// x [..., d] as [rows, d] (a view of a contiguous x).
+Tensor as_rows(const Tensor& t) { return t.view({t.numel() / t.size(-1), t.size(-1)}); }
+
+void check_param(const char* what, const Tensor& p, const Tensor& x) {
+  const int64_t d = x.size(-1);
+  MT_CHECK(p.dim() == 1 && p.size(0) == d, "layer_norm: ", what, " has shape ",
+           shape_str(p.shape()), " but x has shape ", shape_str(x.shape()), "; ", what,
+           " must be [", d, "], x's last dimension");
+  MT_CHECK(p.dtype() == grad_dtype_for(x.dtype()), "layer_norm: ", what, " (shape ",
+           shape_str(p.shape()), ") must be ", dtype_name(grad_dtype_for(x.dtype())), " for ",
+           dtype_name(x.dtype()), " x, got ", dtype_name(p.dtype()));
+  MT_CHECK(p.device() == x.device(), "layer_norm: x is on ", x.device().str(), " but ", what,
+           " is on ", p.device().str());
+}
+
+struct LayerNormFn : Function<LayerNormFn> {
+  static constexpr const char* name = "layer_norm";
+
+  static Tensor forward(Context& ctx, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                        double eps) {
+    MT_CHECK(x.dim() >= 1 && x.size(-1) > 0 && is_floating(x.dtype()), "layer_norm: x must be a "
+             "floating-point tensor with a non-empty last dimension, got shape ",
+             shape_str(x.shape()), " ", dtype_name(x.dtype()));
+    check_param("weight", weight, x);
+    check_param("bias", bias, x);
+    MT_CHECK(std::isfinite(eps) && eps >= 0, "layer_norm: eps must be finite and >= 0, got ", eps);
+    const int64_t d = x.size(-1);
+    Tensor xc = x.contiguous(), wc = weight.contiguous(), bc = bias.contiguous();
+    Tensor y = empty(x.shape(), x.dtype(), x.device());
+    Tensor mean = empty({x.numel() / d}, weight.dtype(), x.device());
+    Tensor rstd = empty({x.numel() / d}, weight.dtype(), x.device());
+    kernel<LayerNormForwardFn>(name, Phase::Forward, x.device())(as_rows(xc), wc, bc, eps,
+                                                                 as_rows(y), mean, rstd);
+    ctx.save_for_backward({xc, wc, mean, rstd});
+    return y;
+  }
+
+  static GradList backward(Context& ctx, const GradList& dys) {
+    auto saved = ctx.saved_tensors();
+    const Tensor &x = saved[0], &w = saved[1], &mean = saved[2], &rstd = saved[3];
+    Tensor dy = dys[0].contiguous();  // upstream gradients may be strided views
+    Tensor dx, dw, db, sink_w, sink_b;
+    if (ctx.needs_input_grad(0)) dx = empty(x.shape(), x.dtype(), x.device());
+    if (ctx.needs_input_grad(1)) {
+      sink_w = ctx.grad_sink(1);  // weight's .grad when it is a leaf: the kernel adds into it
+      dw = sink_w.defined() ? sink_w : zeros(w.shape(), w.dtype(), w.device());
+    }
+    if (ctx.needs_input_grad(2)) {
+      sink_b = ctx.grad_sink(2);
+      db = sink_b.defined() ? sink_b : zeros(w.shape(), w.dtype(), w.device());
+    }
+    kernel<LayerNormBackwardFn>(name, Phase::Backward, x.device())(
+        as_rows(x), w, mean, rstd, as_rows(dy), dx.defined() ? as_rows(dx) : Tensor(), dw, db);
+    if (sink_w.defined()) dw = Tensor();  // already added into .grad
+    if (sink_b.defined()) db = Tensor();
+    return {dx, dw, db, Tensor()};  // x, weight, bias, eps (not differentiable)
+  }
+};
+
+// ---- CPU reference kernels ----------------------------------------------------------------
+// weight, bias, mean, rstd, dweight, dbias are acc_t<scalar_t>: the grad dtype.
+
+void forward_cpu(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                 const Tensor& y, const Tensor& mean, const Tensor& rstd) {
+  MT_DISPATCH_FLOATING(x.dtype(), "layer_norm", [&] {
+    using acc = cpu::acc_t<scalar_t>;
+    const int64_t rows = x.size(0), d = x.size(1);
+    const acc* wp = weight.data<acc>();
+    const acc* bp = bias.data<acc>();
+    for (int64_t r = 0; r < rows; ++r) {
+      const scalar_t* xr = x.data<scalar_t>() + r * d;
+      scalar_t* yr = y.data<scalar_t>() + r * d;
+      double sum = 0;  // the reference reduces in double, two passes: it is the GPU's oracle
+      for (int64_t j = 0; j < d; ++j) sum += double(cpu::to_acc(xr[j]));
+      const double mu = sum / double(d);
+      double sq = 0;
+      for (int64_t j = 0; j < d; ++j) {
+        const double c = double(cpu::to_acc(xr[j])) - mu;
+        sq += c * c;
+      }
+      const acc m = acc(mu), rs = acc(1 / std::sqrt(sq / double(d) + eps));
+      mean.data<acc>()[r] = m;
+      rstd.data<acc>()[r] = rs;
+      for (int64_t j = 0; j < d; ++j)
+        yr[j] = cpu::from_acc<scalar_t>((cpu::to_acc(xr[j]) - m) * rs * wp[j] + bp[j]);
+    }
+  });
+}
+
+// Accumulation: dx '=' (x's dtype, math in acc_t); dweight and dbias '+=' into the .grads (the
+// sinks) or fresh zeros, each column summed in double over the rows in order.
+void backward_cpu(const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
+                  const Tensor& dy, const Tensor& dx, const Tensor& dweight, const Tensor& dbias) {
+  MT_DISPATCH_FLOATING(x.dtype(), "layer_norm", [&] {
+    using acc = cpu::acc_t<scalar_t>;
+    const int64_t rows = x.size(0), d = x.size(1);
+    const acc* wp = weight.data<acc>();
+    std::vector<double> dw_sum(size_t(d), 0.0), db_sum(size_t(d), 0.0);
+    for (int64_t r = 0; r < rows; ++r) {
+      const scalar_t* xr = x.data<scalar_t>() + r * d;
+      const scalar_t* dyr = dy.data<scalar_t>() + r * d;
+      const acc m = mean.data<acc>()[r], rs = rstd.data<acc>()[r];
+      double sum_g = 0, sum_gx = 0;
+      for (int64_t j = 0; j < d; ++j) {
+        const acc xhat = (cpu::to_acc(xr[j]) - m) * rs, dyv = cpu::to_acc(dyr[j]);
+        const acc g = dyv * wp[j];
+        sum_g += double(g);
+        sum_gx += double(g) * double(xhat);
+        dw_sum[size_t(j)] += double(dyv) * double(xhat);
+        db_sum[size_t(j)] += double(dyv);
+      }
+      if (!dx.defined()) continue;
+      const acc mg = acc(sum_g / double(d)), mgx = acc(sum_gx / double(d));
+      scalar_t* dxr = dx.data<scalar_t>() + r * d;
+      for (int64_t j = 0; j < d; ++j) {
+        const acc xhat = (cpu::to_acc(xr[j]) - m) * rs;  // recomputed
+        const acc g = cpu::to_acc(dyr[j]) * wp[j];
+        dxr[j] = cpu::from_acc<scalar_t>(rs * (g - mg - xhat * mgx));
+      }
+    }
+    // '+=': these are the .grads when they are sinks; a store would drop earlier microbatches.
+    if (dweight.defined())
+      for (int64_t j = 0; j < d; ++j) dweight.data<acc>()[j] += acc(dw_sum[size_t(j)]);
+    if (dbias.defined())
+      for (int64_t j = 0; j < d; ++j) dbias.data<acc>()[j] += acc(db_sum[size_t(j)]);
+  });
+}
+
+}  // namespace
+
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  return LayerNormFn::apply(x, weight, bias, eps);
+}
+
+MT_DEFINE_OP(layer_norm,
+             "y = (x-mean)*rstd*w + b; dx = rstd*(g - mean(g) - xh*mean(g*xh)), dw += sum(dy*xh), "
+             "db += sum(dy)",
+             LayerNormForwardFn, LayerNormBackwardFn);
+MT_REGISTER_KERNEL(layer_norm, Forward, CPU, forward_cpu);
+MT_REGISTER_KERNEL(layer_norm, Backward, CPU, backward_cpu);
+
+}  // namespace mt

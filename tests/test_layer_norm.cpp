@@ -1,0 +1,129 @@
+// layer_norm on the CPU: gradient checks for x, weight and bias, the forward against the formula
+// and the saved statistics, the += contract for weight and bias, 16-bit rounding, misuse errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/autograd.h"
+#include "ops/elementwise/elementwise.h"
+#include "ops/layer_norm/layer_norm.h"
+#include "tests/expect_error.h"
+#include "tests/f64_reference.h"
+#include "tests/gradcheck.h"
+
+using namespace mt;
+using mt::test::expect_error;
+using mt::test::expect_gradcheck;
+using mt::test::expect_near_reference;
+using mt::test::random_leaf;
+using mt::test::unit_roundoff;
+
+TEST(LayerNorm, GradientCheckForXWeightAndBias) {
+  manual_seed(1);
+  for (Shape shape : {Shape{3, 1}, Shape{3, 33}, Shape{2, 3, 5}}) {
+    Tensor x = random_leaf(shape), w = random_leaf({shape.back()}, 0.5, 1.5),
+           b = random_leaf({shape.back()});
+    expect_gradcheck([](auto& in) { return layer_norm(in[0], in[1], in[2]); }, {x, w, b},
+                     "layer_norm " + shape_str(shape));
+  }
+}
+
+TEST(LayerNorm, ForwardMatchesTheFormula) {
+  manual_seed(2);
+  const double eps = 1e-3;
+  Tensor x = random_leaf({4, 7}, 1, 3, false), w = random_leaf({7}, 0.5, 1.5, false),
+         b = random_leaf({7}, -1, 1, false);
+  const auto xv = x.to_vector(), wv = w.to_vector(), bv = b.to_vector(),
+             y = layer_norm(x, w, b, eps).to_vector();
+  for (size_t r = 0; r < 4; ++r) {
+    double mu = 0, var = 0;
+    for (size_t j = 0; j < 7; ++j) mu += xv[r * 7 + j] / 7;
+    for (size_t j = 0; j < 7; ++j) var += (xv[r * 7 + j] - mu) * (xv[r * 7 + j] - mu) / 7;
+    for (size_t j = 0; j < 7; ++j)
+      EXPECT_NEAR(y[r * 7 + j], (xv[r * 7 + j] - mu) / std::sqrt(var + eps) * wv[j] + bv[j], 1e-14);
+  }
+}
+
+// Shifting and scaling a row leaves x̂ alone: the gradient of a loss that sees only x̂ has no
+// component along 1 or x̂ (the "check" of layer_norm.h).
+TEST(LayerNorm, GradientIsOrthogonalToShiftAndScale) {
+  manual_seed(3);
+  Tensor x = random_leaf({2, 16}), w = random_leaf({16}, 0.5, 1.5), b = random_leaf({16});
+  layer_norm(x, w, b, 0.0).backward(rand({2, 16}, DType::f64));
+  const auto g = x.grad().to_vector(), xv = x.to_vector();
+  for (size_t r = 0; r < 2; ++r) {
+    double along_one = 0, along_x = 0, mu = 0;
+    for (size_t j = 0; j < 16; ++j) mu += xv[r * 16 + j] / 16;
+    for (size_t j = 0; j < 16; ++j) {
+      along_one += g[r * 16 + j];
+      along_x += g[r * 16 + j] * (xv[r * 16 + j] - mu);
+    }
+    EXPECT_NEAR(along_one, 0, 1e-12);
+    EXPECT_NEAR(along_x, 0, 1e-12);
+  }
+}
+
+TEST(LayerNormAccumulation, BackwardTwiceIsTwiceOneBackward) {
+  manual_seed(4);
+  Tensor x = random_leaf({3, 33}), w = random_leaf({33}, 0.5, 1.5), b = random_leaf({33});
+  Tensor seed = rand({3, 33}, DType::f64);
+  layer_norm(x, w, b).backward(seed);
+  const auto gx = x.grad().to_vector(), gw = w.grad().to_vector(), gb = b.grad().to_vector();
+  layer_norm(x, w, b).backward(seed);
+  const auto gx2 = x.grad().to_vector(), gw2 = w.grad().to_vector(), gb2 = b.grad().to_vector();
+  for (size_t i = 0; i < gx.size(); ++i) EXPECT_EQ(gx2[i], 2 * gx[i]);
+  for (size_t i = 0; i < gw.size(); ++i) EXPECT_EQ(gw2[i], 2 * gw[i]);
+  for (size_t i = 0; i < gb.size(); ++i) EXPECT_EQ(gb2[i], 2 * gb[i]);
+}
+
+TEST(LayerNormAccumulation, MicrobatchesAddUpToTheFullBatch) {
+  manual_seed(5);
+  Tensor w = random_leaf({33}, 0.5, 1.5), b = random_leaf({33});
+  Tensor x = random_leaf({7, 33}, -2, 2, false), seed = rand({7, 33}, DType::f64);
+  layer_norm(x, w, b).backward(seed);
+  const auto gw = w.grad().to_vector(), gb = b.grad().to_vector();
+  w.zero_grad();
+  b.zero_grad();
+  layer_norm(x.slice_rows(0, 3), w, b).backward(seed.slice_rows(0, 3));
+  layer_norm(x.slice_rows(3, 7), w, b).backward(seed.slice_rows(3, 7));
+  const auto gw2 = w.grad().to_vector(), gb2 = b.grad().to_vector();
+  for (size_t i = 0; i < gw.size(); ++i) EXPECT_NEAR(gw2[i], gw[i], 1e-13);
+  for (size_t i = 0; i < gb.size(); ++i) EXPECT_NEAR(gb2[i], gb[i], 1e-13);
+}
+
+TEST(LayerNorm, SixteenBitIsFp32MathOnTheRoundedInputsRoundedOnce) {
+  manual_seed(6);
+  for (DType t : {DType::bf16, DType::f16}) {
+    Tensor x = randn({4, 33}).to(t), w = rand({33}), b = randn({33});
+    Tensor seed = randn({4, 33}).to(t);
+    x.set_requires_grad();
+    w.set_requires_grad();
+    b.set_requires_grad();
+    Tensor y = layer_norm(x, w, b);
+    y.backward(seed);
+    Tensor x64 = x.detach().to(DType::f64), w64 = w.detach().to(DType::f64),
+           b64 = b.detach().to(DType::f64);
+    x64.set_requires_grad();
+    w64.set_requires_grad();
+    b64.set_requires_grad();
+    layer_norm(x64, w64, b64).backward(seed.to(DType::f64));
+    const std::string name = dtype_name(t);
+    EXPECT_EQ(w.grad().dtype(), DType::f32);
+    expect_near_reference(y, layer_norm(x64, w64, b64), 2 * unit_roundoff(t), "y " + name);
+    expect_near_reference(x.grad(), x64.grad(), 4 * unit_roundoff(t), "dx " + name);
+    expect_near_reference(w.grad(), w64.grad(), 1e-5, "dw " + name);
+    expect_near_reference(b.grad(), b64.grad(), 1e-5, "db " + name);
+  }
+}
+
+TEST(LayerNorm, BadArgumentsAreClearErrors) {
+  Tensor x = random_leaf({3, 33});
+  Tensor w = random_leaf({33}), b = random_leaf({33});
+  expect_error([&] { layer_norm(x, random_leaf({34}), b); },
+               {"layer_norm", "weight", "[34]", "[3, 33]"});
+  expect_error([&] { layer_norm(x, w, random_leaf({32})); }, {"layer_norm", "bias", "[32]"});
+  expect_error([&] { layer_norm(x, w, ones({33})); }, {"layer_norm", "bias", "f64", "f32"});
+  expect_error([&] { layer_norm(x, w, b, -1.0); }, {"layer_norm", "eps", "-1"});
+  expect_error([&] { layer_norm(random_leaf({3, 0}), random_leaf({0}), random_leaf({0})); },
+               {"layer_norm", "x", "[3, 0]"});
+}
