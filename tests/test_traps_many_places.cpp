@@ -260,7 +260,6 @@ TEST(EmbeddingTrap5, AtomicOrdersGiveOtherBitsTheFixedOrderSumDoesNot) {
   }
 }
 
-#ifdef MT_WITH_CUDA
 // The same on the GPU, where the threads do race: the sorted, segmented backward gives the same
 // bits on every run and for every interleaving of the ids that keeps each id's rows in order.
 TEST(CudaEmbeddingTrap5, SortedSegmentedSumIsTheSameBitsForEveryRunAndInterleaving) {
@@ -285,7 +284,6 @@ TEST(CudaEmbeddingTrap5, SortedSegmentedSumIsTheSameBitsForEveryRunAndInterleavi
     EXPECT_EQ(grad_bits(permuted, rows_in_order(dy, perm)), once) << "interleaving " << s;
   }
 }
-#endif
 
 namespace {
 
