@@ -139,6 +139,31 @@ TEST(TiedWeights, BackwardTwiceIsTwiceAndHalvesAddUpToTheBatch) {
   EXPECT_LT(max_abs_diff(W.grad().to_vector(), once), 1e-12);
 }
 
+// Mixed precision: bf16 activations, f32 master W and its bf16 compute copy, which the
+// embedding use reads transposed like W. Both uses' gradients land in the one fp32 .grad, each
+// summed in fp32 from the rounded inputs: the f64 sums of the same rounded inputs to 1e-5.
+TEST(TiedWeights, MixedPrecisionSumsBothUsesIntoTheFp32MasterGrad) {
+  manual_seed(5);
+  const Tensor h = randn({M, C}, DType::bf16), A = randn({M, V}, DType::bf16);
+  const Tensor up_head = randn({M, V}, DType::bf16), up_emb = randn({M, C}, DType::bf16);
+  Tensor W = randn({V, C}).set_requires_grad();
+  const Tensor Wc = W.detach().to(DType::bf16);
+  mt::backward({linear(h, W, {}, Wc), linear(A, W.t(), {}, Wc.t())}, {up_head, up_emb});
+  ASSERT_EQ(W.grad().dtype(), DType::f32);
+
+  // The reference: each use alone on a leaf of its own, in f64, summed here (not by the engine).
+  auto f64 = [](const Tensor& t) { return t.to(DType::f64); };
+  Tensor W_head = f64(W.detach()).set_requires_grad(), W_emb = f64(W.detach()).set_requires_grad();
+  linear(f64(h), W_head).backward(f64(up_head));
+  linear(f64(A), W_emb.t()).backward(f64(up_emb));
+  const std::vector<double> got = W.grad().to_vector(), head = W_head.grad().to_vector();
+  std::vector<double> ref = W_emb.grad().to_vector();
+  for (size_t i = 0; i < ref.size(); ++i) ref[i] += head[i];
+  double largest = 0;
+  for (double r : ref) largest = std::max(largest, std::abs(r));
+  EXPECT_LT(max_abs_diff(got, ref), 1e-5 * largest);
+}
+
 #ifdef MT_WITH_CUDA
 // The same tied step captured as one CUDA graph: a replay leaves W.grad bit for bit where the
 // eager step does, with new inputs copied in too.

@@ -52,7 +52,7 @@ Tensor merge_heads(const Tensor& y) {
 
 }  // namespace
 
-TEST(Views, NarrowPermuteAndSplitAreViewsWithTheIndexFormulasValues) {
+TEST(Views, NarrowPermuteAndSplitShareStorageAndFollowTheIndexFormulas) {
   manual_seed(1);
   const Shape shape{3, 4, 5};
   Tensor x = random_leaf(shape, -2, 2, false);
@@ -61,8 +61,9 @@ TEST(Views, NarrowPermuteAndSplitAreViewsWithTheIndexFormulasValues) {
   Tensor n = x.narrow(-1, 1, 3);  // dim -1 is dim 2
   EXPECT_EQ(n.shape(), (Shape{3, 4, 3}));
   EXPECT_EQ(n.impl().storage, x.impl().storage);
+  const std::vector<double> nv = n.to_vector();
   for_each_index(n.shape(), [&](const std::vector<int64_t>& i) {
-    EXPECT_EQ(at(n.to_vector(), n.shape(), i), at(xv, shape, {i[0], i[1], i[2] + 1}));
+    EXPECT_EQ(at(nv, n.shape(), i), at(xv, shape, {i[0], i[1], i[2] + 1}));
   });
 
   Tensor p = x.permute({2, 0, 1});
@@ -181,16 +182,29 @@ TEST(ViewsAccumulation, BackwardTwiceIsTwiceOneBackward) {
 }
 
 // split writes every element of dx once when all parts have a gradient (it starts from an
-// uninitialized buffer then): with allocations poisoned, no NaN may be left.
-TEST(Views, SplitBackwardWritesEveryElementWhenEveryPartHasAGradient) {
+// uninitialized buffer then), and zeros the slices of parts without one: with allocations
+// poisoned (NaN), none may be left.
+TEST(Views, SplitBackwardWritesEveryElementAndZerosThePartsWithoutAGradient) {
   manual_seed(7);
   Tensor x = random_leaf({4, 5});
   set_poison_allocations(true);
-  std::vector<Tensor> p = x.split({2, 3}, 1);
-  mt::backward({p[0], p[1]}, {ones({4, 2}, DType::f64), full({4, 3}, 2.0, DType::f64)});
+  std::vector<Tensor> p = x.split({2, 1, 2}, 1);
+  mt::backward({p[0], p[1], p[2]}, {ones({4, 2}, DType::f64), full({4, 1}, 2.0, DType::f64),
+                                    full({4, 2}, 3.0, DType::f64)});
+  x.zero_grad();
+  p = x.split({2, 1, 2}, 1);
+  mt::backward({p[1]}, {full({4, 1}, 2.0, DType::f64)});
+  const std::vector<double> some = x.grad().to_vector();
   set_poison_allocations(false);
-  const std::vector<double> g = x.grad().to_vector();
-  for (size_t i = 0; i < g.size(); ++i) EXPECT_EQ(g[i], i % 5 < 2 ? 1.0 : 2.0) << i;
+  x.zero_grad();
+  p = x.split({2, 1, 2}, 1);
+  mt::backward({p[0], p[1], p[2]}, {ones({4, 2}, DType::f64), full({4, 1}, 2.0, DType::f64),
+                                    full({4, 2}, 3.0, DType::f64)});
+  const std::vector<double> all = x.grad().to_vector();
+  for (size_t i = 0; i < all.size(); ++i) {
+    EXPECT_EQ(all[i], i % 5 < 2 ? 1.0 : i % 5 < 3 ? 2.0 : 3.0) << i;
+    EXPECT_EQ(some[i], i % 5 == 2 ? 2.0 : 0.0) << i;
+  }
 }
 
 TEST(Views, BadArgumentsAreClearErrors) {
@@ -218,7 +232,7 @@ TEST(CudaViews, ForwardAndBackwardEqualTheCpuBitForBit) {
     std::vector<double> grads[2], outs[2];
     for (int on_gpu = 0; on_gpu < 2; ++on_gpu) {
       const Device where = on_gpu ? cuda_device(0) : kCPU;
-      Tensor qkv = qkv_values.to(where).set_requires_grad();
+      Tensor qkv = qkv_values.to(where).detach().set_requires_grad();  // a leaf of its own
       std::vector<Tensor> p = split_heads(qkv, H);
       // k gets no gradient (its slice of dx stays zero); q goes through a permute round trip,
       // and only rows 1..3 of T reach the output (narrow's zero-filled backward).
