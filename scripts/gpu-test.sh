@@ -110,6 +110,18 @@ for b in "$build"/bench_*; do
   (( rc == 0 )) || fail "benchmark $name (rc $rc)"
 done
 
+# PyTorch's scaled_dot_product_attention on bench_attention's shapes, in the same run: the peer
+# the attention kernels are measured against (bench/attention_sdpa.py).
+if python3 -c 'import torch' 2>/dev/null; then
+  timeout 300 python3 bench/attention_sdpa.py >"$logs/attention_sdpa.log" 2>&1
+  rc=$?
+  note "attention_sdpa.py (rc $rc):"
+  while IFS= read -r l; do note "  $l"; done <"$logs/attention_sdpa.log"
+  (( rc == 0 )) || fail "attention_sdpa.py (rc $rc)"
+else
+  note "attention_sdpa.py: skipped (no torch)"
+fi
+
 # The kernel lab (docs/lab.md): every numbered version's share of the copy bandwidth and the
 # hand-written GEMMs' fraction of cuBLAS. Its tables are the book's: docs/lab_results.md is
 # rewritten from this run (commit it); the "lab:" lines go into the summary.
