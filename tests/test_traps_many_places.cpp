@@ -246,11 +246,10 @@ TEST(EmbeddingTrap5, AtomicOrdersGiveOtherBitsTheFixedOrderSumDoesNot) {
     EXPECT_EQ(once[size_t(hot * C + c)], std::bit_cast<uint32_t>(float(s))) << "column " << c;
   }
   EXPECT_EQ(grad_bits(ids, dy), once) << "a second run";
-  // Other interleavings of the same rows per id (a different batch order, as far as any id
-  // other than the one being summed is concerned): every row of dW keeps its bits, because each
-  // row's terms and their order are unchanged. What is NOT invariant: moving two rows of the
-  // same id past each other reorders that id's terms, which in fp32 may round differently (the
-  // atomic orders above are such reorderings); the fixed order is a function of the batch.
+  // The batch interleaved anew, each id's rows kept in their order: every row of dW keeps its
+  // bits, since its terms and their order are unchanged. What is NOT invariant: moving two rows
+  // of the same id past each other reorders that id's terms, which in fp32 may round differently
+  // (the atomic orders above are such reorderings): the fixed order is a function of the batch.
   for (uint64_t s = 0; s < 3; ++s) {
     const std::vector<int64_t> perm = interleave_anew(ids, V, 200 + s);
     std::vector<int64_t> permuted(ids.size());
