@@ -122,3 +122,74 @@ TEST(DocNumbers, CrossoverFiguresAreTheCrossoverProgramsOwn) {
   EXPECT_NE(lab_flat.find("a few flops against its crossover of " + std::to_string(fp32_4)), std::string::npos)
       << "docs/lab.md: the fp32 crossover is not " << fp32_4;
 }
+
+// docs/lab.md prices dropout's mask and LayerNorm's x̂ with the fp32 crossover, and
+// docs/README.md's crossover section quotes the same figures: each from bench/crossover.h, and
+// the verdicts the prose draws from them.
+TEST(DocNumbers, DropoutMaskAndLayerNormPricesAreTheCrossoverProgramsOwn) {
+  using namespace mt::crossover;
+  const Gpu g;
+  auto f1 = [](double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1f", v);
+    return std::string(buf);
+  };
+  auto fp32_crossover = [&](double bytes) {
+    return crossover_flops_per_element(g.fp32_tflops, g.bandwidth_gbs, bytes);
+  };
+  const std::filesystem::path root = MT_SOURCE_DIR;
+  auto flat = [&](const char* file) {
+    return std::regex_replace(mt::test::read_text(root / file), std::regex("\\s+"), " ");
+  };
+  const std::string lab = flat("docs/lab.md"), readme = flat("docs/README.md");
+
+  // The table's rows: the value, its round trip, the crossover, and the memory held at GPT-2
+  // small's [16, 1024, 768].
+  const double n = 16.0 * 1024 * 768, MiB = 1024.0 * 1024;
+  auto g_unit = [](double v, const char* unit) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g %s", v, unit);
+    return std::string(buf);
+  };
+  auto mib = [&](double v) { return g_unit(v, "MiB"); };
+  struct Row {
+    std::string value;
+    double bytes_per_element;
+    std::string recompute, held;
+  };
+  const Row rows[] = {
+      {"dropout's keep mask, a byte an element", 1, "about 25 integer operations (Philox)",
+       mib(n * 1 / MiB) + " a call"},
+      {"the same mask packed, a bit an element", 0.125, "the same", mib(n / 8 / MiB) + " a call"},
+      {"LayerNorm's x̂ in bf16", 2, "a subtract and a multiply: 2 flops",
+       mib(n * 2 / MiB) + " a LayerNorm"},
+      {"x̂ in fp32", 4, "the same", mib(n * 4 / MiB) + " a LayerNorm"}};
+  for (const Row& r : rows) {
+    const std::string row = "| " + r.value + " | " + g_unit(round_trip_bytes(r.bytes_per_element), "bytes") + " | " +
+                            f1(fp32_crossover(r.bytes_per_element)) + " flops/element | " +
+                            r.recompute + " | " + r.held + " |";
+    EXPECT_NE(lab.find(row), std::string::npos) << "docs/lab.md lacks: " << row;
+  }
+
+  // x̂: 2 flops against the bf16 value's crossover, recomputed; memory over 25 LayerNorms.
+  const std::string fp32_4 = std::to_string(std::lround(fp32_crossover(2)));
+  EXPECT_EQ(cheaper(2, fp32_crossover(2)), Choice::recompute);
+  EXPECT_NE(lab.find("2 flops against " + fp32_4 + ", thirty times below"), std::string::npos);
+  EXPECT_EQ(std::lround(fp32_crossover(2) / 2 / 10) * 10, 30);  // "thirty times below"
+  EXPECT_NE(lab.find("and " + mib(25 * n * 2 / MiB) + " over GPT-2 small's 25 LayerNorms"), std::string::npos);
+  EXPECT_NE(lab.find("(" + std::to_string(int(16 * 1024 * 8 / 1024)) + " KiB a LayerNorm"), std::string::npos);
+
+  // The mask: about 50 flops (25 integer operations at an FMA's 2 flops) is above both mask
+  // crossovers, so the model alone says save, and the map's 4 bytes per bf16 element cover the
+  // time of the 4-byte crossover's flops.
+  const double philox_flops = 25 * 2;
+  for (double bytes : {1.0, 0.125}) EXPECT_EQ(cheaper(philox_flops, fp32_crossover(bytes)), Choice::save);
+  const std::string byte_mask = f1(fp32_crossover(1)), bit_mask = f1(fp32_crossover(0.125));
+  EXPECT_NE(lab.find("above the byte mask's " + byte_mask + " and far above the packed mask's " + bit_mask),
+            std::string::npos);
+  EXPECT_NE(lab.find("(dy in, dx out), the time of " + fp32_4 + " fp32 flops"), std::string::npos);
+  EXPECT_NE(lab.find(mib(25 * n / MiB) + " over the 25 dropouts"), std::string::npos);
+  EXPECT_NE(readme.find("against a crossover of " + fp32_4 + " for a bf16 value"), std::string::npos);
+  EXPECT_NE(readme.find("above a byte mask's crossover of " + byte_mask + " and a packed mask's " + bit_mask),
+            std::string::npos);
+}
