@@ -577,6 +577,10 @@ class Checker {
   // ---- CUDA ----
 
   void cuda_checks() {
+    if (!OpRegistry::instance().declares(spec_.name, DeviceType::CUDA)) {
+      skip("cuda", spec_.name + " is declared without cuda kernels (MT_OP_BACKENDS)");
+      return;
+    }
 #ifdef MT_WITH_CUDA
     if (!cuda_available()) {
       skip("cuda", "no CUDA device visible");

@@ -27,7 +27,8 @@
 //     sizes           every size in `sizes` (1, odd, not a multiple of a vector) and empty inputs
 //     inputs intact   inputs are not modified, and outputs do not alias them
 //     bad inputs      each of `bad_inputs` is an mt::Error, not a crash or a wrong answer
-//   CUDA, per dtype (f32, bf16, f16), when a GPU is present
+//   CUDA, per dtype (f32, bf16, f16), when a GPU is present and the op has CUDA kernels (an op
+//   declared for the CPU only, MT_OP_BACKENDS in core/registry.h, skips them)
 //     parity          outputs and gradients against the f64 CPU reference on the same rounded
 //                     inputs, every size, with every new allocation poisoned (NaN) first
 //     strided         strided inputs and upstream gradients give the contiguous run's bits
@@ -68,7 +69,7 @@ struct Tolerance {
 };
 
 struct OpSpec {
-  std::string name;
+  std::string name;  // the op's name in the registry (MT_DEFINE_OP), where it has one
   std::vector<Input> inputs;
   // The op on its tensor arguments, in the order of `inputs`; every output, in order.
   std::function<std::vector<Tensor>(const std::vector<Tensor>&)> op;

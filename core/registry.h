@@ -15,10 +15,17 @@
 //
 // Registration is static (namespace scope of a .cpp or .cu; MT_*_IN_HEADER for an op that lives
 // in one header), so adding a backend means adding a file, not editing a switch.
+//
+// An op has kernels for every backend of the build unless it declares fewer: an op written for
+// the CPU only says so, and a CUDA build then neither requires its CUDA kernels nor accepts any;
+// calling it on a GPU is an mt::Error naming the op and the device.
+//
+//   MT_OP_BACKENDS(my_op, CPU);   // or (my_op, CPU, CUDA): every backend, the default
+//
 // verify_ops() checks the whole table when a program starts (the trainer and `train` call it;
-// so does `train --list-ops`): a kernel missing for a backend this build has, a kernel whose
-// signature differs from the op's definition, or kernels for an op never defined, are one
-// mt::Error naming each op, instead of a failure at the op's first call.
+// so does `train --list-ops`): a kernel missing for a backend this build has and the op declares,
+// a kernel whose signature differs from the op's definition, or kernels for an op never defined,
+// are one mt::Error naming each op, instead of a failure at the op's first call.
 #include <any>
 #include <cstdint>
 #include <map>
@@ -46,12 +53,19 @@ class OpRegistry {
 
   void define(const std::string& op, const std::string& math, Signature forward, Signature backward);
   void add(const std::string& op, Phase phase, DeviceType device, std::any fn);
+  // Declares the only backends `op` has kernels for (MT_OP_BACKENDS); without it, all of them.
+  void set_backends(const std::string& op, const std::vector<DeviceType>& backends);
+  // Whether `op` is declared for `device` (true for an op not in the table: nothing says no).
+  bool declares(const std::string& op, DeviceType device) const;
   const std::any* find(const std::string& op, Phase phase, DeviceType device) const;
+  // Why find() found nothing, for kernel()'s error: the op is not declared for that device, the
+  // build lacks the backend, or the kernel was never registered.
+  std::string missing(const std::string& op, Phase phase, DeviceType device) const;
   std::vector<std::string> ops() const;
   // Everything wrong with the table for a build with these backends, one line per problem.
   std::vector<std::string> problems(const std::vector<DeviceType>& backends) const;
   // The table `train --list-ops` prints: op, math, and which kernels exist ("MISSING": one this
-  // build needs and lacks).
+  // build needs and lacks; "n/a": a backend the op is not declared for), in aligned columns.
   std::string table() const;
 
  private:
@@ -60,6 +74,8 @@ class OpRegistry {
     std::string math;
     Signature signature[2];
     std::map<std::pair<Phase, DeviceType>, std::any> kernels;
+    std::vector<DeviceType> backends;  // empty: every backend (no MT_OP_BACKENDS)
+    bool declares(DeviceType d) const;
   };
   std::map<std::string, Entry> entries_;
   std::vector<std::string> duplicates_;  // registered twice: reported by problems()
@@ -75,9 +91,7 @@ void verify_ops();
 template <class Fn>
 Fn* kernel(const std::string& op, Phase phase, Device device) {
   const std::any* a = OpRegistry::instance().find(op, phase, device.type);
-  MT_CHECK(a, op, ": no ", phase == Phase::Forward ? "forward" : "backward", " kernel registered for ",
-           device.is_cpu() ? "cpu" : "cuda",
-           device.is_cuda() ? " (is this build compiled with CUDA?)" : "");
+  MT_CHECK(a, OpRegistry::instance().missing(op, phase, device.type));
   Fn* const* fn = std::any_cast<Fn*>(a);
   MT_CHECK(fn, op, ": registered kernel has a different signature than the caller expects");
   return *fn;
@@ -100,6 +114,11 @@ struct OpDefinition {
     OpRegistry::instance().define(op, math, forward, backward);
   }
 };
+struct OpBackends {
+  OpBackends(const char* op, const std::vector<DeviceType>& backends) {
+    OpRegistry::instance().set_backends(op, backends);
+  }
+};
 
 #define MT_CONCAT_INNER(a, b) a##b
 #define MT_CONCAT(a, b) MT_CONCAT_INNER(a, b)
@@ -114,6 +133,10 @@ struct OpDefinition {
 #define MT_REGISTER_KERNEL(op, phase, device, fn)                                           \
   static const ::mt::KernelRegistrar MT_CONCAT(mt_registrar_, __COUNTER__)(                \
       #op, ::mt::Phase::phase, ::mt::DeviceType::device, fn)
+// MT_OP_BACKENDS(my_op, CPU);  the backends (CPU, CUDA) my_op has kernels for, when not all
+#define MT_OP_BACKENDS(op, ...)                                                             \
+  static const ::mt::OpBackends MT_CONCAT(mt_op_backends_, __COUNTER__)(                   \
+      #op, [] { using enum ::mt::DeviceType; return std::vector<::mt::DeviceType>{__VA_ARGS__}; }())
 
 // The same for an op that lives in one header, included by several files: an inline variable
 // named after the op (and phase and device) exists once in the program, so the header registers
@@ -126,6 +149,9 @@ struct OpDefinition {
 #define MT_REGISTER_KERNEL_IN_HEADER(op, phase, device, fn)                                 \
   inline const ::mt::KernelRegistrar mt_kernel_##op##_##phase##_##device(                  \
       #op, ::mt::Phase::phase, ::mt::DeviceType::device, fn)
+#define MT_OP_BACKENDS_IN_HEADER(op, ...)                                                   \
+  inline const ::mt::OpBackends mt_op_backends_##op(                                       \
+      #op, [] { using enum ::mt::DeviceType; return std::vector<::mt::DeviceType>{__VA_ARGS__}; }())
 
 // Reductions over the batch (dW of RMSNorm, dw of scaled-SiLU, db) use fixed-order two-pass
 // partials by default: the same bits on every run. false allows the atomic variants.

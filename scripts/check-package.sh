@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checks minitrain as a library (docs/library.md):
 #  1. install: installs BUILD_DIR (already built; default $MT_BUILD_DIR, else build) into a temp
-#     prefix, checks every header of every area is there, then builds examples/consumer against
+#     prefix, checks every header of every area and bin/train are there, then builds examples/consumer against
 #     it with find_package and runs it: a tiny model trained through "minitrain.h", and the op
 #     registry asked for every kernel the sources register (MT_REGISTER_KERNEL), CUDA ones too
 #     when the build has CUDA.
@@ -35,6 +35,8 @@ while IFS= read -r h; do
 done < <(find core ops check nn optim parallel data train app \( -name '*.h' -o -name '*.cuh' \) | sort)
 [[ -f $prefix/include/minitrain/minitrain.h ]] || { echo "check-package: not installed: minitrain.h" >&2; missing=1; }
 (( missing == 0 )) || fail "the install lacks headers"
+# The program, installed and runnable from the prefix.
+"$prefix/bin/train" --version >"$tmp/version.txt" || { cat "$tmp/version.txt"; fail "bin/train --version"; }
 
 cmake -S examples/consumer -B "$tmp/consumer" "${generator[@]}" -DCMAKE_PREFIX_PATH="$prefix" \
   -DCMAKE_BUILD_TYPE=Release >"$tmp/consumer.log" 2>&1 || { cat "$tmp/consumer.log"; fail "consumer configure"; }

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <memory>
+#include <sstream>
 
 #include "check/op_check.h"
 #include "check/op_check_gtest.h"
@@ -376,6 +377,127 @@ TEST(OpRegistry, MissingKernelsWrongSignaturesAndUndefinedOpsAreNamed) {
   // The duplicate, complete's two CUDA kernels, no_cuda's CUDA forward and stray backward,
   // wrong_sig's CUDA forward and signature, and the undefined op: each named once.
   EXPECT_EQ(p.size(), 8u) << all;
+}
+
+// An op may declare fewer backends than the build has (MT_OP_BACKENDS): a CPU-only op in a CUDA
+// build is complete, a CUDA kernel registered for it is a problem, and so are declarations that
+// name nothing or come twice.
+TEST(OpRegistry, AnOpDeclaredForTheCpuOnlyNeedsNoCudaKernels) {
+  OpRegistry r;
+  r.define("cpu_only", "y = x", signature_of<GoodFn>(), signature_of<GoodFn>());
+  r.set_backends("cpu_only", {DeviceType::CPU});
+  r.add("cpu_only", Phase::Forward, DeviceType::CPU, std::any(&good_kernel));
+  r.add("cpu_only", Phase::Backward, DeviceType::CPU, std::any(&good_kernel));
+  EXPECT_TRUE(r.problems({DeviceType::CPU, DeviceType::CUDA}).empty());
+  EXPECT_TRUE(r.declares("cpu_only", DeviceType::CPU));
+  EXPECT_FALSE(r.declares("cpu_only", DeviceType::CUDA));
+  EXPECT_TRUE(r.declares("not_in_the_table", DeviceType::CUDA));
+  EXPECT_EQ(r.missing("cpu_only", Phase::Forward, DeviceType::CUDA),
+            "cpu_only: has no cuda kernels: the op is declared for cpu only (MT_OP_BACKENDS); give "
+            "it cpu tensors");
+
+  r.add("cpu_only", Phase::Forward, DeviceType::CUDA, std::any(&good_kernel));
+  r.define("twice", "y = x", signature_of<GoodFn>(), signature_of<void>());
+  r.set_backends("twice", {DeviceType::CPU});
+  r.set_backends("twice", {DeviceType::CPU, DeviceType::CUDA});
+  r.add("twice", Phase::Forward, DeviceType::CPU, std::any(&good_kernel));
+  r.define("none", "y = x", signature_of<GoodFn>(), signature_of<void>());
+  r.set_backends("none", {});
+  r.add("none", Phase::Forward, DeviceType::CPU, std::any(&good_kernel));
+  r.add("none", Phase::Forward, DeviceType::CUDA, std::any(&good_kernel));
+  r.set_backends("undefined", {DeviceType::CPU});
+  const std::vector<std::string> p = r.problems({DeviceType::CPU, DeviceType::CUDA});
+  std::string all;
+  for (const std::string& line : p) all += line + "\n";
+  EXPECT_NE(all.find("cpu_only: a cuda forward kernel is registered, but the op is declared for cpu "
+                     "only (MT_OP_BACKENDS)"), std::string::npos) << all;
+  EXPECT_NE(all.find("twice: its backends are declared twice"), std::string::npos) << all;
+  EXPECT_NE(all.find("none: MT_OP_BACKENDS names no backend"), std::string::npos) << all;
+  EXPECT_NE(all.find("undefined: MT_OP_BACKENDS names it but the op is never defined"),
+            std::string::npos) << all;
+  // twice keeps its first declaration, so its cuda forward is not missing.
+  EXPECT_EQ(p.size(), 4u) << all;
+}
+
+// `train --list-ops`: the columns line up whatever the longest name (rms_norm_scaled_silu was
+// wider than the op column), and a backend an op is not declared for reads n/a.
+TEST(OpRegistry, TheTableLinesUpItsColumns) {
+  OpRegistry r;
+  r.define("a_rather_long_op_name_indeed", "y = x", signature_of<GoodFn>(), signature_of<void>());
+  r.add("a_rather_long_op_name_indeed", Phase::Forward, DeviceType::CPU, std::any(&good_kernel));
+  r.define("short", "y = 2x", signature_of<GoodFn>(), signature_of<GoodFn>());
+  r.set_backends("short", {DeviceType::CPU});
+  r.add("short", Phase::Forward, DeviceType::CPU, std::any(&good_kernel));
+  r.add("short", Phase::Backward, DeviceType::CPU, std::any(&good_kernel));
+  std::istringstream table(r.table());
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(table, line);) lines.push_back(line);
+  ASSERT_EQ(lines.size(), 3u) << r.table();
+  const size_t math = lines[0].find("math");
+  ASSERT_NE(math, std::string::npos);
+  EXPECT_EQ(lines[1].substr(math), "y = x") << r.table();
+  EXPECT_EQ(lines[2].substr(math), "y = 2x") << r.table();
+  EXPECT_EQ(lines[0].find("cpu fwd"), lines[1].find("yes")) << r.table();
+  EXPECT_EQ(lines[2].find("n/a"), lines[0].find("cuda fwd")) << r.table();
+}
+
+// A CPU-only op in the program's own registry: verify_ops accepts it (OpRegistry.EveryOp... above,
+// in a CUDA build too), a CUDA call is an error naming the op and the device, and the op check
+// runs its CPU checks and skips the CUDA ones, saying why.
+namespace {
+using TwiceForwardFn = void(const Tensor& x, const Tensor& y);
+using TwiceBackwardFn = void(const Tensor& dy, const Tensor& dx);
+// y = 2x ('=' into y); dx = 2 dy ('=' into dx). f64 only: it is a test's op.
+void twice_forward_cpu(const Tensor& x, const Tensor& y) {
+  for (int64_t i = 0; i < x.numel(); ++i) y.data<double>()[i] = 2 * x.data<double>()[i];
+}
+void twice_backward_cpu(const Tensor& dy, const Tensor& dx) {
+  for (int64_t i = 0; i < dy.numel(); ++i) dx.data<double>()[i] = 2 * dy.data<double>()[i];
+}
+struct TwiceFn : Function<TwiceFn> {
+  static constexpr const char* name = "test_twice_cpu_only";
+  static Tensor forward(Context&, const Tensor& x) {
+    MT_CHECK(x.dtype() == DType::f64, name, ": x must be f64, got ", dtype_name(x.dtype()));
+    Tensor xc = x.contiguous(), y = empty(x.shape(), x.dtype(), x.device());
+    kernel<TwiceForwardFn>(name, Phase::Forward, x.device())(xc, y);
+    return y;
+  }
+  static GradList backward(Context&, const GradList& dys) {
+    Tensor dy = dys[0].contiguous(), dx = empty(dy.shape(), dy.dtype(), dy.device());
+    kernel<TwiceBackwardFn>(name, Phase::Backward, dy.device())(dy, dx);
+    return {dx};
+  }
+};
+}  // namespace
+MT_DEFINE_OP(test_twice_cpu_only, "y = 2x (a test's CPU-only op)", TwiceForwardFn, TwiceBackwardFn);
+MT_OP_BACKENDS(test_twice_cpu_only, CPU);
+MT_REGISTER_KERNEL(test_twice_cpu_only, Forward, CPU, twice_forward_cpu);
+MT_REGISTER_KERNEL(test_twice_cpu_only, Backward, CPU, twice_backward_cpu);
+
+TEST(OpRegistry, ACpuOnlyOpIsCheckedOnTheCpuAndRefusedOnAGpu) {
+  EXPECT_NO_THROW(verify_ops());
+  EXPECT_FALSE(OpRegistry::instance().declares("test_twice_cpu_only", DeviceType::CUDA));
+  try {
+    kernel<TwiceForwardFn>("test_twice_cpu_only", Phase::Forward, Device{DeviceType::CUDA, 0});
+    ADD_FAILURE() << "expected an mt::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("test_twice_cpu_only: has no cuda kernels: the op is "
+                                         "declared for cpu only"), std::string::npos) << e.what();
+  }
+
+  OpSpec s;
+  s.name = "test_twice_cpu_only";
+  s.inputs = {{"x", Cast::Compute, true, true}};
+  s.op = [](const Inputs& in) { return Inputs{TwiceFn::apply(in[0])}; };
+  s.make = [](Generator& g, int64_t n) { return Inputs{normal(g, {n, 3})}; };
+  s.row_separable = true;
+  s.bad_inputs = {{"f32 x", [] { TwiceFn::apply(randn({2})); }}};
+  const Report r = op_check(s);
+  EXPECT_TRUE(r.ok()) << r.str();
+  const Line* cuda = r.find("cuda");
+  ASSERT_NE(cuda, nullptr) << r.str();
+  EXPECT_EQ(cuda->status, Line::Skip);
+  EXPECT_EQ(cuda->detail, "test_twice_cpu_only is declared without cuda kernels (MT_OP_BACKENDS)");
 }
 
 // ---- a multi-output op through the check ---------------------------------------------------
