@@ -60,9 +60,11 @@ std::shared_ptr<ResidualNet> make_net(uint64_t seed) {
 
 // 3000 generated samples (a tenth held out for validation) and 600 for the test, served 96 a
 // step in 3 microbatches.
+data::Dataset test_set() { return data::make_synthetic(600, kDim, kClasses, 1.5, 11, 1); }
+
 std::shared_ptr<data::Source> make_data() {
   return std::make_shared<data::ArraySource>(data::make_synthetic(3000, kDim, kClasses, 1.5, 11, 0),
-                                             data::make_synthetic(600, kDim, kClasses, 1.5, 11, 1),
+                                             test_set(),
                                              data::ArrayOptions{.batch_size = 96, .microbatches = 3});
 }
 
@@ -146,7 +148,7 @@ int main(int argc, char** argv) try {
   loaded->to(dev);
   if (options.precision.compute_dtype != DType::f32) loaded->set_compute_dtype(options.precision.compute_dtype);
   nn::load(*loaded, saved);
-  const data::Dataset test = make_data().test;
+  const data::Dataset test = test_set();
   std::vector<int64_t> rows(size_t(test.size));
   for (size_t i = 0; i < rows.size(); ++i) rows[i] = int64_t(i);
   auto [x, y] = test.gather(rows, dev);
