@@ -6,9 +6,9 @@
 #include <filesystem>
 #include <fstream>
 
+#include "app/config.h"
 #include "tests/expect_error.h"
 #include "tests/temp_dir.h"
-#include "train/config.h"
 
 namespace fs = std::filesystem;
 using namespace mt;

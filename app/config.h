@@ -22,10 +22,6 @@
 
 namespace mt {
 
-struct ConfigError : Error {
-  using Error::Error;
-};
-
 // Upper bounds of the size keys. Far above any model this trainer is for, and low enough that
 // every product formed from them (samples x input, input x width, batch x width) fits in 64 bits
 // with room to spare; whether a model of that size fits in memory is the trainer's check.
@@ -34,7 +30,7 @@ inline constexpr size_t kMaxLayers = 1024;               // entries of model.hid
 inline constexpr int64_t kMaxSamples = int64_t(1) << 32;  // data.samples, optim/eval.batch_size
 inline constexpr size_t kMaxConfigBytes = size_t(16) << 20;  // a config file: 16 MiB
 
-// The model the `train` program builds (train/models.h). A trainer given a model of its own still
+// The model the `train` program builds (app/models.h). A trainer given a model of its own still
 // reads input and classes here: they shape the synthetic data.
 struct ModelConfig {
   std::string kind = "mlp";                // mlp (the only kind so far)

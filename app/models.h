@@ -4,12 +4,12 @@
 #include <memory>
 
 #include "nn/module.h"
-#include "train/config.h"
+#include "app/config.h"
 
-namespace mt::train {
+namespace mt::app {
 
 // An MLP of widths {input, hidden..., classes}: per hidden layer Linear → [RMSNorm] → activation,
 // then a final Linear (nn::MLP), fp32 on the CPU, initialized from the default generator.
 std::shared_ptr<nn::Module> build_model(const ModelConfig& m);
 
-}  // namespace mt::train
+}  // namespace mt::app

@@ -1,4 +1,4 @@
-#include "train/config.h"
+#include "app/config.h"
 
 #include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>

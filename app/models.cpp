@@ -1,9 +1,9 @@
-#include "train/models.h"
+#include "app/models.h"
 
 #include "core/error.h"
 #include "nn/modules.h"
 
-namespace mt::train {
+namespace mt::app {
 
 std::shared_ptr<nn::Module> build_model(const ModelConfig& m) {
   MT_CHECK(m.kind == "mlp", "model.kind: unknown model '", m.kind, "'");
@@ -13,4 +13,4 @@ std::shared_ptr<nn::Module> build_model(const ModelConfig& m) {
   return std::make_shared<nn::MLP>(widths, m.norm, m.activation, m.bias);
 }
 
-}  // namespace mt::train
+}  // namespace mt::app
