@@ -2,25 +2,11 @@
 
 #include <algorithm>
 
-#include "app/memory.h"
-#include "app/models.h"
+#include "app/registry.h"
 #include "core/rng.h"
 
 namespace mt::app {
 namespace {
-
-// The config's model must fit its data.
-void check_fits(const data::Dataset& set, const ModelConfig& m) {
-  if (set.size == 0) return;
-  const std::string which = set.file.empty() ? set.name : set.name + " file " + set.file;
-  if (set.dim != m.input)
-    throw ConfigError(detail::concat("model.input: is ", m.input, " but the ", which,
-                                     " has ", set.dim, " features per sample"));
-  for (size_t i = 0; i < set.labels.size(); ++i)
-    if (set.labels[i] < 0 || set.labels[i] >= m.classes)
-      throw ConfigError(detail::concat("model.classes: is ", m.classes, " but the ", which,
-                                       " has label ", set.labels[i], " (sample ", i, ")"));
-}
 
 optim::LossScalerOptions loss_scale(const PrecisionConfig& p) {
   if (p.loss_scale == "none") return {optim::LossScaleMode::none};
@@ -89,23 +75,30 @@ ConfigTrainer::Parts ConfigTrainer::build(Config config, std::shared_ptr<nn::Mod
   train::Options options = options_from(config);
   // Before anything is loaded or allocated (the trainer checks these again, for every caller).
   if (comm == nullptr || comm->rank() == 0) train::check_output_paths(options);
-  // The estimate is the config's model's; a model handed in is already allocated.
-  if (config_model) check_memory(config, device, world);
+  // The model kind's checks are of its own model; a model handed in is the caller's.
+  const ModelKind* kind = config_model ? &model_kind(config.model.kind) : nullptr;
+  if (kind && kind->check_memory) kind->check_memory(config, device, world);
 
-  Datasets sets;
-  if (data) {
-    sets = std::move(*data);
+  std::shared_ptr<data::Source> source;
+  const DataKind& data_kind = app::data_kind(config.data.kind);
+  if (!data && data_kind.source) {
+    source = data_kind.source(config);
   } else {
-    sets.train = data::load_dataset(config.data, config.model, false);
-    if (data::has_test_set(config.data)) sets.test = data::load_dataset(config.data, config.model, true);
+    Datasets sets;
+    if (data) {
+      sets = std::move(*data);
+    } else {
+      sets.train = data::load_dataset(config.data, config.model, false);
+      if (data::has_test_set(config.data)) sets.test = data::load_dataset(config.data, config.model, true);
+    }
+    if (kind && kind->check_data)
+      for (const data::Dataset* set : {&sets.train, &sets.test}) kind->check_data(config, *set);
+    source = std::make_shared<data::ArraySource>(std::move(sets.train), std::move(sets.test),
+                                                 array_options(config));
   }
-  if (config_model)
-    for (const data::Dataset* set : {&sets.train, &sets.test}) check_fits(*set, config.model);
-  auto source = std::make_shared<data::ArraySource>(std::move(sets.train), std::move(sets.test),
-                                                    array_options(config));
   if (config_model) {
     manual_seed(config.seed);  // the model's initialization
-    model = build_model(config.model);
+    model = kind->build(config);
   }
   // The checkpoint's config is the run's: with the length optim.epochs gives it and the warmup
   // the trainer shortens to it, so that a resumed run and `train eval` read what was run.
