@@ -155,7 +155,7 @@ std::string to_text(const Standardization& s) {
     char buf[32];
     for (size_t i = 0; i < v.size(); ++i) {
       std::snprintf(buf, sizeof buf, "%.9g", double(v[i]));  // 9 digits: the float exactly
-      t += (i ? "," : "") + std::string(buf);
+      t.append(i ? "," : "").append(buf);
     }
     return t + "]";
   };

@@ -68,7 +68,7 @@ std::string hex(uint32_t v, int digits) {
 
 std::string shape_str(const std::vector<int64_t>& shape) {
   std::string s;
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? "x" : "") + std::to_string(shape[i]);
+  for (size_t i = 0; i < shape.size(); ++i) s.append(i ? "x" : "").append(std::to_string(shape[i]));
   return s;
 }
 

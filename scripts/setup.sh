@@ -43,10 +43,18 @@ fi
 sudo_cmd=()
 [[ $(id -u) -eq 0 ]] || sudo_cmd=(sudo)
 export DEBIAN_FRONTEND=noninteractive
-"${sudo_cmd[@]}" apt-get update -qq || true
+# apt and dpkg print a hundred lines per install: they go to a log, shown only when a step fails.
+log=$(mktemp -t minitrain-setup.XXXXXX.log)
+apt_get() {
+  if "${sudo_cmd[@]}" apt-get -qq "$@" >>"$log" 2>&1; then return 0; fi
+  echo "setup: apt-get $* failed; its output ($log):" >&2
+  tail -n 40 "$log" >&2
+  return 1
+}
+"${sudo_cmd[@]}" apt-get -qq update >>"$log" 2>&1 || true  # fails offline, where nothing may be missing
 if ((${#missing[@]} > 0)); then
-  echo "setup: installing ${missing[*]}"
-  if ! "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"; then
+  echo "setup: installing ${missing[*]} (output in $log)"
+  if ! apt_get install -y --no-install-recommends "${missing[@]}"; then
     # Offline, or a distribution that names a package differently: carry on, and let CMake's
     # configure step name precisely what is still missing.
     echo "setup: warning: could not install ${missing[*]}; continuing" >&2
@@ -56,7 +64,7 @@ fi
 # libclang-rt-dev; its clang brings libFuzzer along) must not keep the others from installing.
 for p in "${optional[@]}"; do
   echo "setup: installing $p (optional)"
-  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "$p" ||
+  apt_get install -y --no-install-recommends "$p" ||
     echo "setup: warning: could not install $p (libgloo-dev: builds without the multi-process" \
       "CPU backend; clang: scripts/fuzz.sh skips)" >&2
 done

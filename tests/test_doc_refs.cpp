@@ -4,10 +4,13 @@
 
 #include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 
 #include "bench/crossover.h"
 
 #include "tests/doc_refs.h"
+#include "tests/run_train.h"
 #include "tests/temp_dir.h"
 
 using mt::test::check_doc_references;
@@ -192,4 +195,21 @@ TEST(DocNumbers, DropoutMaskAndLayerNormPricesAreTheCrossoverProgramsOwn) {
   EXPECT_NE(readme.find("against a crossover of " + fp32_4 + " for a bf16 value"), std::string::npos);
   EXPECT_NE(readme.find("above a byte mask's crossover of " + byte_mask + " and a packed mask's " + bit_mask),
             std::string::npos);
+}
+
+// The guide and `train --help` say the same about CPU ranks under --nproc: processes joined
+// through Gloo (the guide once said threads, which only a build without Gloo uses).
+TEST(DocClaims, TheGuideSaysCpuRanksAreProcessesAsTheHelpDoes) {
+  std::ifstream f(std::filesystem::path(MT_SOURCE_DIR) / "docs/guide.md");
+  std::stringstream text;
+  text << f.rdbuf();
+  const std::string guide = text.str();
+  const size_t begin = guide.find("## Several GPUs");
+  ASSERT_NE(begin, std::string::npos);
+  const std::string section = guide.substr(begin, guide.find("\n## ", begin + 1) - begin);
+  EXPECT_NE(section.find("two CPU ranks, each a process of its own,\njoined through Gloo"),
+            std::string::npos) << section;
+  std::string help;
+  mt::test::run_train("--help", &help);
+  EXPECT_NE(help.find("the CPU N processes (Gloo)"), std::string::npos) << help;
 }

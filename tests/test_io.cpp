@@ -324,10 +324,9 @@ TEST(Safetensors, CorruptHeadersNameTheProblem) {
   TempDir dir;
   const std::string path = (dir / "bad.safetensors");
   auto file = [&](const std::string& json, size_t data_bytes) {
-    std::vector<uint8_t> b(8);
+    std::vector<uint8_t> b(8 + json.size() + data_bytes, 0);
     for (int i = 0; i < 8; ++i) b[i] = uint8_t(uint64_t(json.size()) >> (8 * i));
-    b.insert(b.end(), json.begin(), json.end());
-    b.resize(b.size() + data_bytes, 0);
+    std::copy(json.begin(), json.end(), b.begin() + 8);
     write_bytes(path, b);
   };
   struct Case {

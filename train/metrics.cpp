@@ -61,7 +61,7 @@ void MetricsWriter::write(nlohmann::json record) {
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
   std::tm utc{};
   gmtime_r(&t, &utc);
-  char stamp[40];
+  char stamp[80];  // GCC bounds each %d by int's range, 78 bytes; the real stamp is 24
   std::snprintf(stamp, sizeof stamp, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", utc.tm_year + 1900,
                 utc.tm_mon + 1, utc.tm_mday, utc.tm_hour, utc.tm_min, utc.tm_sec, int(ms));
   record["time"] = stamp;
@@ -94,7 +94,7 @@ std::string progress_line(int64_t step, int64_t total, double loss, double sampl
   constexpr int64_t kWidth = 20;
   const int64_t filled = total > 0 ? std::clamp<int64_t>(step * kWidth / total, 0, kWidth) : 0;
   std::string line =
-      "[" + std::string(size_t(filled), '#') + std::string(size_t(kWidth - filled), '-') + "]";
+      std::string("[").append(size_t(filled), '#').append(size_t(kWidth - filled), '-').append("]");
   char buf[64];
   const int digits = int(std::to_string(total).size());
   std::snprintf(buf, sizeof buf, " %*lld/%lld", digits, static_cast<long long>(step),
