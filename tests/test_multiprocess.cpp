@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -28,6 +29,7 @@
 extern char** environ;
 
 using namespace mt;
+using mt::test::connect_to;
 using mt::test::free_port;
 using mt::test::TempDir;
 namespace fs = std::filesystem;
@@ -128,6 +130,7 @@ std::vector<pid_t> start_ranks(int n, const std::vector<std::string>& args, cons
     env["MASTER_ADDR"] = "127.0.0.1";
     env["MASTER_PORT"] = std::to_string(port - 1);  // the store listens on MASTER_PORT + 1
     env.try_emplace("MT_DIST_TIMEOUT", "30");
+    env.try_emplace("MT_DIST_SECRET", "the tests' secret 0123456789");
     pids.push_back(spawn_train(args, env, dir / ("rank" + std::to_string(r) + ".log")));
   }
   return pids;
@@ -222,4 +225,51 @@ TEST(MultiProcess, AKilledRankEndsTheJobWithAMessage) {
   EXPECT_NE(llog.find("was killed by signal 9"), std::string::npos) << llog;
   EXPECT_NE(llog.find("the job failed"), std::string::npos) << llog;
   for (pid_t w : workers) EXPECT_NE(::kill(w, 0), 0) << "worker " << w << " is still running";
+}
+
+// Strangers at the TCP store while the ranks meet (docs/robustness.md, "The rendezvous"): a
+// 4 GiB length prefix, text, connect-and-close, 200 idle connections, half a hello. Rank 0 runs
+// under a 3 GiB address-space limit, so a store that believes a length fails instead of
+// swapping; the job must train as if nobody were there, well within its 20 s timeout.
+TEST(MultiProcess, StrangersAtTheStoreNeitherStallNorBloatTheJob) {
+  MT_NEEDS_GLOO();
+  TempDir dir;
+  const int port = free_port();
+  auto start = [&](int r) {
+    return spawn_train(run_args(dir / "ckpt", 1, 5), {{"RANK", std::to_string(r)}, {"WORLD_SIZE", "2"},
+                       {"LOCAL_RANK", std::to_string(r)}, {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"},
+                       {"MT_DIST_PORT", std::to_string(port)}, {"MT_DIST_TIMEOUT", "20"},
+                       {"MT_DIST_SECRET", "the tests' secret 0123456789"}},
+                       dir / ("rank" + std::to_string(r) + ".log"));
+  };
+  const auto t0 = Clock::now();
+  const pid_t rank0 = start(0);
+  const rlimit as{rlim_t(3) << 30, rlim_t(3) << 30};
+  ASSERT_EQ(::prlimit(rank0, RLIMIT_AS, &as, nullptr), 0);
+  int fd = -1;
+  while ((fd = connect_to(port)) < 0 && Clock::now() - t0 < std::chrono::seconds(30))
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_GE(fd, 0) << read_file(dir / "rank0.log");
+  auto send = [](int s, const std::string& bytes) { return ::send(s, bytes.data(), bytes.size(), MSG_NOSIGNAL); };
+  std::vector<int> strangers{fd};
+  send(fd, "S" + std::string(4, '\xff') + std::string(200, 'x'));  // a 4 GiB length, then more
+  strangers.push_back(connect_to(port));
+  send(strangers.back(), std::string(132, 'a'));
+  for (int i = 0; i < 5; ++i) ::close(connect_to(port));
+  for (int i = 0; i < 200; ++i) {
+    strangers.push_back(connect_to(port));
+    if (strangers.back() < 0) {
+      ADD_FAILURE() << "the store stopped accepting connections after " << i << " idle ones";
+      break;
+    }
+  }
+  strangers.push_back(connect_to(port));
+  send(strangers.back(), std::string(10, '\0'));
+  const auto t1 = Clock::now();
+  const pid_t rank1 = start(1);
+  EXPECT_EQ(wait_for(rank0, 20), 0) << read_file(dir / "rank0.log");
+  EXPECT_EQ(wait_for(rank1, 20), 0) << read_file(dir / "rank1.log");
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t1).count(), 15.0);
+  for (int s : strangers)
+    if (s >= 0) ::close(s);
 }
