@@ -23,6 +23,7 @@
 #include "core/rng.h"
 #include "core/sha256.h"
 #include "parallel/communicator.h"
+#include "parallel/job_check.h"
 #include "parallel/launch.h"
 #include "parallel/store.h"
 #include "tests/expect_error.h"
@@ -414,6 +415,49 @@ TEST(TcpStore, ListensOnlyAtTheJobsAddress) {
   const int fd = connect_to(port, "127.0.0.2");
   EXPECT_GE(fd, 0) << "MT_DIST_BIND=* listens on every interface";
   if (fd >= 0) ::close(fd);
+}
+
+// ---- ranks that must agree ----------------------------------------------------------------
+
+// Every rank learns that the job is inconsistent and which key differs first; ranks that agree
+// pay one all_gather.
+TEST(CheckSameJob, EveryRankNamesTheFirstDifferingKey) {
+  const parallel::JobEntries base = {{"optim.lr", "0.001"}, {"optim.batch_size", "64"}, {"param.w", "[4, 3] f32"}};
+  auto comms = parallel::make_local_group(3);
+  on_threads(3, [&](int r) { parallel::check_same_job(*comms[size_t(r)], base, kCPU); });
+  for (const auto& c : comms) EXPECT_EQ(c->all_gather_calls(), 1);
+
+  auto run = [&](const parallel::JobEntries& rank2) {
+    auto group = parallel::make_local_group(3);
+    std::vector<std::string> errors(3);
+    on_threads(3, [&](int r) {
+      try {
+        parallel::check_same_job(*group[size_t(r)], r == 2 ? rank2 : base, kCPU);
+      } catch (const parallel::DistError& e) {
+        errors[size_t(r)] = e.what();
+      }
+    });
+    return errors;
+  };
+  parallel::JobEntries other = base;
+  other[1].second = "32";
+  std::vector<std::string> e = run(other);
+  for (int r : {0, 1}) {
+    EXPECT_NE(e[size_t(r)].find("rank " + std::to_string(r) + ": the ranks of this job differ"), std::string::npos) << e[size_t(r)];
+    EXPECT_NE(e[size_t(r)].find("rank 2 differs from rank 0 first at 'optim.batch_size' (64 on rank 0)"), std::string::npos) << e[size_t(r)];
+  }
+  EXPECT_NE(e[2].find("rank 2: the ranks of this job differ: 'optim.batch_size' is 32 here but 64 on rank 0"),
+            std::string::npos) << e[2];
+  other = base;
+  other.pop_back();
+  e = run(other);
+  EXPECT_NE(e[2].find("'param.w' is on rank 0 but not here"), std::string::npos) << e[2];
+  EXPECT_NE(e[0].find("first at 'param.w'"), std::string::npos) << e[0];
+  other = base;
+  other.emplace_back("param.b", "[3] f32");
+  e = run(other);
+  EXPECT_NE(e[2].find("'param.b' is here but not on rank 0"), std::string::npos) << e[2];
+  EXPECT_NE(e[1].find("an entry rank 0 does not have, after its last, 'param.w'"), std::string::npos) << e[1];
 }
 
 // ---- the chunked collectives --------------------------------------------------------------

@@ -273,3 +273,31 @@ TEST(MultiProcess, StrangersAtTheStoreNeitherStallNorBloatTheJob) {
   for (int s : strangers)
     if (s >= 0) ::close(s);
 }
+
+// Ranks started with different configs (by hand, as a launcher would) stop before training, each
+// naming the first key that differs: another learning rate used to train diverging replicas
+// silently, another model to abort inside Gloo (exit 134).
+TEST(MultiProcess, RanksWithDifferentConfigsNameTheFirstDifferingKey) {
+  MT_NEEDS_GLOO();
+  TempDir dir;
+  for (const std::string& key : {"optim.lr", "model.hidden"}) {
+    const int port = free_port();
+    std::vector<pid_t> pids;
+    for (int r = 0; r < 2; ++r) {
+      std::vector<std::string> args = run_args(dir / "ckpt", 1, 5);
+      if (r == 1) args.insert(args.end(), {"--set", key == "optim.lr" ? "optim.lr=0.01" : "model.hidden=[16]"});
+      pids.push_back(spawn_train(args, {{"RANK", std::to_string(r)}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"},
+                                        {"MT_DIST_PORT", std::to_string(port)}, {"MT_DIST_TIMEOUT", "20"},
+                                        {"MT_DIST_SECRET", "the tests' secret 0123456789"}},
+                                 dir / ("rank" + std::to_string(r) + ".log")));
+    }
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(wait_for(pids[size_t(r)], 30), 1);
+      const std::string got = read_file(dir / ("rank" + std::to_string(r) + ".log"));
+      EXPECT_NE(got.find("the ranks of this job differ"), std::string::npos) << got;
+      EXPECT_NE(got.find("'" + key + "'"), std::string::npos) << got;
+      EXPECT_EQ(got.find("step 1 "), std::string::npos) << "trained before the check: " << got;
+    }
+    fs::remove_all(dir / "ckpt");
+  }
+}

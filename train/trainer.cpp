@@ -23,6 +23,7 @@
 #include "optim/sgd.h"
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
+#include "train/fingerprint.h"
 #include "train/forensics.h"
 #include "train/memory.h"
 #include "train/metrics.h"
@@ -373,6 +374,7 @@ RunSummary Trainer::run() {
                    comm_->size(), loader_->shard_size(), reducer_->num_buckets(),
                    zero_ ? ", reduce-scattered (ZeRO-1: AdamW's state sharded over the ranks)" : "",
                    reducer_->layout_str());
+    parallel::check_same_job(*comm_, job_entries(cfg_, *model_), device_);  // one config, one model
     // The replicas start equal by construction (one seed); rank 0's weights make sure of it.
     NoGradGuard no_grad;
     for (const Tensor& p : params) comm_->broadcast(p, 0);

@@ -1,0 +1,30 @@
+#include "train/fingerprint.h"
+
+#include <yaml-cpp/yaml.h>
+
+namespace mt::train {
+namespace {
+
+// Mappings become dotted keys; anything else is one value, written as flow YAML.
+void flatten(const YAML::Node& node, const std::string& prefix, parallel::JobEntries& out) {
+  if (node.IsMap()) {
+    for (const auto& kv : node)
+      flatten(kv.second, prefix.empty() ? kv.first.as<std::string>() : prefix + "." + kv.first.as<std::string>(), out);
+    return;
+  }
+  YAML::Emitter e;
+  e << YAML::Flow << node;
+  out.emplace_back(prefix, e.c_str());
+}
+
+}  // namespace
+
+parallel::JobEntries job_entries(const Config& c, const nn::Module& model) {
+  parallel::JobEntries out;
+  flatten(YAML::Load(to_yaml(c)), "", out);
+  for (const auto& [name, p] : model.named_parameters())
+    out.emplace_back("param." + name, shape_str(p.shape()) + " " + dtype_name(p.dtype()));
+  return out;
+}
+
+}  // namespace mt::train
