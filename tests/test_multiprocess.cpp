@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "tests/temp_dir.h"
+#include "train/memory.h"
 #include "train/checkpoint.h"
 #include "tests/ranks.h"
 
@@ -299,5 +300,49 @@ TEST(MultiProcess, RanksWithDifferentConfigsNameTheFirstDifferingKey) {
       EXPECT_EQ(got.find("step 1 "), std::string::npos) << "trained before the check: " << got;
     }
     fs::remove_all(dir / "ckpt");
+  }
+}
+
+// `train --nproc N` checks N against what the job and the machine allow before it starts any
+// worker: the global batch (every rank needs its microbatches), the memory of N ranks together,
+// the open-file limit (a socket per peer). Each case runs under a 4 GiB address-space limit and
+// must end at once, with nothing written and no worker's output: a launcher that spawned first
+// started up to 100,000 processes.
+TEST(MultiProcess, NprocIsCheckedBeforeAnyWorkerStarts) {
+  TempDir dir;
+  struct Case {
+    std::string nproc, limits, set;
+    int code;
+    std::vector<std::string> says;
+  };
+  const std::string big = "model.hidden=[16384,16384]";  // about 4.3 GB a rank: 64 ranks cannot fit
+  std::vector<Case> cases = {
+      {"100000", "ulimit -n 1024;", "", 2, {"--nproc 100000: optim.batch_size"}},
+      {"30", "ulimit -n 80;", "", 1, {"--nproc 30", "open-file limit is 80", "ulimit -n"}},
+      {"100", "ulimit -n 1024;", "", 2,
+       {"--nproc 100: optim.batch_size 256 samples cannot give 100 ranks 4 microbatches each"}},
+  };
+  Config c;
+  c.model.hidden = {16384, 16384};
+  if (64 * train::estimate_memory(c).state > train::physical_memory_bytes())
+    cases.push_back({"64", "ulimit -n 1024;", big, 2, {"for each of 64 ranks", "physical memory"}});
+  for (const Case& k : cases) {
+    const std::string cmd = "ulimit -v 4194304; " + k.limits + " exec " + std::string(MT_BINARY_DIR) +
+                            "/train --config " + std::string(MT_SOURCE_DIR) + "/configs/mlp.yaml --device cpu " +
+                            "--set checkpoint.dir=" + std::string(dir / "ck") + (k.set.empty() ? "" : " --set " + k.set) +
+                            " --nproc " + k.nproc + " 2>&1";
+    const auto t0 = Clock::now();
+    FILE* p = ::popen(cmd.c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    std::string out;
+    char buf[4096];
+    while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+    const int status = ::pclose(p);
+    SCOPED_TRACE("--nproc " + k.nproc + ": " + out);
+    EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 5.0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == k.code) << status;
+    for (const std::string& s : k.says) EXPECT_NE(out.find(s), std::string::npos) << s;
+    EXPECT_EQ(out.find("[rank"), std::string::npos) << "a worker started";
+    EXPECT_FALSE(fs::exists(dir / "ck"));
   }
 }

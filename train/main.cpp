@@ -36,6 +36,7 @@
 #include "train/config.h"
 #include "train/data.h"
 #include "train/inference.h"
+#include "train/memory.h"
 #include "train/trainer.h"
 #ifdef MT_WITH_NCCL
 #include "parallel/nccl.h"
@@ -268,6 +269,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (nproc > 1) {
+      mt::train::check_job_fits(cfg, mt::train::resolve_device(cfg.device), nproc);  // before spawning
       if (mt::train::resolve_device(cfg.device).is_cpu()) {
 #ifdef MT_WITH_GLOO
         return mt::parallel::run_workers(nproc, "/proc/self/exe", worker_args);  // over Gloo
