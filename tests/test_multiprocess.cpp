@@ -307,7 +307,7 @@ TEST(MultiProcess, RanksWithDifferentConfigsNameTheFirstDifferingKey) {
 // worker: the global batch (every rank needs its microbatches), the memory of N ranks together,
 // the open-file limit (a socket per peer). Each case runs under a 4 GiB address-space limit and
 // must end at once, with nothing written and no worker's output: a launcher that spawned first
-// started up to 100,000 processes.
+// started up to 100,000 processes. So must a worker told WORLD_SIZE=2000000000.
 TEST(MultiProcess, NprocIsCheckedBeforeAnyWorkerStarts) {
   TempDir dir;
   struct Case {
@@ -319,6 +319,9 @@ TEST(MultiProcess, NprocIsCheckedBeforeAnyWorkerStarts) {
   std::vector<Case> cases = {
       {"100000", "ulimit -n 1024;", "", 2, {"--nproc 100000: optim.batch_size"}},
       {"30", "ulimit -n 80;", "", 1, {"--nproc 30", "open-file limit is 80", "ulimit -n"}},
+      // A launcher's world that cannot connect: refused before anything is sized by it.
+      {"", "ulimit -n 1024; export RANK=0 WORLD_SIZE=2000000000 MASTER_ADDR=127.0.0.1;", "", 1,
+       {"WORLD_SIZE=2000000000", "open-file limit is 1024"}},
       {"100", "ulimit -n 1024;", "", 2,
        {"--nproc 100: optim.batch_size 256 samples cannot give 100 ranks 4 microbatches each"}},
   };
@@ -330,7 +333,7 @@ TEST(MultiProcess, NprocIsCheckedBeforeAnyWorkerStarts) {
     const std::string cmd = "ulimit -v 4194304; " + k.limits + " exec " + std::string(MT_BINARY_DIR) +
                             "/train --config " + std::string(MT_SOURCE_DIR) + "/configs/mlp.yaml --device cpu " +
                             "--set checkpoint.dir=" + std::string(dir / "ck") + (k.set.empty() ? "" : " --set " + k.set) +
-                            " --nproc " + k.nproc + " 2>&1";
+                            (k.nproc.empty() ? "" : " --nproc " + k.nproc) + " 2>&1";
     const auto t0 = Clock::now();
     FILE* p = ::popen(cmd.c_str(), "r");
     ASSERT_NE(p, nullptr);
