@@ -871,12 +871,59 @@ TEST(CheckpointIntegrity, DamageThatKeepsTheFormatIsNamed) {
     if (file == model) meta["config"] = f.metadata.at("config");
     write_safetensors(legacy + "/" + fs::path(file).filename().string(), f.entries, meta);
   }
+  mt::test::expect_error([&] { train::Trainer(fault_config(dir), kCPU).resume(legacy); },
+                         {"a checkpoint of format 1", "no checksums", "MT_ALLOW_OLD_CHECKPOINTS=1"});
+  ::setenv("MT_ALLOW_OLD_CHECKPOINTS", "1", 1);
   LogCapture log;
   train::Trainer r(fault_config(dir), kCPU);
   r.resume(legacy);
+  ::unsetenv("MT_ALLOW_OLD_CHECKPOINTS");
   EXPECT_EQ(r.step(), 8);
-  EXPECT_TRUE(log.contains("step-000008.safetensors: a checkpoint of format 1"));
-  EXPECT_TRUE(log.contains("cannot be verified"));
+  EXPECT_TRUE(log.contains("step-000008.safetensors: loading a checkpoint of format 1"));
+  EXPECT_TRUE(log.contains("cannot be fully verified"));
+}
+
+// What one byte or a recomputed checksum could get past before: a format tag turned from 3 to 1
+// (which skipped verification although the checksums were there), a 0-d tensor's dtype changed
+// (its CRC restarted at the empty shape, covering the bytes alone), and a parameter's optimizer
+// state left out.
+TEST(CheckpointIntegrity, NoByteSwitchesVerificationOffAndEveryParameterHasItsState) {
+  TempDir dir;
+  train::Trainer t(fault_config(dir, {"optim.steps=8"}), kCPU);
+  t.run();
+  const std::string model = dir / "ckpt/step-000008.safetensors", optim = dir / "ckpt/step-000008.optim.safetensors";
+  const std::string relabelled = dir / "relabelled";
+  fs::create_directory(relabelled);
+  for (const std::string& file : {model, optim}) {
+    StFile f = read_safetensors(file);
+    ASSERT_EQ(f.metadata.at("format"), "minitrain-checkpoint-3");
+    f.metadata["format"] = "minitrain-checkpoint-1";
+    write_safetensors(relabelled + "/" + fs::path(file).filename().string(), f.entries, f.metadata);
+  }
+  mt::test::expect_error([&] { train::load_checkpoint(relabelled); }, {"format 1", "MT_ALLOW_OLD_CHECKPOINTS"});
+  ::setenv("MT_ALLOW_OLD_CHECKPOINTS", "1", 1);
+  mt::test::expect_error([&] { train::load_checkpoint(relabelled); },
+                         {"damaged: it says format 1, which has no checksums, but carries 'crc32."});
+  ::unsetenv("MT_ALLOW_OLD_CHECKPOINTS");
+
+  StFile o = read_safetensors(optim);
+  verify_checksums(o);
+  for (StEntry& e : o.entries)
+    if (e.name == "step") {
+      ASSERT_TRUE(e.shape.empty());
+      e.dtype = DType::f64;  // the same 8 bytes, read as a double
+    }
+  mt::test::expect_error([&] { verify_checksums(o); }, {"tensor 'step' fails its checksum"});
+
+  const train::Checkpoint good = train::load_checkpoint(model);
+  train::NamedTensors without;
+  for (const auto& [name, tensor] : good.optimizer)
+    if (!name.starts_with("state.0.")) without.emplace_back(name, tensor);
+  ASSERT_LT(without.size(), good.optimizer.size());
+  const std::string bad = dir / "bad";
+  train::save_checkpoint(bad, good.run_id, 8, good.model, without, {}, 1);
+  mt::test::expect_error([&] { train::Trainer(fault_config(dir), kCPU).resume(bad); },
+                         {"'state.0.step' is missing", "parameter 0 has no state"});
 }
 
 // --resume DIR skips a damaged newest checkpoint with a warning naming it; with none intact, or
