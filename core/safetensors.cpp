@@ -15,6 +15,7 @@
 #include <set>
 
 #include "core/atomic_file.h"
+#include "core/input_file.h"
 
 namespace mt {
 namespace {
@@ -177,7 +178,9 @@ namespace {
 // The reader behind both entry points: with `with_data` false it validates everything the header
 // says against the file's size but reads no tensor bytes (entries keep empty data).
 StFile read_file(const std::string& path, bool with_data) {
-  std::unique_ptr<FILE, int (*)(FILE*)> file(std::fopen(path.c_str(), "rb"), &std::fclose);
+  const int fd = open_regular_file(path);  // a FIFO named like a checkpoint must not block
+  std::unique_ptr<FILE, int (*)(FILE*)> file(::fdopen(fd, "rb"), &std::fclose);
+  if (!file) ::close(fd);
   MT_CHECK(file, path, ": cannot open: ", os_error());
   FILE* f = file.get();
   struct stat st {};

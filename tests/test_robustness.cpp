@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 #include <spawn.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1019,3 +1020,52 @@ TEST(RunFolder, TrainExitCodes) {
 }
 
 }  // namespace
+
+// ---- FIFOs -------------------------------------------------------------------------------------
+
+// A FIFO wherever `train` reads a path used to block it forever in open(): as --config, as
+// --resume, as an MNIST file, and named like the newest checkpoint of a folder for --resume DIR
+// and eval --checkpoint DIR. Each is now refused at once, naming the path. Every case runs under a
+// 4 GiB address-space limit and a 10 s timeout, so a regression fails instead of hanging.
+TEST(BadData, FifosAreRefusedWhereverAPathIsRead) {
+  TempDir dir;
+  auto fifo = [&](const std::string& path) {
+    fs::create_directories(fs::path(path).parent_path());
+    ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0) << path;
+  };
+  const std::string config = std::string(MT_SOURCE_DIR) + "/configs/mlp.yaml";
+  const std::string ck = "--set checkpoint.dir=" + dir / "ck";
+  fifo(dir / "config.yaml");
+  fifo(dir / "resume.safetensors");
+  fifo(dir / "mnist/train-labels-idx1-ubyte");
+  std::ofstream(dir / "mnist/train-images-idx3-ubyte") << "x";
+  fifo(dir / "old/step-000010.safetensors");
+  struct Case {
+    std::string args;
+    int code;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {"--config " + dir / "config.yaml", 2, "is a FIFO"},
+      {"--config " + config + " --device cpu " + ck + " --resume " + dir / "resume.safetensors", 2,
+       "resume.safetensors: is a FIFO (named pipe), not a regular file"},
+      {"--config " + config + " --device cpu " + ck + " --set data.kind=mnist --set data.path=" + dir / "mnist", 4,
+       "train-labels-idx1-ubyte: is a FIFO"},
+      {"--config " + config + " --device cpu " + ck + " --resume " + dir / "old", 2, "step-000010.safetensors: is a FIFO"},
+      {"eval --checkpoint " + dir / "old", 2, "step-000010.safetensors: is a FIFO"},
+  };
+  for (const Case& c : cases) {
+    const std::string cmd = "ulimit -v 4194304; exec timeout 10 " + std::string(MT_BINARY_DIR) + "/train " + c.args + " 2>&1";
+    const auto t0 = std::chrono::steady_clock::now();
+    FILE* p = ::popen(cmd.c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    std::string out;
+    char buf[4096];
+    while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+    const int status = ::pclose(p);
+    SCOPED_TRACE(c.args + "\n" + out);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == c.code) << status;
+    EXPECT_NE(out.find(c.says), std::string::npos);
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+  }
+}

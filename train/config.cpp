@@ -17,6 +17,8 @@
 #include <string_view>
 #include <utility>
 
+#include "core/input_file.h"
+
 namespace mt {
 namespace {
 
@@ -720,6 +722,8 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
       throw ConfigError("config file " + path + " is " + std::to_string(size) +
                         " bytes; a config may have at most " + limit);
   }
+  if (special_file_kind(path).starts_with("a FIFO"))  // opening it would wait for a writer
+    throw ConfigError("config file " + path + " is a FIFO (named pipe): give a regular file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw ConfigError("cannot read config file " + path + ": " + std::strerror(errno));
   // Never more than one byte past the limit: a device or pipe (/dev/zero) may not end at all.
