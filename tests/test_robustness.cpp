@@ -27,6 +27,7 @@
 #include <random>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -1066,6 +1067,47 @@ TEST(BadData, FifosAreRefusedWhereverAPathIsRead) {
     SCOPED_TRACE(c.args + "\n" + out);
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == c.code) << status;
     EXPECT_NE(out.find(c.says), std::string::npos);
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+  }
+}
+
+// Loads whose memory is a multiple of what is read are estimated before reading: an MNIST pair
+// whose headers declare 2^28 1x1 samples (each pixel becomes a float, each label an int64: a
+// 255 KiB gzip'd pair used to grow past 6 GiB), and a config of 10 MB (YAML parsing takes some
+// 190 bytes a byte: 1M keys peaked at 1.87 GB). Under a 2 GiB address-space limit both are
+// refused at once, naming the file.
+TEST(BadData, LoadsAreEstimatedBeforeTheyAreRead) {
+  TempDir dir;
+  auto be32 = [](uint32_t v) {
+    return std::string{char(v >> 24), char(v >> 16 & 255), char(v >> 8 & 255), char(v & 255)};
+  };
+  fs::create_directory(dir / "mnist");
+  const uint32_t n = uint32_t(1) << 28;
+  std::ofstream(dir / "mnist/train-labels-idx1-ubyte", std::ios::binary) << be32(0x801) << be32(n) << std::string(16, '\0');
+  std::ofstream(dir / "mnist/train-images-idx3-ubyte", std::ios::binary)
+      << be32(0x803) << be32(n) << be32(1) << be32(1) << std::string(16, '\0');
+  {
+    std::ofstream big(dir / "big.yaml");
+    for (int i = 0; i < 1'000'000; ++i) big << 'k' << i << ": 1\n";
+  }
+  const std::string config = std::string(MT_SOURCE_DIR) + "/configs/mlp.yaml";
+  const std::vector<std::tuple<std::string, int, std::string>> cases = {
+      {"--config " + config + " --device cpu --set checkpoint.dir=" + dir / "ck" + " --set data.kind=mnist "
+       "--set data.path=" + dir / "mnist", 4, "train-labels-idx1-ubyte: its header's 268435456 labels take"},
+      {"--config " + dir / "big.yaml", 2, "a config may have at most 1048576 bytes (1 MiB)"},
+  };
+  for (const auto& [args, code, says] : cases) {
+    const std::string cmd = "ulimit -v 2097152; exec timeout 20 " + std::string(MT_BINARY_DIR) + "/train " + args + " 2>&1";
+    const auto t0 = std::chrono::steady_clock::now();
+    FILE* p = ::popen(cmd.c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    std::string out;
+    char buf[4096];
+    while (size_t k = std::fread(buf, 1, sizeof buf, p)) out.append(buf, k);
+    const int status = ::pclose(p);
+    SCOPED_TRACE(args + "\n" + out);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == code) << status;
+    EXPECT_NE(out.find(says), std::string::npos);
     EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
   }
 }

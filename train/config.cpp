@@ -714,7 +714,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec))
     throw ConfigError("config file " + path + " is a directory");
-  const std::string limit = std::to_string(kMaxConfigBytes) + " bytes (16 MiB)";
+  const std::string limit = std::to_string(kMaxConfigBytes) + " bytes (1 MiB)";
   const bool regular = regular_file(path);
   if (regular) {
     const uintmax_t size = std::filesystem::file_size(path, ec);
