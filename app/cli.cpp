@@ -11,6 +11,7 @@
 #include "app/config.h"
 #include "app/config_trainer.h"
 #include "app/inference.h"
+#include "app/memory.h"
 #include "core/registry.h"
 #include "data/data.h"
 #include "parallel/communicator.h"
@@ -225,6 +226,7 @@ int mt::app::run_cli(int argc, char** argv, const std::string& version) {
       return 0;
     }
     if (nproc > 1) {
+      mt::app::check_job_fits(cfg, mt::train::resolve_device(cfg.device), nproc);  // before spawning
       if (mt::train::resolve_device(cfg.device).is_cpu()) {
 #ifdef MT_WITH_GLOO
         return mt::parallel::run_workers(nproc, "/proc/self/exe", worker_args);  // over Gloo

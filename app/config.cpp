@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "app/registry.h"
+#include "core/input_file.h"
 
 namespace mt {
 namespace {
@@ -1116,7 +1117,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec))
     throw ConfigError("config file " + path + " is a directory");
-  const std::string limit = std::to_string(kMaxConfigBytes) + " bytes (16 MiB)";
+  const std::string limit = std::to_string(kMaxConfigBytes) + " bytes (1 MiB)";
   const bool regular = regular_file(path);
   if (regular) {
     const uintmax_t size = std::filesystem::file_size(path, ec);
@@ -1124,6 +1125,8 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
       throw ConfigError("config file " + path + " is " + std::to_string(size) +
                         " bytes; a config may have at most " + limit);
   }
+  if (special_file_kind(path).starts_with("a FIFO"))  // opening it would wait for a writer
+    throw ConfigError("config file " + path + " is a FIFO (named pipe): give a regular file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw ConfigError("cannot read config file " + path + ": " + std::strerror(errno));
   // Never more than one byte past the limit: a device or pipe (/dev/zero) may not end at all.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "app/fingerprint.h"
 #include "app/registry.h"
 #include "core/rng.h"
 
@@ -30,6 +31,7 @@ train::Options options_from(const Config& c) {
                   c.checkpoint.overwrite, {{"config", to_yaml(c)}}};
   o.logging = {c.logging.every, c.logging.metrics, c.logging.curve};
   o.cuda_graph = c.cuda_graph;
+  o.job_keys = job_entries(c);
   return o;
 }
 

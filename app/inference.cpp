@@ -92,6 +92,10 @@ SavedModel load_saved_model(const std::string& checkpoint, const std::vector<std
   } catch (const Error& e) {
     throw InferenceError(m.path + ": does not fit the model its config describes: " + e.what());
   }
+  for (const auto& [name, t] : file.tensors)  // a run never saves one: damage, as --resume says
+    for (double v : t.to_vector())
+      if (!std::isfinite(v))
+        throw InferenceError(detail::concat(m.path, ": parameter '", name, "' holds ", v, ": not a model to use"));
   m.model->eval();
   return m;
 }
@@ -130,6 +134,8 @@ CheckpointEvaluation evaluate_checkpoint(const std::string& checkpoint, const st
                                          m.device, c.precision.compute_dtype);
   e.split = split;
   e.samples = int64_t(rows.size());
+  if (!std::isfinite(e.loss))
+    throw train::NonFiniteError(detail::concat(split, ": the loss is ", e.loss, " (an input too large for the model?)"));
   return e;
 }
 
@@ -168,6 +174,9 @@ int64_t predict_csv(const std::string& checkpoint, const std::string& input,
         forward(m, from_vector(rows, {int64_t(n), int64_t(D)}).to(m.device)).to_vector();
     for (size_t r = 0; r < n; ++r) {
       const double* row = &l[r * C];
+      if (!std::all_of(row, row + C, [](double v) { return std::isfinite(v); }))
+        throw train::NonFiniteError(detail::concat(input, ": data row ", begin + r + 1, " gives non-finite "
+                                            "logits (an input too large for the model?); nothing written"));
       const size_t best = argmax(row, C);
       // Softmax, shifted by the largest logit so that exp never overflows.
       double sum = 0;

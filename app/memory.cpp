@@ -93,4 +93,13 @@ void check_memory(const Config& c, Device device, int world) {
   if (e.data > host) refuse(e.data, "the host", data, host, "physical memory");
 }
 
+void check_job_fits(const Config& c, Device device, int world) {
+  if (c.optim.batch_size < int64_t(world) * c.optim.microbatches)
+    throw ConfigError(detail::concat("--nproc ", world, ": optim.batch_size ", c.optim.batch_size,
+                                     " samples cannot give ", world, " ranks ", c.optim.microbatches,
+                                     " microbatches each"));
+  // GPU workers each check their own GPU: the launcher creates no CUDA context it would keep.
+  if (device.is_cpu()) check_memory(c, device, world);
+}
+
 }  // namespace mt::app

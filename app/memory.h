@@ -35,6 +35,12 @@ double physical_memory_bytes();
 // and the data against the host's.
 void check_memory(const Config& c, Device device, int world = 1);
 
+// What a job of `world` ranks on this machine must pass before its workers are started (train
+// --nproc), so that a job that cannot run starts nothing: the global batch gives every rank its
+// microbatches, and on the CPU check_memory for `world` ranks (GPU workers check their own GPU).
+// Throws ConfigError.
+void check_job_fits(const Config& c, Device device, int world);
+
 // "1.5 GiB": a byte count for messages.
 std::string format_bytes(double bytes);
 

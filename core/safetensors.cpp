@@ -15,6 +15,7 @@
 #include <set>
 
 #include "core/atomic_file.h"
+#include "core/input_file.h"
 
 namespace mt {
 namespace {
@@ -177,7 +178,9 @@ namespace {
 // The reader behind both entry points: with `with_data` false it validates everything the header
 // says against the file's size but reads no tensor bytes (entries keep empty data).
 StFile read_file(const std::string& path, bool with_data) {
-  std::unique_ptr<FILE, int (*)(FILE*)> file(std::fopen(path.c_str(), "rb"), &std::fclose);
+  const int fd = open_regular_file(path);  // a FIFO named like a checkpoint must not block
+  std::unique_ptr<FILE, int (*)(FILE*)> file(::fdopen(fd, "rb"), &std::fclose);
+  if (!file) ::close(fd);
   MT_CHECK(file, path, ": cannot open: ", os_error());
   FILE* f = file.get();
   struct stat st {};
@@ -295,12 +298,16 @@ namespace {
 const std::string kMetadataCrc = std::string(kChecksumPrefix) + "__metadata__";
 
 // CRC-32 over a sequence of fields, each length-prefixed so that no two sequences share a stream.
+// An empty field adds its length only: crc32_z(crc, NULL, 0) does not add nothing, it returns the
+// initial value, which once dropped everything before a 0-d tensor's shape (`legacy` keeps that
+// rule, to verify files sealed with it).
 class Crc {
  public:
+  explicit Crc(bool legacy = false) : legacy_(legacy) {}
   Crc& add(const void* p, size_t n) {
     const uint64_t len = n;
     crc_ = crc32_z(crc_, reinterpret_cast<const Bytef*>(&len), sizeof len);
-    crc_ = crc32_z(crc_, static_cast<const Bytef*>(p), n);
+    if (n > 0 || (legacy_ && p == nullptr)) crc_ = crc32_z(crc_, static_cast<const Bytef*>(p), n);
     return *this;
   }
   Crc& add(const std::string& s) { return add(s.data(), s.size()); }
@@ -311,11 +318,12 @@ class Crc {
   }
 
  private:
+  bool legacy_;
   uLong crc_ = crc32_z(0, nullptr, 0);
 };
 
-std::string tensor_crc(const StEntry& e) {
-  Crc c;
+std::string tensor_crc(const StEntry& e, bool legacy = false) {
+  Crc c(legacy);
   c.add(e.name).add(std::string(dtype_name(e.dtype))).add(e.shape.data(), e.shape.size() * 8);
   return c.add(e.data.data(), e.data.size()).hex();
 }
@@ -327,7 +335,10 @@ std::string metadata_crc(const std::map<std::string, std::string>& metadata) {
   return c.hex();
 }
 
-bool is_checksum_key(const std::string& key) { return key.starts_with(kChecksumPrefix); }
+bool is_checksum_key(const std::string& key) { return key.starts_with(kChecksumPrefix) || key == kChecksumRule; }
+
+// Whether the legacy rule left part of e uncovered: a 0-d shape or no data.
+bool has_empty_field(const StEntry& e) { return e.shape.empty() || e.data.empty(); }
 
 }  // namespace
 
@@ -337,20 +348,30 @@ std::map<std::string, std::string> seal_metadata(std::map<std::string, std::stri
     MT_CHECK(!is_checksum_key(key), "safetensors: metadata key '", key, "' is reserved (the '",
              kChecksumPrefix, "' keys hold the file's checksums)");
   for (const StEntry& e : entries) metadata[kChecksumPrefix + e.name] = tensor_crc(e);
+  metadata[kChecksumRule] = kChecksumRuleVersion;
   metadata[kMetadataCrc] = metadata_crc(metadata);
   return metadata;
 }
 
-void verify_checksums(const StFile& f) {
+void verify_checksums(const StFile& f, bool accept_legacy) {
   auto stored = f.metadata.find(kMetadataCrc);
   MT_CHECK(stored != f.metadata.end(), f.path, ": damaged: metadata has no '", kMetadataCrc,
            "' (a file minitrain wrote always has it)");
   const std::string meta = metadata_crc(f.metadata);
   MT_CHECK(stored->second == meta, f.path, ": damaged: the metadata fails its checksum (stored ",
            stored->second, ", computed ", meta, ")");
+  auto rule = f.metadata.find(kChecksumRule);
+  MT_CHECK(rule == f.metadata.end() || rule->second == kChecksumRuleVersion, f.path, ": metadata '",
+           kChecksumRule, "' is '", rule->second, "', a rule this build does not know");
+  const bool legacy = rule == f.metadata.end();
+  if (legacy)
+    for (const StEntry& e : f.entries)
+      MT_CHECK(accept_legacy || !has_empty_field(e), f.path, ": its checksums were made before they "
+               "covered the name, dtype and shape of 0-d and empty tensors, such as '", e.name,
+               "': it cannot be fully verified");
   size_t listed = 0;
   for (const auto& [key, value] : f.metadata)
-    if (is_checksum_key(key) && key != kMetadataCrc) {
+    if (is_checksum_key(key) && key != kMetadataCrc && key != kChecksumRule) {
       ++listed;
       const std::string name = key.substr(std::strlen(kChecksumPrefix));
       MT_CHECK(f.contains(name), f.path, ": damaged: tensor '", name,
@@ -359,7 +380,7 @@ void verify_checksums(const StFile& f) {
   for (const StEntry& e : f.entries) {
     auto it = f.metadata.find(kChecksumPrefix + e.name);
     MT_CHECK(it != f.metadata.end(), f.path, ": damaged: tensor '", e.name, "' has no checksum");
-    const std::string crc = tensor_crc(e);
+    const std::string crc = tensor_crc(e, legacy);
     MT_CHECK(it->second == crc, f.path, ": damaged: tensor '", e.name,
              "' fails its checksum (stored ", it->second, ", computed ", crc, ")");
   }

@@ -57,8 +57,13 @@ std::map<std::string, std::string> read_safetensors_metadata(const std::string& 
 // Metadata keys of a file that carries checksums (8 hex digits each):
 //   crc32.<name>        CRC-32 of a tensor's name, dtype, shape and bytes
 //   crc32.__metadata__  CRC-32 of every other metadata key and value
+//   checksum_rule       "2": every field counts, empty ones too. Files sealed before it have no
+//                       such key; their checksums did not cover a 0-d or empty tensor's name,
+//                       dtype and shape (an empty field restarted the CRC).
 // With both, a bit flipped anywhere in the file, or two same-shape tensors swapped, is found.
 inline constexpr const char* kChecksumPrefix = "crc32.";
+inline constexpr const char* kChecksumRule = "checksum_rule";
+inline constexpr const char* kChecksumRuleVersion = "2";
 
 // `metadata` plus the checksums of `entries` and then of the metadata itself: what to write the
 // entries with. `metadata` must not already use the prefix (mt::Error naming the key).
@@ -66,10 +71,12 @@ std::map<std::string, std::string> seal_metadata(std::map<std::string, std::stri
                                                  const std::vector<StEntry>& entries);
 
 // Every checksum of `f` matches and every tensor has one; otherwise an mt::Error as
-// "<path>: damaged: tensor 'w' fails its checksum (stored ..., computed ...)".
-void verify_checksums(const StFile& f);
+// "<path>: damaged: tensor 'w' fails its checksum (stored ..., computed ...)". A file sealed by
+// the old rule is verified by it, and refused if it has a 0-d or empty tensor (which that rule did
+// not cover) unless `accept_legacy`.
+void verify_checksums(const StFile& f, bool accept_legacy = false);
 
-// `metadata` without the checksum keys: what the writer passed to seal_metadata.
+// `metadata` without the checksum keys (and checksum_rule): what the writer passed to seal_metadata.
 std::map<std::string, std::string> without_checksums(std::map<std::string, std::string> metadata);
 
 }  // namespace mt

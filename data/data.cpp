@@ -1,5 +1,8 @@
 #include "data/data.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -71,6 +74,25 @@ static std::string find_idx(const std::string& dir, const std::string& stem) {
            "' (put the standard MNIST IDX files there)");
 }
 
+// Bytes this process may still take: the physical memory, or less under an address-space limit.
+static double available_bytes() {
+  double bytes = double(::sysconf(_SC_PHYS_PAGES)) * double(::sysconf(_SC_PAGESIZE));
+  rlimit as{};
+  if (::getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY) bytes = std::min(bytes, double(as.rlim_cur));
+  return bytes;
+}
+
+// What loading `count` MNIST samples of `pixels` each holds at its peak, checked from the header
+// before any data is read: each pixel as read and as a float (5 bytes), each label as read and as
+// an int64 (9 bytes). The read cap alone let a 255 KiB file grow past 6 GiB.
+static void check_mnist_fits(const std::string& path, int64_t count, int64_t pixels) {
+  const double need = double(count) * (double(pixels) * 5 + 9), have = available_bytes();
+  MT_CHECK(need <= have, path, ": its header's ", count,
+           pixels > 0 ? detail::concat(" images of ", pixels, " pixels") : std::string(" labels"), " take ",
+           need / double(1 << 30), " GiB to load, more than the ", have / double(1 << 30),
+           " GiB this process may use");
+}
+
 Dataset load_mnist(const std::string& dir, bool test) {
   const std::string prefix = test ? "t10k" : "train";
   const std::string img_path = find_idx(dir, prefix + "-images-idx3-ubyte");
@@ -78,11 +100,13 @@ Dataset load_mnist(const std::string& dir, bool test) {
   // The small labels file first: its count then bounds the images before their data is read.
   const IdxArray labels = read_idx(lbl_path, [&](const std::vector<int64_t>& shape) {
     MT_CHECK(shape.size() == 1, lbl_path, ": expected a 1-D label array, got ", shape_str(shape));
+    check_mnist_fits(lbl_path, shape[0], 0);
   });
   const IdxArray images = read_idx(img_path, [&](const std::vector<int64_t>& shape) {
     MT_CHECK(shape.size() == 3, img_path, ": expected a 3-D image array, got ", shape_str(shape));
     MT_CHECK(shape[0] == labels.shape[0], img_path, ": the header says ", shape[0],
              " images, but ", lbl_path, " has ", labels.shape[0], " labels");
+    check_mnist_fits(img_path, shape[0], shape[1] * shape[2]);
   });
   Dataset d;
   d.name = "mnist";

@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "core/input_file.h"
 
 namespace mt {
 namespace {
@@ -20,7 +21,7 @@ class IdxStream {
  public:
   explicit IdxStream(const std::string& path) : path_(path) {
     errno = 0;
-    gz_ = gzopen(path.c_str(), "rb");
+    gz_ = gzdopen(open_regular_file(path), "rb");  // gzdopen closes the descriptor
     MT_CHECK(gz_, path, ": cannot open: ", errno ? std::strerror(errno) : "out of memory");
   }
   ~IdxStream() { gzclose(gz_); }

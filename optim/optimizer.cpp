@@ -109,7 +109,6 @@ nn::StateDict Optimizer::state_dict() const {
   nn::StateDict out;
   out.emplace_back("step", scalar_i64(steps_));
   for (size_t i = 0; i < state_.size(); ++i) {
-    if (state_[i].step == 0) continue;
     const std::string prefix = "state." + std::to_string(i) + ".";
     out.emplace_back(prefix + "step", scalar_i64(state_[i].step));
     for (const auto& [name, t] : state_[i].buffers) out.emplace_back(prefix + name, t.detach());
@@ -123,6 +122,7 @@ void Optimizer::load_state_dict(const nn::StateDict& dict) {
     for (const Tensor& p : g.params) params.push_back(&p);
 
   std::vector<ParamState> state(state_.size());
+  std::vector<bool> counted(state_.size(), false);
   std::optional<int64_t> steps;
   NoGradGuard no_grad;
   for (const auto& [key, t] : dict) {
@@ -146,10 +146,9 @@ void Optimizer::load_state_dict(const nn::StateDict& dict) {
     MT_CHECK(i < params.size(), "optimizer load_state_dict: '", key, "' refers to parameter ", i,
              " but the optimizer has ", params.size());
     if (name == "step") {
-      MT_CHECK(state[i].step == 0, "optimizer load_state_dict: '", key, "' appears twice");
+      MT_CHECK(!counted[i], "optimizer load_state_dict: '", key, "' appears twice");
+      counted[i] = true;
       state[i].step = count();
-      MT_CHECK(state[i].step > 0, "optimizer load_state_dict: '", key, "' is 0, but only parameters "
-               "that were updated have state");
       continue;
     }
     bool known = false;
@@ -171,9 +170,13 @@ void Optimizer::load_state_dict(const nn::StateDict& dict) {
   // parameter has had more updates than the optimizer has taken steps.
   for (size_t i = 0; i < state.size(); ++i) {
     const std::string prefix = "state." + std::to_string(i) + ".";
+    // Every parameter's count is there, 0 for one not updated yet: a lost entry is an error,
+    // never a parameter silently restarted from zeros.
+    MT_CHECK(counted[i], "optimizer load_state_dict: '", prefix, "step' is missing: parameter ", i,
+             " has no state (every parameter's count must be there, 0 if it was never updated)");
     if (state[i].step == 0) {
       MT_CHECK(state[i].buffers.empty(), "optimizer load_state_dict: '", prefix,
-               state[i].buffers.begin()->first, "' is given but '", prefix, "step' is missing");
+               state[i].buffers.begin()->first, "' is given but '", prefix, "step' is 0");
       continue;
     }
     MT_CHECK(state[i].step <= *steps, "optimizer load_state_dict: '", prefix, "step' is ",

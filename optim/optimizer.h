@@ -65,17 +65,17 @@ class Optimizer {
 
   // Checkpoint form, keyed by a parameter's index across all groups in order:
   //   "step"                     number of step() calls (i64, 0-dim)
-  //   "state.<i>.step"           updates parameter i has received (i64, 0-dim)
+  //   "state.<i>.step"           updates parameter i has received (i64, 0-dim), for every i
   //   "state.<i>.<buffer>"       e.g. exp_avg / exp_avg_sq (AdamW), momentum_buffer (SGD)
-  // Parameters that have not been updated yet have no state entries. The tensors share storage
+  // Parameters that have not been updated yet have a step of 0 and no buffers. The tensors share storage
   // with the optimizer's state. Hyper-parameters are not included: they come from the config,
   // and the learning rate from the schedule at the restored step.
   nn::StateDict state_dict() const;
   // Replaces the state with copies of `dict`'s tensors, moved to each parameter's device. Strict:
   // a key that is not of the forms above or appears twice, an index out of range, a buffer whose
-  // shape or dtype does not fit its parameter, a missing buffer of an updated parameter, or a step
-  // count that is not one i64 in [0, "step"] (per parameter: [1, "step"]) is an mt::Error naming
-  // the key; nothing changes unless all are valid.
+  // shape or dtype does not fit its parameter, a parameter without its step count, a missing
+  // buffer of an updated parameter, or a step count that is not one i64 in [0, "step"] is an
+  // mt::Error naming the key; nothing changes unless all are valid.
   void load_state_dict(const nn::StateDict& dict);
 
   // Two groups for the usual AdamW recipe: group 0 = parameters `decays` accepts, with

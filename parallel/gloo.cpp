@@ -85,7 +85,7 @@ class GlooCommunicator final : public Communicator {
         gloo::rendezvous::FileStore store(dir);
         ctx->connectFullMesh(store, device);
       } else {
-        TcpStore tcp(w.master_addr, w.store_port, w.rank, w.size, w.timeout);
+        TcpStore tcp(w.master_addr, w.store_port, w.rank, w.size, w.timeout, w.secret, w.bind_host);
         TcpStoreAdapter store(tcp);
         ctx->connectFullMesh(store, device);
       }

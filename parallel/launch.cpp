@@ -2,6 +2,7 @@
 
 #include <signal.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -49,6 +50,21 @@ constexpr LauncherVars kLaunchers[] = {
     {"Slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr},
 };
 
+// The soft limit of `resource`, or -1 when there is none.
+int64_t soft_limit(int resource) {
+  rlimit r{};
+  if (::getrlimit(resource, &r) != 0 || r.rlim_cur == RLIM_INFINITY) return -1;
+  return int64_t(r.rlim_cur);
+}
+
+// `ranks` ranks each holding a socket per peer fit under the open-file limit; `what` names them.
+void check_open_files(int64_t ranks, const std::string& what) {
+  const int64_t files = soft_limit(RLIMIT_NOFILE);
+  MT_CHECK(files < 0 || ranks + kReservedFiles <= files, what, ": a rank may hold a socket to "
+           "every other rank (the rendezvous, Gloo's full mesh), but the open-file limit is ",
+           files, " (ulimit -n), too few for ", ranks, " ranks and ", kReservedFiles, " other files");
+}
+
 }  // namespace
 
 World world_from_env(const EnvLookup& env) {
@@ -78,6 +94,7 @@ World world_from_env(const EnvLookup& env) {
            w.local_size ? detail::concat(", ", vars->local_size, "=", w.local_size) : "",
            ": need 0 <= rank < world size and 0 <= local rank < local world size");
   if (w.size == 1) return w;
+  check_open_files(w.size, detail::concat("environment (", w.launcher, "): ", vars->size, "=", w.size));
   if (const char* f = env("MT_DIST_FILE")) {
     w.id_file = f;
     return w;
@@ -94,6 +111,15 @@ World world_from_env(const EnvLookup& env) {
   MT_CHECK(w.store_port >= 1 && w.store_port <= 65535, "environment: the rendezvous port ",
            w.store_port, env("MT_DIST_PORT") ? " (MT_DIST_PORT)" : " (MASTER_PORT + 1)",
            " is not in 1..65535");
+  const char* secret = env("MT_DIST_SECRET");
+  MT_CHECK(secret != nullptr && std::strlen(secret) >= 16, "environment: the TCP rendezvous at ",
+           w.master_addr, " admits only ranks that know the job's secret: set MT_DIST_SECRET to the "
+           "same random string of at least 16 characters on every rank (",
+           secret ? detail::concat("it has ", std::strlen(secret)) : std::string("it is unset"),
+           "), e.g. export MT_DIST_SECRET=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \\n') before "
+           "starting the launcher");
+  w.secret = secret;
+  if (const char* bind = env("MT_DIST_BIND")) w.bind_host = bind;
   return w;
 }
 
@@ -103,6 +129,10 @@ World world_from_env() {
 
 int run_workers(int nproc, const std::string& program, const std::vector<std::string>& args) {
   MT_CHECK(nproc >= 1, "--nproc must be at least 1, got ", nproc);
+  check_open_files(nproc, detail::concat("--nproc ", nproc));
+  const int64_t processes = soft_limit(RLIMIT_NPROC);
+  MT_CHECK(processes < 0 || nproc < processes, "--nproc ", nproc, ": the process limit is ",
+           processes, " (ulimit -u)");
   char dir_template[] = "/tmp/minitrain-job-XXXXXX";
   MT_CHECK(::mkdtemp(dir_template) != nullptr, "cannot create a job directory: ", std::strerror(errno));
   const std::string id_file = std::string(dir_template) + "/nccl-id";

@@ -21,8 +21,16 @@
 //   MASTER_ADDR         TCP through rank 0's store (parallel/store.h) at MASTER_ADDR, port
 //                       MT_DIST_PORT, by default MASTER_PORT + 1 (MASTER_PORT defaults to 29500):
 //                       under torchrun its own agent store already listens on MASTER_PORT
+//                       The store admits only ranks that know the job's secret:
+//   MT_DIST_SECRET      at least 16 characters, the same on every rank and known to no one else
+//                       (required for the TCP rendezvous; the launcher's environment carries it
+//                       to the ranks, docs/distributed.md shows how for torchrun, srun, mpirun)
+//   MT_DIST_BIND        where rank 0's store listens: by default the addresses MASTER_ADDR
+//                       resolves to, '*' for every interface
 //   MT_DIST_TIMEOUT     seconds a rank waits for the others before it gives up (default 120)
-// A world of more than one rank with neither MT_DIST_FILE nor MASTER_ADDR is an error.
+// A world of more than one rank with neither MT_DIST_FILE nor MASTER_ADDR is an error, and so is
+// one larger than the open-file limit: every rank may hold a socket to every other (the store on
+// rank 0, Gloo's full mesh), so WORLD_SIZE + kReservedFiles must fit under `ulimit -n`.
 #include <chrono>
 #include <functional>
 #include <string>
@@ -37,20 +45,29 @@ struct World {
   std::string id_file;       // the file rendezvous, or "" for TCP
   std::string master_addr;   // the TCP rendezvous: rank 0's host and the store's port
   int store_port = 0;
+  std::string secret;        // the TCP rendezvous: the job's secret (MT_DIST_SECRET)
+  std::string bind_host;     // where the store listens: "" for master_addr (MT_DIST_BIND)
   std::chrono::milliseconds timeout{120'000};
 };
+
+// Files a rank keeps open besides one socket per peer (logs, data, checkpoints, the listener).
+inline constexpr int kReservedFiles = 64;
 
 // The value of an environment variable, or null when it is unset.
 using EnvLookup = std::function<const char*(const char* name)>;
 
 // The World the environment describes. Malformed or inconsistent values (not an integer, a rank
 // outside [0, size), a local rank outside [0, local size), a port outside 1..65535, more than one
-// rank with no rendezvous) are mt::Errors naming the variables.
+// rank with no rendezvous, a TCP rendezvous without MT_DIST_SECRET, a world size over the
+// open-file limit) are mt::Errors naming the variables.
 World world_from_env(const EnvLookup& env);
 World world_from_env();  // this process's environment
 
-// Runs `program` with `args` as `nproc` local worker processes, worker i with RANK = LOCAL_RANK
-// = i, WORLD_SIZE = LOCAL_WORLD_SIZE = nproc, a fresh MT_DIST_FILE, and NCCL_NVLS_ENABLE=0. The
+// Runs `program` with `args` as `nproc` local worker processes. Before it starts any, `nproc` is
+// checked against what the machine allows (the open-file limit, which each worker needs for a
+// socket per peer, and the process limit): an mt::Error naming the limit, nothing started. Then
+// worker i runs with RANK = LOCAL_RANK = i, WORLD_SIZE = LOCAL_WORLD_SIZE = nproc, a fresh
+// MT_DIST_FILE (in a new folder only this user can read), and NCCL_NVLS_ENABLE=0. The
 // other launchers' rank variables (OMPI_COMM_WORLD_*, SLURM_PROCID, ...) are left as they are:
 // RANK comes first. Waits for them all.
 // When one exits with an error or is killed, the others get SIGTERM (SIGKILL 5 s later) and the

@@ -77,7 +77,8 @@ class NcclCommunicator : public Communicator {
       }
     } else {
       // Through rank 0's TCP store; it stays up until every rank has read the id.
-      TcpStore store(world.master_addr, world.store_port, rank, size, timeout_);
+      TcpStore store(world.master_addr, world.store_port, rank, size, timeout_, world.secret,
+                     world.bind_host);
       if (rank == 0) {
         check(ncclGetUniqueId(&id), "ncclGetUniqueId");
         store.set("nccl-id", std::string(reinterpret_cast<const char*>(&id), sizeof id));

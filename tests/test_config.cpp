@@ -495,7 +495,7 @@ TEST(Config, StringsAreOneLineOfValidUtf8) {
 // The messages say what was read: at most the 16 MiB bound, or nothing.
 TEST(Config, UnboundedFilesAreRefusedBeforeTheyAreRead) {
   EXPECT_EQ(config_error("/dev/zero", {}),
-            "config file /dev/zero gives more than 16777216 bytes (16 MiB), the most a config may "
+            "config file /dev/zero gives more than 1048576 bytes (1 MiB), the most a config may "
             "have (it is not a regular file)");
   EXPECT_EQ(config_error("", {"data.kind=csv", "data.path=/dev/zero"}),
             "data.path: is not a regular file (a device or pipe may never end), got '/dev/zero' "
@@ -505,8 +505,8 @@ TEST(Config, UnboundedFilesAreRefusedBeforeTheyAreRead) {
   const std::string big = dir.write("big.yaml", "seed: 1\n");
   fs::resize_file(big, kMaxConfigBytes + 1);  // sparse: nothing is written
   EXPECT_EQ(config_error(big, {}, dir.path),
-            "config file big.yaml is 16777217 bytes; a config may have at most 16777216 bytes "
-            "(16 MiB)");
+            "config file big.yaml is 1048577 bytes; a config may have at most 1048576 bytes "
+            "(1 MiB)");
   const std::string csv = dir.write("train.csv", "1,0\n");
   EXPECT_NE(config_error("", {"data.kind=csv", "data.path=" + csv, "data.test_path=/dev/zero"})
                 .find("data.test_path: is not a regular file"),

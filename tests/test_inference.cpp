@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 #include "app/config.h"
@@ -13,6 +14,8 @@
 #include "app/inference.h"
 #include "core/safetensors.h"
 #include "data/data.h"
+#include "train/checkpoint.h"
+#include "train/trainer.h"
 #include "tests/expect_error.h"
 #include "tests/log_capture.h"
 #include "tests/run_train.h"
@@ -195,6 +198,49 @@ TEST(Inference, PredictRefusesTheWrongWidthAndKeepsTheOldOutput) {
   const std::string p = read_text(out);
   EXPECT_EQ(std::count(p.begin(), p.end(), '\n'), 2);
   EXPECT_EQ(std::distance(fs::directory_iterator(dir.path), {}), 3);  // ck, x.csv, p.csv: no temp
+}
+
+// Non-finite outputs and weights are errors: predict on inputs of 3e38 used to write -nan
+// probabilities and eval to print `loss -nan`, and a NaN weight (checksums recomputed) was used.
+TEST(Inference, NonFiniteOutputsAndWeightsAreErrors) {
+  TempDir dir;
+  const Config cfg = tiny_config(dir);
+  const std::string ckpt = app::ConfigTrainer(cfg, kCPU).run().checkpoint;
+  const std::string in = dir / "x.csv", out = dir / "p.csv";
+  std::ofstream(out) << "old\n";
+  std::ofstream(in) << "1,2,3,4,5,6,7,8\n3e38,3e38,3e38,3e38,3e38,3e38,3e38,3e38\n";
+  try {
+    app::predict_csv(ckpt, in, out);
+    ADD_FAILURE() << "predicted";
+  } catch (const train::NonFiniteError& e) {
+    EXPECT_NE(std::string(e.what()).find("x.csv: data row 2 gives non-finite logits"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(read_text(out), "old\n");
+  const std::string test_csv = dir / "test.csv";
+  std::ofstream(test_csv) << "3e38,3e38,3e38,3e38,3e38,3e38,3e38,3e38,1\n";
+  try {
+    app::evaluate_checkpoint(ckpt, {"data.kind=csv", "data.path=" + test_csv, "data.test_path=" + test_csv,
+                                      "data.standardize=false"}, "test");
+    ADD_FAILURE() << "evaluated";
+  } catch (const train::NonFiniteError& e) {
+    EXPECT_NE(std::string(e.what()).find("test: the loss is"), std::string::npos) << e.what();
+  }
+  // A NaN weight, saved with valid checksums.
+  train::Checkpoint c = train::load_checkpoint(ckpt);
+  c.model[0].second.data<float>()[3] = NAN;
+  std::map<std::string, std::string> meta;
+  for (const char* key : {"config", "standardization"})
+    if (c.metadata.contains(key)) meta[key] = c.metadata.at(key);
+  const std::string bad = train::save_checkpoint(dir / "bad", c.run_id, c.step, c.model, c.optimizer, meta, 1);
+  for (auto run : {std::function<void()>([&] { app::evaluate_checkpoint(bad, {}, "test"); }),
+                   std::function<void()>([&] { app::predict_csv(bad, in, out); })}) {
+    try {
+      run();
+      ADD_FAILURE() << "used the NaN weight";
+    } catch (const app::InferenceError& e) {
+      EXPECT_NE(std::string(e.what()).find("parameter '" + c.model[0].first + "' holds nan"), std::string::npos) << e.what();
+    }
+  }
 }
 
 // Through the binary: `train eval` on the default run's final checkpoint prints exactly the

@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -22,12 +23,14 @@
 #include <vector>
 
 #include "tests/temp_dir.h"
+#include "app/memory.h"
 #include "train/checkpoint.h"
 #include "tests/ranks.h"
 
 extern char** environ;
 
 using namespace mt;
+using mt::test::connect_to;
 using mt::test::free_port;
 using mt::test::TempDir;
 namespace fs = std::filesystem;
@@ -128,6 +131,7 @@ std::vector<pid_t> start_ranks(int n, const std::vector<std::string>& args, cons
     env["MASTER_ADDR"] = "127.0.0.1";
     env["MASTER_PORT"] = std::to_string(port - 1);  // the store listens on MASTER_PORT + 1
     env.try_emplace("MT_DIST_TIMEOUT", "30");
+    env.try_emplace("MT_DIST_SECRET", "the tests' secret 0123456789");
     pids.push_back(spawn_train(args, env, dir / ("rank" + std::to_string(r) + ".log")));
   }
   return pids;
@@ -219,4 +223,126 @@ TEST(MultiProcess, AKilledRankEndsTheJobWithAMessage) {
   EXPECT_NE(llog.find("was killed by signal 9"), std::string::npos) << llog;
   EXPECT_NE(llog.find("the job failed"), std::string::npos) << llog;
   for (pid_t w : workers) EXPECT_NE(::kill(w, 0), 0) << "worker " << w << " is still running";
+}
+
+// Strangers at the TCP store while the ranks meet (docs/robustness.md, "The rendezvous"): a
+// 4 GiB length prefix, text, connect-and-close, 200 idle connections, half a hello. Rank 0 runs
+// under a 3 GiB address-space limit, so a store that believes a length fails instead of
+// swapping; the job must train as if nobody were there, well within its 20 s timeout.
+TEST(MultiProcess, StrangersAtTheStoreNeitherStallNorBloatTheJob) {
+  MT_NEEDS_GLOO();
+  TempDir dir;
+  const int port = free_port();
+  auto start = [&](int r) {
+    return spawn_train(run_args(dir / "ckpt", 1, 5), {{"RANK", std::to_string(r)}, {"WORLD_SIZE", "2"},
+                       {"LOCAL_RANK", std::to_string(r)}, {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"},
+                       {"MT_DIST_PORT", std::to_string(port)}, {"MT_DIST_TIMEOUT", "20"},
+                       {"MT_DIST_SECRET", "the tests' secret 0123456789"}},
+                       dir / ("rank" + std::to_string(r) + ".log"));
+  };
+  const auto t0 = Clock::now();
+  const pid_t rank0 = start(0);
+  const rlimit as{rlim_t(3) << 30, rlim_t(3) << 30};
+  ASSERT_EQ(::prlimit(rank0, RLIMIT_AS, &as, nullptr), 0);
+  int fd = -1;
+  while ((fd = connect_to(port)) < 0 && Clock::now() - t0 < std::chrono::seconds(30))
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_GE(fd, 0) << read_file(dir / "rank0.log");
+  auto send = [](int s, const std::string& bytes) { return ::send(s, bytes.data(), bytes.size(), MSG_NOSIGNAL); };
+  std::vector<int> strangers{fd};
+  send(fd, "S" + std::string(4, '\xff') + std::string(200, 'x'));  // a 4 GiB length, then more
+  strangers.push_back(connect_to(port));
+  send(strangers.back(), std::string(132, 'a'));
+  for (int i = 0; i < 5; ++i) ::close(connect_to(port));
+  for (int i = 0; i < 200; ++i) {
+    strangers.push_back(connect_to(port));
+    if (strangers.back() < 0) {
+      ADD_FAILURE() << "the store stopped accepting connections after " << i << " idle ones";
+      break;
+    }
+  }
+  strangers.push_back(connect_to(port));
+  send(strangers.back(), std::string(10, '\0'));
+  const auto t1 = Clock::now();
+  const pid_t rank1 = start(1);
+  EXPECT_EQ(wait_for(rank0, 20), 0) << read_file(dir / "rank0.log");
+  EXPECT_EQ(wait_for(rank1, 20), 0) << read_file(dir / "rank1.log");
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t1).count(), 15.0);
+  for (int s : strangers)
+    if (s >= 0) ::close(s);
+}
+
+// Ranks started with different configs (by hand, as a launcher would) stop before training, each
+// naming the first key that differs: another learning rate used to train diverging replicas
+// silently, another model to abort inside Gloo (exit 134).
+TEST(MultiProcess, RanksWithDifferentConfigsNameTheFirstDifferingKey) {
+  MT_NEEDS_GLOO();
+  TempDir dir;
+  for (const std::string& key : {"optim.lr", "model.hidden"}) {
+    const int port = free_port();
+    std::vector<pid_t> pids;
+    for (int r = 0; r < 2; ++r) {
+      std::vector<std::string> args = run_args(dir / "ckpt", 1, 5);
+      if (r == 1) args.insert(args.end(), {"--set", key == "optim.lr" ? "optim.lr=0.01" : "model.hidden=[16]"});
+      pids.push_back(spawn_train(args, {{"RANK", std::to_string(r)}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"},
+                                        {"MT_DIST_PORT", std::to_string(port)}, {"MT_DIST_TIMEOUT", "20"},
+                                        {"MT_DIST_SECRET", "the tests' secret 0123456789"}},
+                                 dir / ("rank" + std::to_string(r) + ".log")));
+    }
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(wait_for(pids[size_t(r)], 30), 1);
+      const std::string got = read_file(dir / ("rank" + std::to_string(r) + ".log"));
+      EXPECT_NE(got.find("the ranks of this job differ"), std::string::npos) << got;
+      EXPECT_NE(got.find("'" + key + "'"), std::string::npos) << got;
+      EXPECT_EQ(got.find("step 1 "), std::string::npos) << "trained before the check: " << got;
+    }
+    fs::remove_all(dir / "ckpt");
+  }
+}
+
+// `train --nproc N` checks N against what the job and the machine allow before it starts any
+// worker: the global batch (every rank needs its microbatches), the memory of N ranks together,
+// the open-file limit (a socket per peer). Each case runs under a 4 GiB address-space limit and
+// must end at once, with nothing written and no worker's output: a launcher that spawned first
+// started up to 100,000 processes. So must a worker told WORLD_SIZE=2000000000.
+TEST(MultiProcess, NprocIsCheckedBeforeAnyWorkerStarts) {
+  TempDir dir;
+  struct Case {
+    std::string nproc, limits, set;
+    int code;
+    std::vector<std::string> says;
+  };
+  const std::string big = "model.hidden=[16384,16384]";  // about 4.3 GB a rank: 64 ranks cannot fit
+  std::vector<Case> cases = {
+      {"100000", "ulimit -n 1024;", "", 2, {"--nproc 100000: optim.batch_size"}},
+      {"30", "ulimit -n 80;", "", 1, {"--nproc 30", "open-file limit is 80", "ulimit -n"}},
+      // A launcher's world that cannot connect: refused before anything is sized by it.
+      {"", "ulimit -n 1024; export RANK=0 WORLD_SIZE=2000000000 MASTER_ADDR=127.0.0.1;", "", 1,
+       {"WORLD_SIZE=2000000000", "open-file limit is 1024"}},
+      {"100", "ulimit -n 1024;", "", 2,
+       {"--nproc 100: optim.batch_size 256 samples cannot give 100 ranks 4 microbatches each"}},
+  };
+  Config c;
+  c.model.hidden = {16384, 16384};
+  if (64 * app::estimate_memory(c).state > app::physical_memory_bytes())
+    cases.push_back({"64", "ulimit -n 1024;", big, 2, {"for each of 64 ranks", "physical memory"}});
+  for (const Case& k : cases) {
+    const std::string cmd = "ulimit -v 4194304; " + k.limits + " exec " + std::string(MT_BINARY_DIR) +
+                            "/train --config " + std::string(MT_SOURCE_DIR) + "/configs/mlp.yaml --device cpu " +
+                            "--set checkpoint.dir=" + std::string(dir / "ck") + (k.set.empty() ? "" : " --set " + k.set) +
+                            (k.nproc.empty() ? "" : " --nproc " + k.nproc) + " 2>&1";
+    const auto t0 = Clock::now();
+    FILE* p = ::popen(cmd.c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    std::string out;
+    char buf[4096];
+    while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+    const int status = ::pclose(p);
+    SCOPED_TRACE("--nproc " + k.nproc + ": " + out);
+    EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 5.0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == k.code) << status;
+    for (const std::string& s : k.says) EXPECT_NE(out.find(s), std::string::npos) << s;
+    EXPECT_EQ(out.find("[rank"), std::string::npos) << "a worker started";
+    EXPECT_FALSE(fs::exists(dir / "ck"));
+  }
 }

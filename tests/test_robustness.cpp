@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 #include <spawn.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -26,6 +27,7 @@
 #include <random>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -871,12 +873,59 @@ TEST(CheckpointIntegrity, DamageThatKeepsTheFormatIsNamed) {
     if (file == model) meta["config"] = f.metadata.at("config");
     write_safetensors(legacy + "/" + fs::path(file).filename().string(), f.entries, meta);
   }
+  mt::test::expect_error([&] { app::ConfigTrainer(fault_config(dir), kCPU).resume(legacy); },
+                         {"a checkpoint of format 1", "no checksums", "MT_ALLOW_OLD_CHECKPOINTS=1"});
+  ::setenv("MT_ALLOW_OLD_CHECKPOINTS", "1", 1);
   LogCapture log;
   app::ConfigTrainer r(fault_config(dir), kCPU);
   r.resume(legacy);
+  ::unsetenv("MT_ALLOW_OLD_CHECKPOINTS");
   EXPECT_EQ(r.step(), 8);
-  EXPECT_TRUE(log.contains("step-000008.safetensors: a checkpoint of format 1"));
-  EXPECT_TRUE(log.contains("cannot be verified"));
+  EXPECT_TRUE(log.contains("step-000008.safetensors: loading a checkpoint of format 1"));
+  EXPECT_TRUE(log.contains("cannot be fully verified"));
+}
+
+// What one byte or a recomputed checksum could get past before: a format tag turned from 3 to 1
+// (which skipped verification although the checksums were there), a 0-d tensor's dtype changed
+// (its CRC restarted at the empty shape, covering the bytes alone), and a parameter's optimizer
+// state left out.
+TEST(CheckpointIntegrity, NoByteSwitchesVerificationOffAndEveryParameterHasItsState) {
+  TempDir dir;
+  app::ConfigTrainer t(fault_config(dir, {"optim.steps=8"}), kCPU);
+  t.run();
+  const std::string model = dir / "ckpt/step-000008.safetensors", optim = dir / "ckpt/step-000008.optim.safetensors";
+  const std::string relabelled = dir / "relabelled";
+  fs::create_directory(relabelled);
+  for (const std::string& file : {model, optim}) {
+    StFile f = read_safetensors(file);
+    ASSERT_EQ(f.metadata.at("format"), "minitrain-checkpoint-3");
+    f.metadata["format"] = "minitrain-checkpoint-1";
+    write_safetensors(relabelled + "/" + fs::path(file).filename().string(), f.entries, f.metadata);
+  }
+  mt::test::expect_error([&] { train::load_checkpoint(relabelled); }, {"format 1", "MT_ALLOW_OLD_CHECKPOINTS"});
+  ::setenv("MT_ALLOW_OLD_CHECKPOINTS", "1", 1);
+  mt::test::expect_error([&] { train::load_checkpoint(relabelled); },
+                         {"damaged: it says format 1, which has no checksums, but carries 'crc32."});
+  ::unsetenv("MT_ALLOW_OLD_CHECKPOINTS");
+
+  StFile o = read_safetensors(optim);
+  verify_checksums(o);
+  for (StEntry& e : o.entries)
+    if (e.name == "step") {
+      ASSERT_TRUE(e.shape.empty());
+      e.dtype = DType::f64;  // the same 8 bytes, read as a double
+    }
+  mt::test::expect_error([&] { verify_checksums(o); }, {"tensor 'step' fails its checksum"});
+
+  const train::Checkpoint good = train::load_checkpoint(model);
+  nn::StateDict without;
+  for (const auto& [name, tensor] : good.optimizer)
+    if (!name.starts_with("state.0.")) without.emplace_back(name, tensor);
+  ASSERT_LT(without.size(), good.optimizer.size());
+  const std::string bad = dir / "bad";
+  train::save_checkpoint(bad, good.run_id, 8, good.model, without, {}, 1);
+  mt::test::expect_error([&] { app::ConfigTrainer(fault_config(dir), kCPU).resume(bad); },
+                         {"'state.0.step' is missing", "parameter 0 has no state"});
 }
 
 // --resume DIR skips a damaged newest checkpoint with a warning naming it; with none intact, or
@@ -972,3 +1021,93 @@ TEST(RunFolder, TrainExitCodes) {
 }
 
 }  // namespace
+
+// ---- FIFOs -------------------------------------------------------------------------------------
+
+// A FIFO wherever `train` reads a path used to block it forever in open(): as --config, as
+// --resume, as an MNIST file, and named like the newest checkpoint of a folder for --resume DIR
+// and eval --checkpoint DIR. Each is now refused at once, naming the path. Every case runs under a
+// 4 GiB address-space limit and a 10 s timeout, so a regression fails instead of hanging.
+TEST(BadData, FifosAreRefusedWhereverAPathIsRead) {
+  TempDir dir;
+  auto fifo = [&](const std::string& path) {
+    fs::create_directories(fs::path(path).parent_path());
+    ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0) << path;
+  };
+  const std::string config = std::string(MT_SOURCE_DIR) + "/configs/mlp.yaml";
+  const std::string ck = "--set checkpoint.dir=" + dir / "ck";
+  fifo(dir / "config.yaml");
+  fifo(dir / "resume.safetensors");
+  fifo(dir / "mnist/train-labels-idx1-ubyte");
+  std::ofstream(dir / "mnist/train-images-idx3-ubyte") << "x";
+  fifo(dir / "old/step-000010.safetensors");
+  struct Case {
+    std::string args;
+    int code;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {"--config " + dir / "config.yaml", 2, "is a FIFO"},
+      {"--config " + config + " --device cpu " + ck + " --resume " + dir / "resume.safetensors", 2,
+       "resume.safetensors: is a FIFO (named pipe), not a regular file"},
+      {"--config " + config + " --device cpu " + ck + " --set data.kind=mnist --set data.path=" + dir / "mnist", 4,
+       "train-labels-idx1-ubyte: is a FIFO"},
+      {"--config " + config + " --device cpu " + ck + " --resume " + dir / "old", 2, "step-000010.safetensors: is a FIFO"},
+      {"eval --checkpoint " + dir / "old", 2, "step-000010.safetensors: is a FIFO"},
+  };
+  for (const Case& c : cases) {
+    const std::string cmd = "ulimit -v 4194304; exec timeout 10 " + std::string(MT_BINARY_DIR) + "/train " + c.args + " 2>&1";
+    const auto t0 = std::chrono::steady_clock::now();
+    FILE* p = ::popen(cmd.c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    std::string out;
+    char buf[4096];
+    while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+    const int status = ::pclose(p);
+    SCOPED_TRACE(c.args + "\n" + out);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == c.code) << status;
+    EXPECT_NE(out.find(c.says), std::string::npos);
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+  }
+}
+
+// Loads whose memory is a multiple of what is read are estimated before reading: an MNIST pair
+// whose headers declare 2^28 1x1 samples (each pixel becomes a float, each label an int64: a
+// 255 KiB gzip'd pair used to grow past 6 GiB), and a config of 10 MB (YAML parsing takes some
+// 190 bytes a byte: 1M keys peaked at 1.87 GB). Under a 2 GiB address-space limit both are
+// refused at once, naming the file.
+TEST(BadData, LoadsAreEstimatedBeforeTheyAreRead) {
+  TempDir dir;
+  auto be32 = [](uint32_t v) {
+    return std::string{char(v >> 24), char(v >> 16 & 255), char(v >> 8 & 255), char(v & 255)};
+  };
+  fs::create_directory(dir / "mnist");
+  const uint32_t n = uint32_t(1) << 28;
+  std::ofstream(dir / "mnist/train-labels-idx1-ubyte", std::ios::binary) << be32(0x801) << be32(n) << std::string(16, '\0');
+  std::ofstream(dir / "mnist/train-images-idx3-ubyte", std::ios::binary)
+      << be32(0x803) << be32(n) << be32(1) << be32(1) << std::string(16, '\0');
+  {
+    std::ofstream big(dir / "big.yaml");
+    for (int i = 0; i < 1'000'000; ++i) big << 'k' << i << ": 1\n";
+  }
+  const std::string config = std::string(MT_SOURCE_DIR) + "/configs/mlp.yaml";
+  const std::vector<std::tuple<std::string, int, std::string>> cases = {
+      {"--config " + config + " --device cpu --set checkpoint.dir=" + dir / "ck" + " --set data.kind=mnist "
+       "--set data.path=" + dir / "mnist", 4, "train-labels-idx1-ubyte: its header's 268435456 labels take"},
+      {"--config " + dir / "big.yaml", 2, "a config may have at most 1048576 bytes (1 MiB)"},
+  };
+  for (const auto& [args, code, says] : cases) {
+    const std::string cmd = "ulimit -v 2097152; exec timeout 20 " + std::string(MT_BINARY_DIR) + "/train " + args + " 2>&1";
+    const auto t0 = std::chrono::steady_clock::now();
+    FILE* p = ::popen(cmd.c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    std::string out;
+    char buf[4096];
+    while (size_t k = std::fread(buf, 1, sizeof buf, p)) out.append(buf, k);
+    const int status = ::pclose(p);
+    SCOPED_TRACE(args + "\n" + out);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == code) << status;
+    EXPECT_NE(out.find(says), std::string::npos);
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+  }
+}

@@ -258,9 +258,10 @@ TEST(Zero, TrainerShardedRunsTrainLikeUnsharded) {
       if (n == 1) EXPECT_EQ(params_of(t), params_of(*whole.ranks[0]));
       // 20 steps, 1 bucket: 20 reduce-scatters; all-gathers: 20 of the parameters and 2 of the
       // state per save (steps 10 and 20); all-reduces: the norm per step, and the loss and the
-      // accuracy at the 4 logged steps (which one rank does not need).
+      // accuracy at the 4 logged steps (which one rank does not need); and one all-gather of the
+      // ranks' config digests before the first step (parallel/job_check.h).
       EXPECT_EQ(comms[size_t(r)]->reduce_scatter_calls(), 20);
-      EXPECT_EQ(comms[size_t(r)]->all_gather_calls(), 20 + 2 * 2);
+      EXPECT_EQ(comms[size_t(r)]->all_gather_calls(), 20 + 2 * 2 + (n > 1 ? 1 : 0));
       EXPECT_EQ(comms[size_t(r)]->all_reduce_calls(), 20 + (n > 1 ? 2 * 4 : 0));
     }
     // The checkpoint holds the full state, as the unsharded run's does.

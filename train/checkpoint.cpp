@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -18,8 +19,12 @@ namespace fs = std::filesystem;
 namespace mt::train {
 namespace {
 
-constexpr const char* kFormat = "minitrain-checkpoint-2";
-constexpr const char* kLegacyFormat = "minitrain-checkpoint-1";  // no ids, no checksums
+constexpr const char* kFormat = "minitrain-checkpoint-3";
+// Older formats load only when asked for (kAllowOld): format 1 has no ids and no checksums,
+// format 2's checksums do not cover 0-d tensors' names, dtypes and shapes (core/safetensors.h).
+constexpr const char* kFormat2 = "minitrain-checkpoint-2";
+constexpr const char* kFormat1 = "minitrain-checkpoint-1";
+constexpr const char* kAllowOld = "MT_ALLOW_OLD_CHECKPOINTS";
 
 // ---- names ----
 
@@ -92,20 +97,33 @@ Checkpoint load_file(const std::string& model_path) {
   for (const StFile* f : {&model, &optim}) {
     auto format = f->metadata.find("format");
     MT_CHECK(format != f->metadata.end() &&
-                 (format->second == kFormat || format->second == kLegacyFormat),
+                 (format->second == kFormat || format->second == kFormat2 || format->second == kFormat1),
              f->path, ": not a minitrain checkpoint (metadata 'format' is missing or not '",
              kFormat, "')");
   }
-  const bool legacy = model.metadata.at("format") == kLegacyFormat;
-  MT_CHECK(legacy == (optim.metadata.at("format") == kLegacyFormat), model_path, " and ",
-           optim_path, " are of different formats: not one checkpoint");
+  const std::string format = model.metadata.at("format");
+  MT_CHECK(format == optim.metadata.at("format"), model_path, " and ", optim_path,
+           " are of different formats: not one checkpoint");
+  const bool legacy = format == kFormat1;
+  if (format != kFormat) {
+    const char* allow = std::getenv(kAllowOld);
+    MT_CHECK(allow != nullptr && std::string(allow) == "1", model_path, ": a checkpoint of format ",
+             format.substr(format.size() - 1), ", written by an older minitrain: ",
+             legacy ? "it has no checksums" : "its checksums do not cover the step counts' dtype and shape",
+             ", so it cannot be fully verified. Set ", kAllowOld, "=1 to load it anyway, if you "
+             "trust the file (resuming from it then saves checkpoints of the current format)");
+    spdlog::warn("{}: loading a checkpoint of format {} that cannot be fully verified ({}=1)", model_path,
+                 format.substr(format.size() - 1), kAllowOld);
+  }
   if (legacy) {
-    spdlog::warn("{}: a checkpoint of format 1, written before checkpoints carried checksums: it "
-                 "cannot be verified, loading it as it is",
-                 model_path);
+    // Format 1 never had checksums: a file that has them was written later and relabelled.
+    for (const StFile* f : {&model, &optim})
+      for (const auto& [key, _] : f->metadata)
+        MT_CHECK(!key.starts_with(kChecksumPrefix), f->path, ": damaged: it says format 1, which has "
+                 "no checksums, but carries '", key, "'");
   } else {
-    verify_checksums(model);
-    verify_checksums(optim);
+    verify_checksums(model, format == kFormat2);
+    verify_checksums(optim, format == kFormat2);
     MT_CHECK(meta_at(model, "run_id") == meta_at(optim, "run_id") &&
                  meta_at(model, "checkpoint_id") == meta_at(optim, "checkpoint_id"),
              model_path, " and ", optim_path,

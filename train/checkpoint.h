@@ -9,15 +9,17 @@
 //   <dir>/step-000300.optim.safetensors  optimizer state (metadata: the keys below)
 //
 // Both files' metadata (string -> string; other readers ignore keys they do not know) holds
-//   format         "minitrain-checkpoint-2"
+//   format         "minitrain-checkpoint-3"
 //   step           optimizer steps completed, in decimal; the file name's number too
 //   run_id         the run that wrote it: pruning only ever removes the current run's checkpoints
 //   checkpoint_id  random, one per saved step: proves a model and an optimizer file belong together
 //   crc32.<name>   CRC-32 of a tensor's name, dtype, shape and bytes, 8 hex digits
 //   crc32.__metadata__  CRC-32 of every other metadata key and value (core/safetensors.h)
 // and loading verifies all of them, so a bit flipped anywhere (or two tensors swapped) is an
-// error naming the file and the tensor. Format 1 files (before checksums) still load, with a
-// warning that they cannot be verified.
+// error naming the file and the tensor. Older formats load only when asked for with
+// MT_ALLOW_OLD_CHECKPOINTS=1, with a warning: format 1 has no checksums, format 2's did not
+// cover 0-d tensors' names, dtypes and shapes (core/safetensors.h). A file that says format 1 but
+// carries checksums is damaged (a relabelled newer one), whatever the variable says.
 //
 // Both are written atomically (temp file, fsync, rename, directory fsync), the optimizer file
 // first: a model file exists only once its optimizer file does, so the newest model file always

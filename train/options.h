@@ -15,6 +15,8 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/dtype.h"
 #include "optim/loss_scaler.h"
@@ -77,6 +79,10 @@ struct Options {
   CheckpointOptions checkpoint;
   LoggingOptions logging;
   bool cuda_graph = false;  // replay quiet steps as one CUDA graph (train/trainer.h)
+  // What the ranks of a data-parallel run must agree on besides the model's parameters (whose
+  // names, shapes and dtypes the trainer adds): the `train` program passes its resolved config,
+  // key by key. A mismatch stops every rank naming the first differing key.
+  std::vector<std::pair<std::string, std::string>> job_keys;
 };
 
 // Where metrics and the loss curve go: the set path, or the default inside checkpoint.dir.

@@ -18,6 +18,7 @@
 #include "optim/adamw.h"
 #include "optim/clip.h"
 #include "optim/sgd.h"
+#include "parallel/job_check.h"
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
 #include "train/forensics.h"
@@ -419,6 +420,10 @@ void Trainer::begin_run(RunState& r) {
                    comm_->size(), data_->shard_size(), reducer_->num_buckets(),
                    zero_ ? ", reduce-scattered (ZeRO-1: AdamW's state sharded over the ranks)" : "",
                    reducer_->layout_str());
+    parallel::JobEntries job = options_.job_keys;  // one config, one model
+    for (const auto& [name, p] : model_->named_parameters())
+      job.emplace_back("param." + name, shape_str(p.shape()) + " " + dtype_name(p.dtype()));
+    parallel::check_same_job(*comm_, job, device_);
     // The replicas start equal by construction (one seed); rank 0's weights make sure of it.
     NoGradGuard no_grad;
     for (const Tensor& p : r.params) comm_->broadcast(p, 0);

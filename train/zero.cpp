@@ -104,7 +104,11 @@ nn::StateDict ShardedAdamW::state_dict() {
   std::map<std::string, Tensor> mine(shard.begin(), shard.end());
   nn::StateDict out;
   out.emplace_back("step", mine.at("step"));
-  if (shard_->steps_taken() == 0) return out;  // no state yet, as unsharded
+  if (shard_->steps_taken() == 0) {  // no state yet, as unsharded: every count is 0
+    for (size_t i = 0; i < params_.size(); ++i)
+      out.emplace_back("state." + std::to_string(i) + ".step", from_vector(std::vector<int64_t>{0}, {}));
+    return out;
+  }
   NoGradGuard no_grad;
   const auto& buckets = reducer_.buckets();
   const std::vector<Tensor>& reduced = reducer_.params();
@@ -153,8 +157,9 @@ void ShardedAdamW::load_state_dict(const nn::StateDict& full_state) {
     const Piece& piece = pieces_[k];
     const std::string from = "state." + std::to_string(piece.param) + ".";
     const std::string to = "state." + std::to_string(k) + ".";
-    if (!full.contains(from + "step")) continue;  // not updated yet
-    shard.emplace_back(to + "step", full.at(from + "step"));
+    const Tensor& updates = full.at(from + "step");
+    shard.emplace_back(to + "step", updates);
+    if (updates.to_vector()[0] == 0) continue;  // not updated yet
     for (const char* name : {"exp_avg", "exp_avg_sq"}) {
       const Tensor& t = full.at(from + name);
       shard.emplace_back(to + name, t.view({t.numel()}).slice_rows(piece.begin, piece.begin + piece.numel).clone());
