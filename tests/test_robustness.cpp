@@ -35,6 +35,7 @@
 #include "app/config_trainer.h"
 #include "app/memory.h"
 #include "core/atomic_file.h"
+#include "core/device.h"
 #include "core/safetensors.h"
 #include "data/data.h"
 #include "tests/bit_flip.h"
@@ -1077,6 +1078,10 @@ TEST(BadData, FifosAreRefusedWhereverAPathIsRead) {
 // 190 bytes a byte: 1M keys peaked at 1.87 GB). Under a 2 GiB address-space limit both are
 // refused at once, naming the file.
 TEST(BadData, LoadsAreEstimatedBeforeTheyAreRead) {
+  // Under a 2 GiB address-space limit a process that has touched the CUDA driver does not end
+  // within the test's bound on a GPU machine (seen on an H200: the data error printed, then the
+  // exit waited out `timeout 20`); the check itself is plain C++ and runs on every CPU machine.
+  if (cuda_available()) GTEST_SKIP() << "under ulimit -v the CUDA driver's exit is not bounded";
   TempDir dir;
   auto be32 = [](uint32_t v) {
     return std::string{char(v >> 24), char(v >> 16 & 255), char(v >> 8 & 255), char(v & 255)};
