@@ -1,0 +1,40 @@
+"""PyTorch's F.scaled_dot_product_attention (causal, bf16, the backend it picks) timed on the
+shapes bench_attention times, with the same FLOP convention (fwd 4*B*H*T^2*d/2, bwd 2.5x fwd)
+and the same method (median of 20 CUDA-event-timed calls after 3 warm-up calls)."""
+import torch
+import torch.nn.functional as F
+
+WARMUP, REPS = 3, 20
+SHAPES = [(16, 12, 1024, 64), (4, 16, 4096, 128), (16, 12, 1024, 32), (8, 12, 2048, 64)]
+
+
+def median_ms(fn):
+    for _ in range(WARMUP):
+        fn()
+    times = []
+    for _ in range(REPS):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return sorted(times)[REPS // 2]
+
+
+def main():
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
+    for B, H, T, d in SHAPES:
+        q, k, v, do = (torch.randn(B, H, T, d, device="cuda", dtype=torch.bfloat16,
+                                   requires_grad=i < 3) for i in range(4))
+        fwd_flops = 4 * B * H * T * T * d / 2
+        f_ms = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        b_ms = median_ms(lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True))
+        print(f"[{B}, {H}, {T}, {d}] bf16 causal SDPA   fwd {f_ms:7.3f} ms "
+              f"{fwd_flops / f_ms / 1e9:6.1f} TFLOP/s   bwd {b_ms:7.3f} ms "
+              f"{2.5 * fwd_flops / b_ms / 1e9:6.1f} TFLOP/s")
+
+
+if __name__ == "__main__":
+    main()

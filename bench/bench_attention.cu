@@ -1,0 +1,117 @@
+// Attention benchmark: the causal attention kernels (ops/attention) forward and backward in
+// TFLOP/s at the shapes a GPT uses, bf16; bench/attention_sdpa.py times PyTorch's
+// F.scaled_dot_product_attention on the same shapes for the same-run comparison.
+//
+// FLOPs follow PyTorch's and FlashAttention's convention for causal attention: the forward is two
+// T×T×d GEMMs (S = q kᵀ and O = P v), 4·B·H·T²·d, halved by the mask; the backward is five (S
+// again, dP, dV, dK, dQ), 2.5 times the forward. The deterministic backward does two more (its
+// dQ pass recomputes S and dP) but is credited with the same count: the figure compares time.
+// Each figure is the median of kReps timed calls after kWarmup untimed ones, on random inputs.
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+#include <cuda_bf16.h>
+
+#include "core/cuda/check.h"
+#include "core/cuda/runtime.h"
+#include "core/dtype.h"
+#include "ops/attention/attention_cuda.h"
+
+namespace {
+
+constexpr int kWarmup = 3;
+constexpr int kReps = 20;
+
+struct Shape {
+  int64_t B, H, T, d;
+  int64_t elems() const { return B * H * T * d; }
+  double fwd_flops() const { return 4.0 * B * H * T * T * d / 2; }
+};
+
+// A well-mixed value in [-1, 1) for every (index, seed).
+__global__ void fill_kernel(__nv_bfloat16* out, int64_t n, uint32_t seed) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    uint64_t z = uint64_t(i) + 0x9e3779b97f4a7c15ull * (uint64_t(seed) + 1);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    out[i] = __float2bfloat16(float(uint32_t(z >> 40)) / float(1 << 24) * 2.0f - 1.0f);
+  }
+}
+
+template <class F>
+double median_ms(cudaStream_t s, F&& body) {
+  for (int i = 0; i < kWarmup; ++i) body();
+  std::vector<cudaEvent_t> events(2 * kReps);
+  for (cudaEvent_t& e : events) MT_CUDA_CHECK(cudaEventCreate(&e));
+  for (int i = 0; i < kReps; ++i) {
+    MT_CUDA_CHECK(cudaEventRecord(events[2 * i], s));
+    body();
+    MT_CUDA_CHECK(cudaEventRecord(events[2 * i + 1], s));
+  }
+  MT_CUDA_CHECK(cudaEventSynchronize(events.back()));
+  std::vector<float> ms(kReps);
+  for (int i = 0; i < kReps; ++i)
+    MT_CUDA_CHECK(cudaEventElapsedTime(&ms[i], events[2 * i], events[2 * i + 1]));
+  for (cudaEvent_t& e : events) MT_CUDA_CHECK(cudaEventDestroy(e));
+  std::sort(ms.begin(), ms.end());
+  return ms[kReps / 2];
+}
+
+void bench(const Shape& sh, int device, cudaStream_t s) {
+  using mt::cuda::alloc;
+  const int64_t n = sh.elems(), heads = sh.B * sh.H;
+  const size_t bytes = size_t(n) * sizeof(__nv_bfloat16);
+  std::vector<void*> bufs;
+  for (int i = 0; i < 8; ++i) bufs.push_back(alloc(bytes, device));  // q k v o dout dq dk dv
+  float* lse = static_cast<float*>(alloc(size_t(heads * sh.T) * sizeof(float), device));
+  for (int i = 0; i < 5; ++i) {
+    fill_kernel<<<1024, 256, 0, s>>>(static_cast<__nv_bfloat16*>(bufs[size_t(i)]), n, uint32_t(i));
+    MT_CUDA_CHECK_LAUNCH();
+  }
+  auto fwd = [&] {
+    mt::cuda::attention_forward(bufs[0], bufs[1], bufs[2], bufs[3], lse, heads, sh.T, sh.d,
+                                mt::DType::bf16, s);
+  };
+  auto bwd = [&](bool deterministic) {
+    return [&, deterministic] {
+      mt::cuda::attention_backward(bufs[0], bufs[1], bufs[2], bufs[3], lse, bufs[4], bufs[5],
+                                   bufs[6], bufs[7], heads, sh.T, sh.d, mt::DType::bf16,
+                                   deterministic, s);
+    };
+  };
+  const double f_ms = median_ms(s, fwd);
+  fwd();  // O and L for the backward
+  const double b_ms = median_ms(s, bwd(true));
+  const double a_ms = median_ms(s, bwd(false));
+  const double ff = sh.fwd_flops(), bf = 2.5 * ff;
+  std::printf("[%lld, %lld, %lld, %lld] bf16 causal   fwd %7.3f ms %6.1f TFLOP/s   "
+              "bwd %7.3f ms %6.1f TFLOP/s   bwd atomic-dQ %7.3f ms %6.1f TFLOP/s\n",
+              (long long)sh.B, (long long)sh.H, (long long)sh.T, (long long)sh.d, f_ms,
+              ff / (f_ms * 1e-3) / 1e12, b_ms, bf / (b_ms * 1e-3) / 1e12, a_ms,
+              bf / (a_ms * 1e-3) / 1e12);
+  for (void* p : bufs) mt::cuda::free(p, device);
+  mt::cuda::free(lse, device);
+}
+
+}  // namespace
+
+int main() {
+  if (!mt::cuda::available()) {
+    std::printf("bench_attention: no CUDA device\n");
+    return 0;
+  }
+  const int device = 0;
+  mt::cuda::set_device(device);
+  cudaStream_t s = mt::cuda::stream(device);
+  std::printf("causal attention, FLOPs: fwd 4*B*H*T^2*d/2, bwd 2.5x fwd (PyTorch/FlashAttention "
+              "convention)\n");
+  for (const Shape& sh : {Shape{16, 12, 1024, 64}, Shape{4, 16, 4096, 128}, Shape{16, 12, 1024, 32},
+                          Shape{8, 12, 2048, 64}})
+    bench(sh, device, s);
+  MT_CUDA_CHECK(cudaStreamSynchronize(s));
+  return 0;
+}

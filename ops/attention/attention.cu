@@ -1,0 +1,909 @@
+// Causal attention on the GPU, one (batch, head) = one [T, d] slice of q, k, v, o. The math is
+// in attention.h; scores are kept in log2 units here (x = S · log2 e), so every exponential is
+// one exp2, and L (natural log) = (m₂ + log2 ℓ) · ln 2.
+//
+// Tensor-core path (bf16, f16; d = 32, 64, 128). Blocks of 4 warps. Tiles of q, k, v or dO sit
+// in shared memory with each row padded by 16 bytes, so the 8 rows an ldmatrix reads fall in 8
+// different bank groups. Tiles arrive by cp.async (16 bytes a thread, rows past T filled with
+// zeros), double-buffered: the next tile loads while this one is multiplied. Products are
+// mma.sync m16n8k16 with fp32 accumulators; a warp owns whole rows of every product, and a score
+// tile's accumulators are re-packed in registers as the A operand of the next product (P·V,
+// Pᵀ·dO, dSᵀ·Q, dS·K), so P and dS never touch shared memory. Tile shapes are at the launchers
+// (fwd_keys and the rest), set by the registers they need.
+//   forward    grid (T/128 Q tiles, B·H), the last Q tile first (it walks the most K/V tiles).
+//              Each warp keeps its 32 rows of q in registers (re-read from shared memory at
+//              d = 128) and walks the K/V tiles up to its diagonal (the only ones masked) with
+//              the online softmax: per row a running max m and sum ℓ (a thread's partial sum;
+//              its quad adds them at the end), the output rescaled by exp2(m_old − m_new)
+//              whenever m grows. Writes O = acc / ℓ and L.
+//   backward   1. D = rowsum(dO ∘ O): one warp per row (any dtype).
+//              2. dK, dV: grid (T/64 K tiles, B·H). A block owns 64 keys (16 a warp) and walks
+//                 the Q tiles from its diagonal to T: Sᵀ = K·Qᵀ, P = exp2(x − L),
+//                 dPᵀ = V·dOᵀ, dSᵀ = Pᵀ ∘ (dPᵀ − D), then dV += Pᵀ·dO and dK += dSᵀ·Q in fp32
+//                 registers.
+//              3. dQ (deterministic): grid (T/128 Q tiles, 64 at d = 128; B·H); a block owns
+//                 its query rows and walks the K/V tiles up to its diagonal, recomputing S, P, dP
+//                 and dS (two more GEMMs than FlashAttention-2's atomic dQ) and adding dS·K in
+//                 fp32 registers. Non-deterministic variant: pass 2 also writes dSᵀ to shared
+//                 memory, computes the tile's dS·K and atomicAdds it into an fp32 scratch; a last
+//                 map rounds it into dq.
+// CUDA-core path (f32; bf16 and f16 at other d ≤ 256): one warp per row (forward, dQ) or per key
+// (dK, dV), lane ℓ scoring key (or query) j0 + ℓ of each group of 32, fp32 throughout.
+//
+// Accumulation: O, L, D, dQ, dK, dV all '='. Every sum has a fixed order (mma k-order, the quad
+// shuffles, the tile walk), and the grid depends only on the shape, so the same inputs give the
+// same bits on every run; only the atomic dQ variant does not.
+#include "ops/attention/attention_cuda.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "core/cuda/check.h"
+#include "core/cuda/glue.h"
+#include "core/cuda/reduce.cuh"
+#include "core/cuda/runtime.h"
+#include "core/cuda/vec.cuh"
+#include "core/registry.h"
+#include "ops/attention/attention.h"
+
+namespace mt::cuda {
+namespace {
+
+constexpr int kThreads = 128;  // 4 warps
+constexpr int kWarps = kThreads / 32;
+constexpr int kTile = 64;      // rows of a Q tile (forward, dQ) and of a K tile (dK/dV)
+constexpr int kPad = 8;        // elements of padding per shared-memory row: 16 bytes
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kInf = __builtin_huge_valf();
+
+__host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// ---- PTX wrappers ---------------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared, asynchronously; !valid writes 16 zero bytes (src-size 0).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// c += a · b for one m16n8k16 tile, fp32 accumulators.
+template <class T>
+__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                    uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// Two fp32 values as one register of two 16-bit ones (lo in the low half: the lower column).
+template <class T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+
+// 2^x on the special-function unit (ex2.approx, flushing denormals): exp2f's library code adds
+// range handling that costs ALU work in the loop the exponentials already bound. 2^−∞ = 0.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// ---- warp-level tile products -----------------------------------------------------------------
+// A warp's accumulator tile acc[MT][N/8][4] is 16·MT rows × N columns in mma's layout: with
+// g = lane/4 and t = lane%4, acc[m][n][e] is row 16m + g + 8·(e/2), column 8n + 2t + e%2. A warp
+// with MT = 2 reuses every B fragment it loads from shared memory for two mma, which halves the
+// shared-memory traffic per FLOP (with MT = 1 it, not the tensor cores, bounds the forward).
+
+// ROWS rows of D elements from global row row0 on (zeros past T) into a padded shared tile.
+template <class T, int D, int ROWS, int kBlockThreads>
+__device__ __forceinline__ void load_tile(T* s, const T* g, int row0, int T_len) {
+  constexpr int kChunks = D / 8;  // 16-byte chunks per row
+#pragma unroll
+  for (int idx = threadIdx.x; idx < ROWS * kChunks; idx += kBlockThreads) {
+    const int r = idx / kChunks, c = idx % kChunks;
+    const bool valid = row0 + r < T_len;
+    cp_async16(s + r * (D + kPad) + c * 8, g + int64_t(valid ? row0 + r : 0) * D + c * 8, valid);
+  }
+}
+
+// The A fragments of 16·MT rows × K columns of a row-major shared tile (stride in elements).
+template <int MT, int K, class T>
+__device__ __forceinline__ void load_a(uint32_t (&a)[MT][K / 16][4], const T* s, int stride) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int kk = 0; kk < K / 16; ++kk)
+      ldmatrix_x4(a[m][kk], s + (m * 16 + lane % 16) * stride + kk * 16 + (lane / 16) * 8);
+}
+
+// The B fragments of two n8 tiles (n0 .. n0 + 15) × k16 (k0 ..) of B[k][n] = sB[n][k] (stored
+// n-major: "NT"), or of B = sB[k][n] (stored k-major: "NN", ldmatrix transposes on the way).
+template <class T>
+__device__ __forceinline__ void load_b_nt(uint32_t (&b)[4], const T* sB, int stride, int n0, int k0) {
+  const int lane = threadIdx.x % 32;
+  ldmatrix_x4(b, sB + (n0 + lane % 8 + (lane / 16) * 8) * stride + k0 + ((lane / 8) % 2) * 8);
+}
+template <class T>
+__device__ __forceinline__ void load_b_nn(uint32_t (&b)[4], const T* sB, int stride, int n0, int k0) {
+  const int lane = threadIdx.x % 32;
+  ldmatrix_x4_trans(b, sB + (k0 + lane % 8 + ((lane / 8) % 2) * 8) * stride + n0 + (lane / 16) * 8);
+}
+
+// acc += A · B, A in registers (16·MT × K), B from shared memory, NT or NN (kTransB).
+template <bool kTransB, int MT, int N, int K, class T>
+__device__ __forceinline__ void mma_reg(float (&acc)[MT][N / 8][4], const uint32_t (&a)[MT][K / 16][4],
+                                        const T* sB, int stride) {
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk)
+#pragma unroll
+    for (int nn = 0; nn < N / 16; ++nn) {
+      uint32_t b[4];
+      if constexpr (kTransB) load_b_nn(b, sB, stride, nn * 16, kk * 16);
+      else load_b_nt(b, sB, stride, nn * 16, kk * 16);
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        mma<T>(acc[m][2 * nn], a[m][kk], b[0], b[1]);
+        mma<T>(acc[m][2 * nn + 1], a[m][kk], b[2], b[3]);
+      }
+    }
+}
+
+// acc += A · Bᵀ-stored (NT) with A read from shared memory one k-step at a time: fewer registers.
+template <int MT, int N, int K, class T>
+__device__ __forceinline__ void mma_smem_nt(float (&acc)[MT][N / 8][4], const T* sA, const T* sB,
+                                            int stride) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk) {
+    uint32_t a[MT][4];
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+      ldmatrix_x4(a[m], sA + (m * 16 + lane % 16) * stride + kk * 16 + (lane / 16) * 8);
+#pragma unroll
+    for (int nn = 0; nn < N / 16; ++nn) {
+      uint32_t b[4];
+      load_b_nt(b, sB, stride, nn * 16, kk * 16);
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        mma<T>(acc[m][2 * nn], a[m], b[0], b[1]);
+        mma<T>(acc[m][2 * nn + 1], a[m], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// An accumulator tile rounded to T as the A operand (16·MT × N along k) of the next product.
+template <int MT, int N, class T>
+__device__ __forceinline__ void to_a(const float (&acc)[MT][N / 8][4], uint32_t (&a)[MT][N / 16][4]) {
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int kk = 0; kk < N / 16; ++kk) {
+      a[m][kk][0] = pack2<T>(acc[m][2 * kk][0], acc[m][2 * kk][1]);
+      a[m][kk][1] = pack2<T>(acc[m][2 * kk][2], acc[m][2 * kk][3]);
+      a[m][kk][2] = pack2<T>(acc[m][2 * kk + 1][0], acc[m][2 * kk + 1][1]);
+      a[m][kk][3] = pack2<T>(acc[m][2 * kk + 1][2], acc[m][2 * kk + 1][3]);
+    }
+}
+
+// The rows of an accumulator tile starting at global row row0, times `mul`, rounded to T, into
+// global rows < T (each thread writes 4 bytes; a quad, 16 contiguous bytes).
+template <int MT, int N, class T>
+__device__ __forceinline__ void store_rows(T* g_out, const float (&acc)[MT][N / 8][4], int row0,
+                                           int T_len, float mul) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = row0 + 16 * m + g + 8 * h;
+      if (row >= T_len) continue;
+#pragma unroll
+      for (int n = 0; n < N / 8; ++n)
+        *reinterpret_cast<uint32_t*>(g_out + int64_t(row) * N + n * 8 + 2 * t) =
+            pack2<T>(acc[m][n][2 * h] * mul, acc[m][n][2 * h + 1] * mul);
+    }
+}
+
+template <int MT, int N>
+__device__ __forceinline__ void zero(float (&acc)[MT][N][4]) {
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int n = 0; n < N; ++n) acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.0f;
+}
+
+// ---- tensor-core forward ----------------------------------------------------------------------
+// Block: kWarps warps of 16·MT query rows each (kBM rows); K/V tiles of BC keys.
+
+template <class T, int D, int MT, int BC>
+__global__ void __launch_bounds__(kThreads)
+    forward_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+               T* __restrict__ o, float* __restrict__ lse, int T_len, float scale_log2) {
+  constexpr int kS = D + kPad, kBM = kWarps * 16 * MT;
+  constexpr bool kHoldQ = D <= 64;  // q's fragments in registers; at d = 128 re-read per tile
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* sQ = reinterpret_cast<T*>(smem);
+  T* sK = sQ + kBM * kS;      // [2][BC][kS]
+  T* sV = sK + 2 * BC * kS;   // [2][BC][kS]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int q0 = (int(gridDim.x) - 1 - int(blockIdx.x)) * kBM;  // the longest walks first
+  const int w0 = q0 + warp * 16 * MT;                            // this warp's first row
+  const int64_t base = int64_t(blockIdx.y) * T_len * D;
+  const int tiles = int(ceil_div(min(q0 + kBM, T_len), BC));  // keys up to the block's last row
+  load_tile<T, D, kBM, kThreads>(sQ, q + base, q0, T_len);
+  load_tile<T, D, BC, kThreads>(sK, k + base, 0, T_len);
+  load_tile<T, D, BC, kThreads>(sV, v + base, 0, T_len);
+  cp_async_commit();
+
+  float acc[MT][D / 8][4];
+  zero(acc);
+  float m_run[MT][2], l[MT][2];  // per row 16m + g + 8h: running max (log2 units), partial sum
+#pragma unroll
+  for (int m = 0; m < MT; ++m) m_run[m][0] = m_run[m][1] = -kInf, l[m][0] = l[m][1] = 0.0f;
+  uint32_t qa[kHoldQ ? MT : 1][kHoldQ ? D / 16 : 1][4];
+  const T* sQw = sQ + warp * 16 * MT * kS;
+  for (int kt = 0; kt < tiles; ++kt) {
+    cp_async_wait_all();
+    __syncthreads();  // tile kt landed, and every warp is done with the buffer refilled next
+    const int buf = kt & 1;
+    if constexpr (kHoldQ)
+      if (kt == 0) load_a<MT, D>(qa, sQw, kS);
+    if (kt + 1 < tiles) {
+      load_tile<T, D, BC, kThreads>(sK + (buf ^ 1) * BC * kS, k + base, (kt + 1) * BC, T_len);
+      load_tile<T, D, BC, kThreads>(sV + (buf ^ 1) * BC * kS, v + base, (kt + 1) * BC, T_len);
+    }
+    cp_async_commit();
+
+    float s[MT][BC / 8][4];  // raw q·k; scaled inside the exponent
+    zero(s);
+    if constexpr (kHoldQ) mma_reg<false, MT, BC, D>(s, qa, sK + buf * BC * kS, kS);
+    else mma_smem_nt<MT, BC, D>(s, sQw, sK + buf * BC * kS, kS);
+    if (kt * BC + BC - 1 > w0) {  // some key of the tile comes after some row of the warp: mask
+#pragma unroll
+      for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int n = 0; n < BC / 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if (kt * BC + n * 8 + 2 * t + e % 2 > w0 + 16 * m + g + 8 * (e / 2)) s[m][n][e] = -kInf;
+    }
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float mx = -kInf;
+#pragma unroll
+        for (int n = 0; n < BC / 8; ++n) mx = fmaxf(mx, fmaxf(s[m][n][2 * h], s[m][n][2 * h + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m_run[m][h], mx * scale_log2);
+        const float m_use = m_new == -kInf ? 0.0f : m_new;  // a row with nothing yet: no NaN
+        const float corr = fast_exp2(m_run[m][h] - m_use);  // rescales what came before
+        m_run[m][h] = m_new;
+        l[m][h] *= corr;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) acc[m][n][2 * h] *= corr, acc[m][n][2 * h + 1] *= corr;
+#pragma unroll
+        for (int n = 0; n < BC / 8; ++n)
+#pragma unroll
+          for (int e = 2 * h; e < 2 * h + 2; ++e) {
+            const float p = fast_exp2(s[m][n][e] * scale_log2 - m_use);
+            s[m][n][e] = p;
+            l[m][h] += p;
+          }
+      }
+    uint32_t pa[MT][BC / 16][4];
+    to_a<MT, BC, T>(s, pa);
+    mma_reg<true, MT, D, BC>(acc, pa, sV + buf * BC * kS, kS);
+  }
+
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float sum = l[m][h];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const int row = w0 + 16 * m + g + 8 * h;
+      if (t == 0 && row < T_len)
+        lse[int64_t(blockIdx.y) * T_len + row] = (m_run[m][h] + log2f(sum)) * kLn2;
+      const float inv = 1.0f / sum;
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) acc[m][n][2 * h] *= inv, acc[m][n][2 * h + 1] *= inv;
+    }
+  store_rows<MT, D, T>(o + base, acc, w0, T_len, 1.0f);
+}
+
+// ---- backward, pass 1: D = rowsum(dO ∘ O) ------------------------------------------------------
+
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    rowdot_kernel(const T* __restrict__ dout, const T* __restrict__ o, float* __restrict__ D_out,
+                  int64_t rows, int d) {
+  const int64_t row = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (row >= rows) return;
+  const int lane = threadIdx.x % 32;
+  float sum = 0.0f;
+  for (int c = lane; c < d; c += 32) sum += to_float(dout[row * d + c]) * to_float(o[row * d + c]);
+  sum = warp_sum(sum);
+  if (lane == 0) D_out[row] = sum;
+}
+
+// ---- tensor-core backward, pass 2: dK, dV (and the atomic dQ) ---------------------------------
+
+template <class T, int D, int BR, bool kAtomicDq>
+__global__ void __launch_bounds__(kThreads)
+    dkdv_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+            const T* __restrict__ dout, const float* __restrict__ lse,
+            const float* __restrict__ Dvec, T* __restrict__ dk, T* __restrict__ dv,
+            float* __restrict__ dq_acc, int T_len, float scale, float scale_log2) {
+  constexpr int kS = D + kPad, kSS = BR + kPad;
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* sK = reinterpret_cast<T*>(smem);
+  T* sV = sK + kTile * kS;
+  T* sQ = sV + kTile * kS;    // [2][BR][kS]
+  T* sdO = sQ + 2 * BR * kS;  // [2][BR][kS]
+  float* sL = reinterpret_cast<float*>(sdO + 2 * BR * kS);  // [2][BR], log2 units
+  float* sD = sL + 2 * BR;                                  // [2][BR]
+  T* sdS = reinterpret_cast<T*>(sD + 2 * BR);               // [kTile][kSS], atomic dQ only
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int k0 = int(blockIdx.x) * kTile;
+  const int64_t base = int64_t(blockIdx.y) * T_len * D;
+  const float* lse_h = lse + int64_t(blockIdx.y) * T_len;
+  const float* D_h = Dvec + int64_t(blockIdx.y) * T_len;
+  const int first = k0 / BR, tiles = int(ceil_div(T_len, BR));
+
+  auto load_q_tile = [&](int qi, int buf) {
+    load_tile<T, D, BR, kThreads>(sQ + buf * BR * kS, q + base, qi * BR, T_len);
+    load_tile<T, D, BR, kThreads>(sdO + buf * BR * kS, dout + base, qi * BR, T_len);
+    if (threadIdx.x < BR) {
+      const int i = qi * BR + threadIdx.x;
+      sL[buf * BR + threadIdx.x] = i < T_len ? lse_h[i] * kLog2e : 0.0f;
+      sD[buf * BR + threadIdx.x] = i < T_len ? D_h[i] : 0.0f;
+    }
+  };
+  load_tile<T, D, kTile, kThreads>(sK, k + base, k0, T_len);
+  load_tile<T, D, kTile, kThreads>(sV, v + base, k0, T_len);
+  load_q_tile(first, 0);
+  cp_async_commit();
+
+  float dk_acc[1][D / 8][4], dv_acc[1][D / 8][4];
+  zero(dk_acc);
+  zero(dv_acc);
+  const int j_base = k0 + warp * 16 + g;  // this thread's keys: j_base and j_base + 8
+  for (int qi = first; qi < tiles; ++qi) {
+    cp_async_wait_all();
+    __syncthreads();
+    const int buf = (qi - first) & 1;
+    if (qi + 1 < tiles) load_q_tile(qi + 1, buf ^ 1);
+    cp_async_commit();
+    const T* Q = sQ + buf * BR * kS;
+    const T* dO = sdO + buf * BR * kS;
+    const float* L = sL + buf * BR;
+    const float* Dr = sD + buf * BR;
+
+    float s[1][BR / 8][4], dp[1][BR / 8][4];  // Sᵀ and dPᵀ: this warp's 16 keys × BR queries
+    zero(s);
+    zero(dp);
+    mma_smem_nt<1, BR, D>(s, sK + warp * 16 * kS, Q, kS);
+    mma_smem_nt<1, BR, D>(dp, sV + warp * 16 * kS, dO, kS);
+    const int i0 = qi * BR;
+    const bool edge = i0 < k0 + kTile || i0 + BR > T_len;  // the causal mask or T cut this tile
+#pragma unroll
+    for (int n = 0; n < BR / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int il = n * 8 + 2 * t + e % 2, i = i0 + il, j = j_base + 8 * (e / 2);
+        float p = fast_exp2(s[0][n][e] * scale_log2 - L[il]);
+        if (edge && (i < j || i >= T_len)) p = 0.0f;
+        s[0][n][e] = p;
+        dp[0][n][e] = p * (dp[0][n][e] - Dr[il]);  // dSᵀ
+      }
+    uint32_t pa[1][BR / 16][4], dsa[1][BR / 16][4];
+    to_a<1, BR, T>(s, pa);
+    to_a<1, BR, T>(dp, dsa);
+    mma_reg<true, 1, D, BR>(dv_acc, pa, dO, kS);  // dV += Pᵀ · dO
+    mma_reg<true, 1, D, BR>(dk_acc, dsa, Q, kS);  // dK += dSᵀ · Q
+
+    if constexpr (kAtomicDq) {
+      // dSᵀ (as rounded for the product above) to shared memory, then dQ_tile = dS · K.
+#pragma unroll
+      for (int n = 0; n < BR / 8; ++n)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          *reinterpret_cast<uint32_t*>(sdS + (warp * 16 + g + 8 * h) * kSS + n * 8 + 2 * t) =
+              dsa[0][n / 2][(n % 2) * 2 + h];
+      __syncthreads();
+      constexpr int kRowGroups = BR / 16, kSplit = kWarps / kRowGroups, kW = D / kSplit;
+      const int r0 = (warp % kRowGroups) * 16, c0 = (warp / kRowGroups) * kW;
+      float dq_part[kW / 8][4];
+#pragma unroll
+      for (int n = 0; n < kW / 8; ++n) dq_part[n][0] = dq_part[n][1] = dq_part[n][2] = dq_part[n][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < kTile / 16; ++kk) {
+        uint32_t a[4];  // dS rows r0.. (queries) × keys kk·16.., from dSᵀ stored [key][query]
+        ldmatrix_x4_trans(a, sdS + (kk * 16 + lane % 8 + (lane / 16) * 8) * kSS + r0 +
+                                 ((lane / 8) % 2) * 8);
+#pragma unroll
+        for (int nn = 0; nn < kW / 16; ++nn) {
+          uint32_t b[4];
+          load_b_nn(b, sK, kS, c0 + nn * 16, kk * 16);
+          mma<T>(dq_part[2 * nn], a, b[0], b[1]);
+          mma<T>(dq_part[2 * nn + 1], a, b[2], b[3]);
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int i = i0 + r0 + g + 8 * h;
+        if (i >= T_len) continue;
+        float* dst = dq_acc + base + int64_t(i) * D + c0 + 2 * t;
+#pragma unroll
+        for (int n = 0; n < kW / 8; ++n) {
+          atomicAdd(dst + n * 8, dq_part[n][2 * h] * scale);
+          atomicAdd(dst + n * 8 + 1, dq_part[n][2 * h + 1] * scale);
+        }
+      }
+    }
+  }
+  store_rows<1, D, T>(dk + base, dk_acc, k0 + warp * 16, T_len, scale);
+  store_rows<1, D, T>(dv + base, dv_acc, k0 + warp * 16, T_len, 1.0f);
+}
+
+// ---- tensor-core backward, pass 3: dQ without atomics -------------------------------------------
+// Block: kWarps warps of 16·MT query rows each (kBM rows); K/V tiles of BC keys.
+
+template <class T, int D, int MT, int BC>
+__global__ void __launch_bounds__(kThreads)
+    dq_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+          const T* __restrict__ dout, const float* __restrict__ lse,
+          const float* __restrict__ Dvec, T* __restrict__ dq, int T_len, float scale,
+          float scale_log2) {
+  constexpr int kS = D + kPad, kBM = kWarps * 16 * MT;
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* sQ = reinterpret_cast<T*>(smem);
+  T* sdO = sQ + kBM * kS;
+  T* sK = sdO + kBM * kS;     // [2][BC][kS]
+  T* sV = sK + 2 * BC * kS;   // [2][BC][kS]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int q0 = (int(gridDim.x) - 1 - int(blockIdx.x)) * kBM;
+  const int w0 = q0 + warp * 16 * MT;
+  const int64_t base = int64_t(blockIdx.y) * T_len * D;
+  float L[MT][2], Dr[MT][2];  // per row 16m + g + 8h
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int i = w0 + 16 * m + g + 8 * h;
+      L[m][h] = i < T_len ? lse[int64_t(blockIdx.y) * T_len + i] * kLog2e : 0.0f;
+      Dr[m][h] = i < T_len ? Dvec[int64_t(blockIdx.y) * T_len + i] : 0.0f;
+    }
+  const int tiles = int(ceil_div(min(q0 + kBM, T_len), BC));  // keys up to the last row
+  load_tile<T, D, kBM, kThreads>(sQ, q + base, q0, T_len);
+  load_tile<T, D, kBM, kThreads>(sdO, dout + base, q0, T_len);
+  load_tile<T, D, BC, kThreads>(sK, k + base, 0, T_len);
+  load_tile<T, D, BC, kThreads>(sV, v + base, 0, T_len);
+  cp_async_commit();
+
+  float dq_acc[MT][D / 8][4];
+  zero(dq_acc);
+  for (int kt = 0; kt < tiles; ++kt) {
+    cp_async_wait_all();
+    __syncthreads();
+    const int buf = kt & 1;
+    if (kt + 1 < tiles) {
+      load_tile<T, D, BC, kThreads>(sK + (buf ^ 1) * BC * kS, k + base, (kt + 1) * BC, T_len);
+      load_tile<T, D, BC, kThreads>(sV + (buf ^ 1) * BC * kS, v + base, (kt + 1) * BC, T_len);
+    }
+    cp_async_commit();
+    const T* K = sK + buf * BC * kS;
+    float s[MT][BC / 8][4], dp[MT][BC / 8][4];  // S and dP: this warp's rows × BC keys
+    zero(s);
+    zero(dp);
+    mma_smem_nt<MT, BC, D>(s, sQ + warp * 16 * MT * kS, K, kS);
+    mma_smem_nt<MT, BC, D>(dp, sdO + warp * 16 * MT * kS, sV + buf * BC * kS, kS);
+    const int j0 = kt * BC;
+    const bool edge = j0 + BC - 1 > w0;  // some key of the tile is after some row: mask
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int n = 0; n < BC / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = w0 + 16 * m + g + 8 * (e / 2), j = j0 + n * 8 + 2 * t + e % 2;
+          float p = fast_exp2(s[m][n][e] * scale_log2 - L[m][e / 2]);
+          if (edge && j > i) p = 0.0f;
+          dp[m][n][e] = p * (dp[m][n][e] - Dr[m][e / 2]);  // dS
+        }
+    uint32_t dsa[MT][BC / 16][4];
+    to_a<MT, BC, T>(dp, dsa);
+    mma_reg<true, MT, D, BC>(dq_acc, dsa, K, kS);  // dQ += dS · K
+  }
+  store_rows<MT, D, T>(dq + base, dq_acc, w0, T_len, scale);
+}
+
+// dq = dq_acc rounded to T (the atomic variant's last pass).
+template <class T>
+__global__ void round_kernel(const float* __restrict__ in, T* __restrict__ out, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = from_float<T>(in[i]);
+}
+
+// ---- CUDA-core path ---------------------------------------------------------------------------
+// Lane ℓ owns columns ℓ, ℓ + 32, ... (U of them, d ≤ 32·U); the warp's own row sits in shared
+// memory in fp32, and each lane scores one key (query) of a group of 32 against it.
+
+template <class T, int U>
+__global__ void __launch_bounds__(kThreads)
+    forward_simple(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                   T* __restrict__ o, float* __restrict__ lse, int T_len, int d, float scale) {
+  __shared__ float sq[kWarps][32 * U];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int i = int(blockIdx.x) * kWarps + warp;
+  if (i >= T_len) return;
+  const int64_t base = int64_t(blockIdx.y) * T_len * d;
+  for (int c = lane; c < d; c += 32) sq[warp][c] = to_float(q[base + int64_t(i) * d + c]) * scale;
+  __syncwarp();
+  float m = -kInf, l = 0.0f, acc[U] = {};
+  for (int j0 = 0; j0 <= i; j0 += 32) {
+    const int j = j0 + lane;
+    float x = -kInf;
+    if (j <= i) {
+      const T* kr = k + base + int64_t(j) * d;
+      float dot = 0.0f;
+      for (int c = 0; c < d; ++c) dot += sq[warp][c] * to_float(kr[c]);
+      x = dot;
+    }
+    float mx = x;
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    const float m_new = fmaxf(m, mx);  // finite: key j0 ≤ i is always scored
+    const float corr = expf(m - m_new);
+    const float p = j <= i ? expf(x - m_new) : 0.0f;
+    l = l * corr + warp_sum(p);
+#pragma unroll
+    for (int u = 0; u < U; ++u) acc[u] *= corr;
+    const int n = min(32, i - j0 + 1);
+    for (int jj = 0; jj < n; ++jj) {
+      const float pj = __shfl_sync(0xffffffffu, p, jj);
+      const T* vr = v + base + int64_t(j0 + jj) * d;
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (lane + 32 * u < d) acc[u] += pj * to_float(vr[lane + 32 * u]);
+    }
+    m = m_new;
+  }
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+    if (lane + 32 * u < d) o[base + int64_t(i) * d + lane + 32 * u] = from_float<T>(acc[u] / l);
+  if (lane == 0) lse[int64_t(blockIdx.y) * T_len + i] = m + logf(l);
+}
+
+// dQ_i for the warp's row i: keys j ≤ i scored by lane.
+template <class T, int U>
+__global__ void __launch_bounds__(kThreads)
+    dq_simple(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+              const T* __restrict__ dout, const float* __restrict__ lse,
+              const float* __restrict__ Dvec, T* __restrict__ dq, int T_len, int d, float scale) {
+  __shared__ float sq[kWarps][32 * U], sg[kWarps][32 * U];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int i = int(blockIdx.x) * kWarps + warp;
+  if (i >= T_len) return;
+  const int64_t base = int64_t(blockIdx.y) * T_len * d, row = int64_t(blockIdx.y) * T_len + i;
+  for (int c = lane; c < d; c += 32) {
+    sq[warp][c] = to_float(q[base + int64_t(i) * d + c]);
+    sg[warp][c] = to_float(dout[base + int64_t(i) * d + c]);
+  }
+  __syncwarp();
+  const float L = lse[row], Di = Dvec[row];
+  float acc[U] = {};
+  for (int j0 = 0; j0 <= i; j0 += 32) {
+    const int j = j0 + lane;
+    float ds = 0.0f;
+    if (j <= i) {
+      const T* kr = k + base + int64_t(j) * d;
+      const T* vr = v + base + int64_t(j) * d;
+      float s = 0.0f, dp = 0.0f;
+      for (int c = 0; c < d; ++c) {
+        s += sq[warp][c] * to_float(kr[c]);
+        dp += sg[warp][c] * to_float(vr[c]);
+      }
+      const float p = expf(s * scale - L);
+      ds = p * (dp - Di);
+    }
+    const int n = min(32, i - j0 + 1);
+    for (int jj = 0; jj < n; ++jj) {
+      const float dsj = __shfl_sync(0xffffffffu, ds, jj);
+      const T* kr = k + base + int64_t(j0 + jj) * d;
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (lane + 32 * u < d) acc[u] += dsj * to_float(kr[lane + 32 * u]);
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+    if (lane + 32 * u < d) dq[base + int64_t(i) * d + lane + 32 * u] = from_float<T>(acc[u] * scale);
+}
+
+// dK_j, dV_j for the warp's key j: queries i ≥ j scored by lane.
+template <class T, int U>
+__global__ void __launch_bounds__(kThreads)
+    dkdv_simple(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                const T* __restrict__ dout, const float* __restrict__ lse,
+                const float* __restrict__ Dvec, T* __restrict__ dk, T* __restrict__ dv,
+                int T_len, int d, float scale) {
+  __shared__ float sk[kWarps][32 * U], sv[kWarps][32 * U];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int j = int(blockIdx.x) * kWarps + warp;
+  if (j >= T_len) return;
+  const int64_t base = int64_t(blockIdx.y) * T_len * d, rows = int64_t(blockIdx.y) * T_len;
+  for (int c = lane; c < d; c += 32) {
+    sk[warp][c] = to_float(k[base + int64_t(j) * d + c]);
+    sv[warp][c] = to_float(v[base + int64_t(j) * d + c]);
+  }
+  __syncwarp();
+  float dk_acc[U] = {}, dv_acc[U] = {};
+  for (int i0 = j; i0 < T_len; i0 += 32) {
+    const int i = i0 + lane;
+    float p = 0.0f, ds = 0.0f;
+    if (i < T_len) {
+      const T* qr = q + base + int64_t(i) * d;
+      const T* gr = dout + base + int64_t(i) * d;
+      float s = 0.0f, dp = 0.0f;
+      for (int c = 0; c < d; ++c) {
+        s += to_float(qr[c]) * sk[warp][c];
+        dp += to_float(gr[c]) * sv[warp][c];
+      }
+      p = expf(s * scale - lse[rows + i]);
+      ds = p * (dp - Dvec[rows + i]);
+    }
+    const int n = min(32, T_len - i0);
+    for (int ii = 0; ii < n; ++ii) {
+      const float pi = __shfl_sync(0xffffffffu, p, ii), dsi = __shfl_sync(0xffffffffu, ds, ii);
+      const T* qr = q + base + int64_t(i0 + ii) * d;
+      const T* gr = dout + base + int64_t(i0 + ii) * d;
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (lane + 32 * u < d) {
+          dv_acc[u] += pi * to_float(gr[lane + 32 * u]);
+          dk_acc[u] += dsi * to_float(qr[lane + 32 * u]);
+        }
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+    if (lane + 32 * u < d) {
+      dk[base + int64_t(j) * d + lane + 32 * u] = from_float<T>(dk_acc[u] * scale);
+      dv[base + int64_t(j) * d + lane + 32 * u] = from_float<T>(dv_acc[u]);
+    }
+}
+
+// ---- launchers ------------------------------------------------------------------------------
+
+// Raises a kernel's dynamic shared-memory limit when it needs more than the default 48 KiB.
+template <class Kernel>
+void allow_shared(Kernel kernel, size_t bytes) {
+  if (bytes > 48 * 1024)
+    MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       int(bytes)));
+}
+
+template <class F>
+void with_head_dim(int64_t d, F&& f) {
+  if (d == 32) return f(std::integral_constant<int, 32>{});
+  if (d == 64) return f(std::integral_constant<int, 64>{});
+  return f(std::integral_constant<int, 128>{});
+}
+
+// Calls f(U) with the columns per lane of the CUDA-core path: d ≤ 32·U, U a power of two.
+template <class F>
+void with_lane_cols(int64_t d, F&& f) {
+  if (d <= 32) return f(std::integral_constant<int, 1>{});
+  if (d <= 64) return f(std::integral_constant<int, 2>{});
+  if (d <= 128) return f(std::integral_constant<int, 4>{});
+  return f(std::integral_constant<int, 8>{});
+}
+
+void check_shape(const char* op, int64_t heads, int64_t T, int64_t d) {
+  MT_CHECK(heads >= 0 && T >= 0 && d >= 1 && d <= kAttentionMaxD, op, ": bad shape [", heads,
+           ", ", T, ", ", d, "] (d must be in [1, ", kAttentionMaxD, "])");
+  MT_CHECK(heads <= 65535 && T <= (int64_t(1) << 30), op, ": ", heads, " heads of T = ", T,
+           " are more than one launch takes (at most 65535 heads)");
+}
+
+// Tile shapes per head dimension, chosen by the registers they need (no spills, at most 255):
+// the forward's warps take 32 query rows against K/V tiles of 64 keys (32 at d = 128); the dK/dV
+// pass, 16 keys against Q tiles of 64 rows (32 at d = 128); the dQ pass, 32 query rows (16 at
+// d = 128) against K/V tiles of 32 keys.
+constexpr int kFwdMT = 2;
+template <int D>
+constexpr int fwd_keys() { return D == 128 ? 32 : 64; }
+template <int D>
+constexpr int dkdv_rows() { return D == 128 ? 32 : 64; }
+template <int D>
+constexpr int dq_mt() { return D == 128 ? 1 : 2; }
+constexpr int kDqKeys = 32;
+
+}  // namespace
+
+bool attention_uses_tensor_cores(DType dt, int64_t d) {
+  return (dt == DType::bf16 || dt == DType::f16) && (d == 32 || d == 64 || d == 128);
+}
+
+void attention_forward(const void* q, const void* k, const void* v, void* o, float* lse,
+                       int64_t heads, int64_t T, int64_t d, DType dt, cudaStream_t s) {
+  check_shape("attention_forward", heads, T, d);
+  if (heads == 0 || T == 0) return;
+  const float scale = float(1.0 / std::sqrt(double(d)));
+  dispatch_float</*kWithF64=*/false>(dt, "attention_forward", [&](auto tag) {
+    using Tp = decltype(tag);
+    auto qp = static_cast<const Tp*>(q), kp = static_cast<const Tp*>(k),
+         vp = static_cast<const Tp*>(v);
+    auto op = static_cast<Tp*>(o);
+    if constexpr (!std::is_same_v<Tp, float>) {
+      if (attention_uses_tensor_cores(dt, d)) {
+        with_head_dim(d, [&](auto dim) {
+          constexpr int D = decltype(dim)::value;
+          constexpr int BC = fwd_keys<D>(), kBM = kWarps * 16 * kFwdMT;
+          auto kernel = forward_tc<Tp, D, kFwdMT, BC>;
+          const size_t bytes = size_t(kBM + 4 * BC) * (D + kPad) * sizeof(Tp);
+          allow_shared(kernel, bytes);
+          const dim3 grid(unsigned(ceil_div(T, kBM)), unsigned(heads));
+          kernel<<<grid, kThreads, bytes, s>>>(qp, kp, vp, op, lse, int(T), scale * kLog2e);
+          MT_CUDA_CHECK_LAUNCH();
+        });
+        return;
+      }
+    }
+    with_lane_cols(d, [&](auto cols) {
+      constexpr int U = decltype(cols)::value;
+      const dim3 grid(unsigned(ceil_div(T, kWarps)), unsigned(heads));
+      forward_simple<Tp, U><<<grid, kThreads, 0, s>>>(qp, kp, vp, op, lse, int(T), int(d), scale);
+      MT_CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+void attention_backward(const void* q, const void* k, const void* v, const void* o,
+                        const float* lse, const void* dout, void* dq, void* dk, void* dv,
+                        int64_t heads, int64_t T, int64_t d, DType dt, bool deterministic,
+                        cudaStream_t s) {
+  check_shape("attention_backward", heads, T, d);
+  if (heads == 0 || T == 0) return;
+  const float scale = float(1.0 / std::sqrt(double(d)));
+  const int device = current_device();
+  float* Dvec = static_cast<float*>(alloc_on(s, size_t(heads * T) * sizeof(float), device));
+  dispatch_float</*kWithF64=*/false>(dt, "attention_backward", [&](auto tag) {
+    using Tp = decltype(tag);
+    auto qp = static_cast<const Tp*>(q), kp = static_cast<const Tp*>(k),
+         vp = static_cast<const Tp*>(v), gp = static_cast<const Tp*>(dout);
+    auto dqp = static_cast<Tp*>(dq), dkp = static_cast<Tp*>(dk), dvp = static_cast<Tp*>(dv);
+    rowdot_kernel<Tp><<<unsigned(ceil_div(heads * T, kWarps)), kThreads, 0, s>>>(
+        gp, static_cast<const Tp*>(o), Dvec, heads * T, int(d));
+    MT_CUDA_CHECK_LAUNCH();
+    if constexpr (!std::is_same_v<Tp, float>) {
+      if (attention_uses_tensor_cores(dt, d)) {
+        with_head_dim(d, [&](auto dim) {
+          constexpr int D = decltype(dim)::value, BR = dkdv_rows<D>();
+          const size_t tiles_bytes = size_t(2 * kTile + 4 * BR) * (D + kPad) * sizeof(Tp) +
+                                     size_t(4 * BR) * sizeof(float);
+          const dim3 kgrid(unsigned(ceil_div(T, kTile)), unsigned(heads));
+          if (deterministic) {
+            auto dkdv = dkdv_tc<Tp, D, BR, false>;
+            allow_shared(dkdv, tiles_bytes);
+            dkdv<<<kgrid, kThreads, tiles_bytes, s>>>(qp, kp, vp, gp, lse, Dvec, dkp, dvp, nullptr,
+                                                      int(T), scale, scale * kLog2e);
+            MT_CUDA_CHECK_LAUNCH();
+            constexpr int MT = dq_mt<D>(), kBM = kWarps * 16 * MT;
+            auto dqk = dq_tc<Tp, D, MT, kDqKeys>;
+            const size_t dq_bytes = size_t(2 * kBM + 4 * kDqKeys) * (D + kPad) * sizeof(Tp);
+            allow_shared(dqk, dq_bytes);
+            const dim3 qgrid(unsigned(ceil_div(T, kBM)), unsigned(heads));
+            dqk<<<qgrid, kThreads, dq_bytes, s>>>(qp, kp, vp, gp, lse, Dvec, dqp, int(T), scale,
+                                                  scale * kLog2e);
+            MT_CUDA_CHECK_LAUNCH();
+          } else {
+            const int64_t n = heads * T * d;
+            float* dq_acc = static_cast<float*>(alloc_on(s, size_t(n) * sizeof(float), device));
+            MT_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, size_t(n) * sizeof(float), s));
+            auto dkdv = dkdv_tc<Tp, D, BR, true>;
+            const size_t bytes = tiles_bytes + size_t(kTile) * (BR + kPad) * sizeof(Tp);
+            allow_shared(dkdv, bytes);
+            dkdv<<<kgrid, kThreads, bytes, s>>>(qp, kp, vp, gp, lse, Dvec, dkp, dvp, dq_acc,
+                                                int(T), scale, scale * kLog2e);
+            MT_CUDA_CHECK_LAUNCH();
+            round_kernel<Tp><<<unsigned(std::min<int64_t>(ceil_div(n, 256), 65535)), 256, 0, s>>>(
+                dq_acc, dqp, n);
+            MT_CUDA_CHECK_LAUNCH();
+            free_on(s, dq_acc);
+          }
+        });
+        return;
+      }
+    }
+    with_lane_cols(d, [&](auto cols) {
+      constexpr int U = decltype(cols)::value;
+      const dim3 grid(unsigned(ceil_div(T, kWarps)), unsigned(heads));
+      dq_simple<Tp, U><<<grid, kThreads, 0, s>>>(qp, kp, vp, gp, lse, Dvec, dqp, int(T), int(d),
+                                                 scale);
+      MT_CUDA_CHECK_LAUNCH();
+      dkdv_simple<Tp, U><<<grid, kThreads, 0, s>>>(qp, kp, vp, gp, lse, Dvec, dkp, dvp, int(T),
+                                                   int(d), scale);
+      MT_CUDA_CHECK_LAUNCH();
+    });
+  });
+  free_on(s, Dvec);  // stream-ordered: released after the passes that read it
+}
+
+}  // namespace mt::cuda
+
+// ---- Tensor-level kernels registered for attention on CUDA -----------------------------------
+namespace mt {
+namespace {
+
+void attention_forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                            const Tensor& lse) {
+  cuda::attention_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
+                          cuda::ptr<float>(lse), q.size(0) * q.size(1), q.size(2), q.size(3),
+                          q.dtype(), cuda::stream_of(q));
+}
+
+void attention_backward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                             const Tensor& lse, const Tensor& dout, const Tensor& dq,
+                             const Tensor& dk, const Tensor& dv) {
+  cuda::attention_backward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
+                           cuda::ptr<const float>(lse), dout.data_ptr(), dq.data_ptr(),
+                           dk.data_ptr(), dv.data_ptr(), q.size(0) * q.size(1), q.size(2),
+                           q.size(3), q.dtype(), deterministic(), cuda::stream_of(q));
+}
+
+}  // namespace
+
+MT_REGISTER_KERNEL(attention, Forward, CUDA, attention_forward_cuda);
+MT_REGISTER_KERNEL(attention, Backward, CUDA, attention_backward_cuda);
+
+}  // namespace mt
