@@ -1,0 +1,51 @@
+#include "train/lm_task.h"
+
+#include <cmath>
+#include <numbers>
+
+#include "ops/cross_entropy/cross_entropy.h"
+
+namespace mt::train {
+
+Tensor next_token_loss(const Tensor& logits, const Tensor& targets, int64_t vocab_size,
+                       double normalizer) {
+  MT_CHECK(logits.dim() == 3 && targets.dim() == 2 && logits.size(0) == targets.size(0) &&
+               logits.size(1) == targets.size(1) && logits.size(2) >= vocab_size,
+           "next_token_loss: logits ", shape_str(logits.shape()), " do not fit targets ",
+           shape_str(targets.shape()), " and a vocabulary of ", vocab_size);
+  const int64_t rows = targets.numel();
+  Tensor flat = logits.reshape({rows, logits.size(2)});
+  if (logits.size(2) > vocab_size) flat = flat.t().slice_rows(0, vocab_size).t();
+  return cross_entropy(flat, targets.reshape({rows}), -100, normalizer);
+}
+
+namespace {
+
+class LanguageModeling : public Task {
+ public:
+  LanguageModeling(int64_t vocab_size, double tokens_per_byte)
+      : vocab_size_(vocab_size), tokens_per_byte_(tokens_per_byte) {}
+
+  Tensor loss(nn::Module& model, const Batch& batch, double normalizer, Metrics* metrics) override {
+    const int64_t T = batch.x.size(1);
+    Tensor loss = next_token_loss(model(batch.x), batch.y, vocab_size_, normalizer * double(T));
+    if (metrics != nullptr && tokens_per_byte_ > 0) {
+      // Per window: its mean loss in bits per byte; the trainer divides the sum by the windows.
+      const double window_sum = loss.item() * normalizer;
+      (*metrics)["bpb"] += window_sum * tokens_per_byte_ / std::numbers::ln2;
+    }
+    return loss;
+  }
+
+ private:
+  int64_t vocab_size_;
+  double tokens_per_byte_;
+};
+
+}  // namespace
+
+std::shared_ptr<Task> language_modeling(int64_t vocab_size, double tokens_per_byte) {
+  return std::make_shared<LanguageModeling>(vocab_size, tokens_per_byte);
+}
+
+}  // namespace mt::train

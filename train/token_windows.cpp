@@ -1,0 +1,75 @@
+#include "train/token_windows.h"
+
+#include <cmath>
+
+#include "core/error.h"
+#include "core/rng.h"
+
+namespace mt::data {
+
+void check_token_ids(const TokenStream& s) {
+  for (size_t i = 0; i < s.tokens.size(); ++i)
+    MT_CHECK(s.tokens[i] >= 0 && s.tokens[i] < s.vocab_size, s.source, ": token ", i, " is ",
+             s.tokens[i], ", outside the vocabulary [0, ", s.vocab_size, ")");
+}
+
+TokenWindows::TokenWindows(const TokenStream& stream, int64_t begin, int64_t end, int64_t T,
+                           const std::string& what)
+    : stream_(stream), begin_(begin), end_(end), T_(T) {
+  MT_CHECK(T >= 1, what, ": block size T must be at least 1, got ", T);
+  MT_CHECK(begin >= 0 && end <= int64_t(stream.tokens.size()) && begin <= end, what,
+           ": positions [", begin, ", ", end, ") are not inside the ", stream.tokens.size(),
+           " tokens of ", stream.source);
+  MT_CHECK(end - begin >= T + 1, what, " of ", stream.source, " holds ", end - begin,
+           " tokens, fewer than T + 1 = ", T + 1, " (one window of ", T,
+           " inputs and the next token); use more text, a smaller block_size or a different "
+           "val_fraction");
+}
+
+std::pair<Tensor, Tensor> TokenWindows::gather(const std::vector<int64_t>& starts,
+                                               Device device) const {
+  const int64_t n = int64_t(starts.size());
+  Tensor x = empty({n, T_}, DType::i64), y = empty({n, T_}, DType::i64);
+  int64_t* px = x.data<int64_t>();
+  int64_t* py = y.data<int64_t>();
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t s = starts[size_t(r)];
+    MT_CHECK(s >= 0 && s < windows(), "TokenWindows: start ", s, " outside [0, ", windows(), ")");
+    const int32_t* t = stream_.tokens.data() + begin_ + s;
+    for (int64_t j = 0; j < T_; ++j) {
+      px[r * T_ + j] = t[j];
+      py[r * T_ + j] = t[j + 1];
+    }
+  }
+  return {x.to(device), y.to(device)};
+}
+
+std::vector<int64_t> TokenWindows::evenly_spaced(int64_t count) const {
+  const int64_t n = windows();
+  std::vector<int64_t> starts;
+  if (count >= n) {
+    for (int64_t s = 0; s < n; ++s) starts.push_back(s);
+    return starts;
+  }
+  // count points from 0 to n − 1, both ends included (count ≥ 2); a single one at 0.
+  for (int64_t i = 0; i < count; ++i)
+    starts.push_back(count == 1 ? 0 : i * (n - 1) / (count - 1));
+  return starts;
+}
+
+std::vector<int64_t> step_window_starts(int64_t windows, int64_t batch, uint64_t seed,
+                                        int64_t step) {
+  MT_CHECK(windows >= 1 && batch >= 1, "step_window_starts: ", windows, " windows, batch ", batch);
+  // One generator per (seed, step), seeded through splitmix64 (core/rng.h), so neighbouring
+  // steps draw unrelated windows.
+  Generator g(seed * 0x9e3779b97f4a7c15ull ^ (uint64_t(step) + 0x632be59bd9b4e019ull));
+  std::vector<int64_t> starts(static_cast<size_t>(batch));
+  for (int64_t& s : starts) s = int64_t(g.below(uint64_t(windows)));
+  return starts;
+}
+
+int64_t validation_begin(int64_t size, double val_fraction) {
+  return size - int64_t(std::llround(val_fraction * double(size)));
+}
+
+}  // namespace mt::data
