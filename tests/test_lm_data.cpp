@@ -8,14 +8,16 @@
 #include "nn/gpt.h"
 #include "tests/expect_error.h"
 #include "train/sample.h"
-#include "train/token_windows.h"
+#include "data/token_windows.h"
 
 using namespace mt;
 
 namespace {
 
 data::TokenStream counting(int64_t n, int64_t vocab = 1000) {
-  data::TokenStream s{.vocab_size = vocab, .source = "counting"};
+  data::TokenStream s;
+  s.vocab_size = vocab;
+  s.source = "counting";
   for (int64_t i = 0; i < n; ++i) s.tokens.push_back(int32_t(i % vocab));
   return s;
 }
@@ -65,8 +67,6 @@ TEST(TokenWindows, BadInput) {
   data::TokenStream s = counting(10);
   test::expect_error([&] { data::TokenWindows(s, 0, 10, 10, "train"); },
                      {"train", "counting", "10 tokens", "T + 1 = 11"});
-  s.tokens[4] = 1000;
-  test::expect_error([&] { data::check_token_ids(s); }, {"counting", "token 4", "1000", "[0, 1000)"});
 }
 
 TEST(Sample, SameSeedSameTokens) {

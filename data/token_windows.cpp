@@ -1,16 +1,46 @@
-#include "train/token_windows.h"
+#include "data/token_windows.h"
 
+#include <cerrno>
 #include <cmath>
+#include <cstring>
+#include <fstream>
+#include <sstream>
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "data/token_shards.h"
 
 namespace mt::data {
 
-void check_token_ids(const TokenStream& s) {
-  for (size_t i = 0; i < s.tokens.size(); ++i)
-    MT_CHECK(s.tokens[i] >= 0 && s.tokens[i] < s.vocab_size, s.source, ": token ", i, " is ",
-             s.tokens[i], ", outside the vocabulary [0, ", s.vocab_size, ")");
+TokenStream tokenize_text_file(const std::string& path, const Tokenizer& tokenizer) {
+  std::ifstream in(path, std::ios::binary);
+  MT_CHECK(in, path, ": cannot open the text file (", std::strerror(errno), ")");
+  std::ostringstream text;
+  text << in.rdbuf();
+  MT_CHECK(!in.bad(), path, ": read error");
+  TokenStream s;
+  s.vocab_size = tokenizer.vocab_size();
+  s.text_bytes = int64_t(text.str().size());
+  s.source = path;
+  try {
+    s.tokens = tokenizer.encode(text.str());
+  } catch (const Error& e) {
+    MT_THROW(path, ": the ", tokenizer.name(), " tokenizer refused it: ", e.what());
+  }
+  return s;
+}
+
+TokenStream read_token_shards(const std::vector<std::string>& paths, int64_t vocab_size) {
+  MT_CHECK(!paths.empty(), "read_token_shards: no shard files given");
+  TokenStream s;
+  s.vocab_size = vocab_size;
+  for (const std::string& path : paths) {
+    std::vector<uint16_t> t = read_token_shard(path);
+    check_token_ids(t, vocab_size, path);
+    s.tokens.insert(s.tokens.end(), t.begin(), t.end());
+    s.source += (s.source.empty() ? "" : ", ") + path;
+  }
+  return s;
 }
 
 TokenWindows::TokenWindows(const TokenStream& stream, int64_t begin, int64_t end, int64_t T,

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "data/tokenizer.h"
 
 namespace mt::data {
 
@@ -32,8 +33,14 @@ struct TokenStream {
   std::string source;      // the file(s) it came from, for messages
 };
 
-// An id outside [0, vocab_size) is an mt::Error naming the source, the position and the id.
-void check_token_ids(const TokenStream& s);
+// The tokens of the text file at `path` by `tokenizer`, with its byte count. A file that cannot
+// be read is an mt::Error naming it; so is text the tokenizer refuses (the message names the file
+// and the tokenizer's reason: GPT-2's BPE takes only valid UTF-8 and names the byte offset).
+TokenStream tokenize_text_file(const std::string& path, const Tokenizer& tokenizer);
+
+// The tokens of llm.c shards (data/token_shards.h), concatenated in order, each id checked against
+// vocab_size (an mt::Error naming the file, the position and the id).
+TokenStream read_token_shards(const std::vector<std::string>& paths, int64_t vocab_size);
 
 // The positions [begin, end) of a token stream (a split) as windows of T + 1 tokens.
 class TokenWindows {
