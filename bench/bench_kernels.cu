@@ -20,7 +20,12 @@
 #include "core/cuda/runtime.h"
 #include "core/dtype.h"
 #include "ops/cross_entropy/cross_entropy_cuda.h"
+#include "ops/dropout/dropout.h"  // dropout_threshold
+#include "ops/dropout/dropout_cuda.h"
 #include "ops/elementwise/elementwise_cuda.h"
+#include "ops/embedding/embedding_cuda.h"
+#include "ops/gelu/gelu_cuda.h"
+#include "ops/layer_norm/layer_norm_cuda.h"
 #include "ops/linear/linear_cuda.h"
 #include "ops/rms_norm/rms_norm_cuda.h"
 #include "ops/scaled_silu/scaled_silu_cuda.h"
@@ -298,15 +303,94 @@ void bench_cross_entropy(Table& table, DType dt, int device, cudaStream_t s) {
   table.add({"cross_entropy fwd C=32768", name, median_ms(s, [&] {
                mt::cuda::cross_entropy_forward(logits.get(), targets.get<int64_t>(),
                                                loss.get<float>(), lse.get<float>(), nullptr, rows,
-                                               C, -100, normalizer, dt, s);
+                                               C, C, -100, normalizer, dt, s);
              }),
              e + small, 0.0});
   table.add({"cross_entropy bwd C=32768", name, median_ms(s, [&] {
                mt::cuda::cross_entropy_backward(logits.get(), targets.get<int64_t>(),
                                                 lse.get<float>(), dloss.get<float>(),
-                                                dlogits.get(), rows, C, -100, normalizer, dt, s);
+                                                dlogits.get(), rows, C, C, -100, normalizer, dt,
+                                                s);
              }),
              2 * e + small, 0.0});
+}
+
+// The ops a GPT adds, at GPT-2 small's activation shape [65536, 768] (64 sequences of 1024
+// tokens, C = 768). Targets (fractions of copy): the maps (GELU, dropout) 90%, the row
+// reductions (LayerNorm) and the scatter-add (embedding backward) 85%.
+constexpr int64_t kGptRows = 65536, kGptC = 768, kGptVocab = 50304;
+constexpr double kGptMap = 0.90, kGptReduce = 0.85;
+
+void bench_gpt_ops(Table& table, DType dt, int device, cudaStream_t s) {
+  const int64_t n = kGptRows * kGptC;
+  const double e = double(n) * mt::dtype_size(dt);  // bytes of one [rows, C] tensor
+  const double stats = 8.0 * kGptRows;              // LayerNorm's mean and rstd
+  const std::string name = mt::dtype_name(dt);
+  DeviceBuffer x(size_t(e), device), y(size_t(e), device), dy(size_t(e), device),
+      dx(size_t(e), device);
+  DeviceBuffer w(kGptC * sizeof(float), device), b(kGptC * sizeof(float), device),
+      dw(kGptC * sizeof(float), device), db(kGptC * sizeof(float), device);
+  DeviceBuffer mean(kGptRows * sizeof(float), device), rstd(kGptRows * sizeof(float), device);
+  fill(x.get(), n, dt, 11, s);
+  fill(dy.get(), n, dt, 12, s);
+  fill(w.get(), kGptC, DType::f32, 13, s);
+  fill(b.get(), kGptC, DType::f32, 14, s);
+  fill(dw.get(), kGptC, DType::f32, 15, s);
+  fill(db.get(), kGptC, DType::f32, 16, s);
+  table.add({"layer_norm fwd [65536, 768]", name, median_ms(s, [&] {
+               mt::cuda::layer_norm_forward(x.get(), w.get<float>(), b.get<float>(), y.get(),
+                                            mean.get<float>(), rstd.get<float>(), kGptRows, kGptC,
+                                            1e-5f, dt, s);
+             }),
+             2 * e + stats, kGptReduce});
+  table.add({"layer_norm bwd [65536, 768]", name, median_ms(s, [&] {
+               mt::cuda::layer_norm_backward(x.get(), w.get<float>(), mean.get<float>(),
+                                             rstd.get<float>(), dy.get(), dx.get(),
+                                             dw.get<float>(), db.get<float>(), kGptRows, kGptC,
+                                             dt, s);
+             }),
+             3 * e + stats, kGptReduce});
+  table.add({"gelu fwd [65536, 768]", name, median_ms(s, [&] {
+               mt::cuda::gelu_forward(x.get(), y.get(), n, true, dt, s);
+             }),
+             2 * e, kGptMap});
+  table.add({"gelu bwd [65536, 768]", name, median_ms(s, [&] {
+               mt::cuda::gelu_backward(x.get(), dy.get(), dx.get(), n, true, dt, s);
+             }),
+             3 * e, kGptMap});
+  // The backward is the same kernel on dy.
+  table.add({"dropout p=0.1 [65536, 768]", name, median_ms(s, [&] {
+               mt::cuda::dropout_apply(x.get(), y.get(), n, mt::dropout_threshold(0.1),
+                                       1.0 / 0.9, 1234, 5, dt, s);
+             }),
+             2 * e, kGptMap});
+
+  // Embedding backward: 65536 token ids over GPT-2's padded vocabulary, drawn like the fill's
+  // hash; bytes = dy and the ids read once, each touched row of dW read and written in fp32.
+  std::vector<int64_t> ids(kGptRows);
+  std::vector<char> seen(kGptVocab, 0);
+  int64_t unique = 0;
+  uint64_t state = 0x9e3779b97f4a7c15ull;
+  for (int64_t& id : ids) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    id = int64_t((state >> 33) % kGptVocab);
+    unique += !seen[id];
+    seen[id] = 1;
+  }
+  DeviceBuffer d_ids(kGptRows * sizeof(int64_t), device);
+  DeviceBuffer dW(size_t(kGptVocab) * kGptC * sizeof(float), device);
+  mt::cuda::copy_h2d(d_ids.get(), ids.data(), ids.size() * sizeof(int64_t), device);
+  fill(dW.get(), kGptVocab * kGptC, DType::f32, 17, s);
+  table.add({"embedding bwd [65536, 768] V=50304", name, median_ms(s, [&] {
+               mt::cuda::embedding_backward(d_ids.get<int64_t>(), dy.get(), dW.get<float>(),
+                                            kGptRows, kGptVocab, kGptC, dt, s);
+             }),
+             e + 8.0 * kGptRows + 8.0 * double(unique) * kGptC, kGptReduce});
+  table.add({"embedding fwd [65536, 768] V=50304", name, median_ms(s, [&] {
+               mt::cuda::embedding_forward(d_ids.get<int64_t>(), x.get(), y.get(), nullptr,
+                                           kGptRows, kGptVocab, kGptC, dt, s);
+             }),
+             2 * e + 8.0 * kGptRows, 0.0});
 }
 
 // The elementwise ops and the deterministic sum on 2^28 elements.
@@ -400,6 +484,7 @@ int run() {
   bench_elementwise(table, DType::bf16, device, s);
   bench_bias_grad(table, DType::bf16, device, s);
   bench_adamw(table, device, s);
+  bench_gpt_ops(table, DType::bf16, device, s);
   mt::cuda::synchronize(device);
 
   // The goal lines: figure, target, PASS/MISS (scripts/gpu-test.sh prints them in its summary).
@@ -428,6 +513,11 @@ int run() {
                   100 * g.target, table.passed(kernel, "bf16") ? "PASS" : "MISS");
     }
   }
+  for (const char* k : {"layer_norm fwd [65536, 768]", "layer_norm bwd [65536, 768]",
+                       "gelu fwd [65536, 768]", "gelu bwd [65536, 768]",
+                       "dropout p=0.1 [65536, 768]", "embedding bwd [65536, 768] V=50304"})
+    std::printf("goal %-36s bf16 %5.1f%% of copy: %s\n", k, 100 * table.fraction(k, "bf16"),
+                table.passed(k, "bf16") ? "PASS" : "MISS");
   return 0;
 }
 

@@ -265,3 +265,91 @@ TEST(CrossEntropyBadTarget, CpuThrowsTheMessageTheDeviceRecordRaises) {
   note_bad_target(r, 2, 4, 4, 3);
   expect_error([&] { raise_bad_target(r); }, {"row 2", "target 4", "C = 4", "ignore_index 3"});
 }
+
+// ---- a padded vocabulary: valid_classes < C ---------------------------------------------------
+
+namespace {
+// Logits [rows, C] whose padding columns (>= valid) hold large values: if they counted, the loss
+// and the gradient would move far.
+Tensor padded_logits(int64_t rows, int64_t C, int64_t valid, uint64_t seed) {
+  manual_seed(seed);
+  Tensor l = random_leaf({rows, C}, -3, 3, false);
+  double* p = l.data<double>();
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = valid; c < C; ++c) p[r * C + c] = 40.0 + double(c % 7);
+  return l;
+}
+}  // namespace
+
+TEST(CrossEntropyPadded, EqualsTheUnpaddedLossAndGivesThePaddingZeroGradient) {
+  const int64_t rows = 6, C = 16, valid = 11;
+  Tensor l = padded_logits(rows, C, valid, 21);
+  l.set_requires_grad();
+  Tensor t = targets_of({0, 10, kIgnore, 3, 10, 7});
+  Tensor loss = cross_entropy(l, t, kIgnore, 0, valid);
+  loss.backward();
+
+  // The same rows cut to their valid columns, through the unpadded op.
+  Tensor cut = empty({rows, valid}, DType::f64);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < valid; ++c)
+      cut.data<double>()[r * valid + c] = l.data<double>()[r * C + c];
+  cut.set_requires_grad();
+  Tensor ref = cross_entropy(cut, t, kIgnore);
+  ref.backward();
+  EXPECT_NEAR(loss.item(), ref.item(), 1e-14);
+  const auto g = l.grad().to_vector(), gr = cut.grad().to_vector();
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < valid; ++c)
+      EXPECT_NEAR(g[size_t(r * C + c)], gr[size_t(r * valid + c)], 1e-15) << r << ", " << c;
+    for (int64_t c = valid; c < C; ++c) EXPECT_EQ(g[size_t(r * C + c)], 0.0) << r << ", " << c;
+  }
+}
+
+TEST(CrossEntropyPadded, GradientCheck) {
+  Tensor l = padded_logits(4, 9, 6, 22);
+  l.set_requires_grad();
+  Tensor t = targets_of({5, 0, kIgnore, 2});
+  expect_gradcheck([&](auto& in) { return cross_entropy(in[0], t, kIgnore, 3.0, 6); }, {l},
+                   "padded cross_entropy");
+}
+
+TEST(CrossEntropyPadded, ATargetInThePaddingIsABadTarget) {
+  Tensor l = padded_logits(2, 16, 11, 23);
+  expect_error([&] { cross_entropy(l, targets_of({3, 11}), kIgnore, 0, 11); },
+               {"cross_entropy", "row 1", "target 11", "[0, 11)"});
+  expect_error([&] { cross_entropy(l, targets_of({3, 1}), kIgnore, 0, 17); },
+               {"cross_entropy", "valid_classes", "17", "[2, 16]"});
+  expect_error([&] { cross_entropy(l, targets_of({3, 1}), kIgnore, 0, -1); },
+               {"cross_entropy", "valid_classes", "-1"});
+}
+
+// GPT-2's vocabulary on the GPU: 50257 classes in rows of 50304 (16-byte packs cover the padding
+// boundary mid-pack), against the CPU per dtype, padding gradients exactly 0.
+TEST(CudaCrossEntropyPadded, Gpt2VocabularyMatchesTheCpu) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device: CUDA tests skipped";
+  const int64_t rows = 24, C = 50304, valid = 50257;
+  Tensor base = padded_logits(rows, C, valid, 24);
+  std::vector<int64_t> tv;
+  for (int64_t r = 0; r < rows; ++r) tv.push_back(r % 5 == 4 ? kIgnore : (r * 7919) % valid);
+  tv[1] = valid - 1;  // the last real class, in the pack that holds the first padding column
+  Tensor t = targets_of(tv);
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    Tensor lc = base.to(dt), lg = lc.to(cuda_device(0));
+    lc.set_requires_grad();
+    lg.set_requires_grad();
+    Tensor loss_c = cross_entropy(lc, t, kIgnore, 19.0, valid);
+    Tensor loss_g = cross_entropy(lg, t.to(cuda_device(0)), kIgnore, 19.0, valid);
+    EXPECT_NEAR(loss_g.item(), loss_c.item(), 1e-4 * std::abs(loss_c.item())) << dtype_name(dt);
+    loss_c.backward();
+    loss_g.backward();
+    const auto gc = lc.grad().to_vector(), gg = lg.grad().to_vector();
+    double worst = 0, scale = 0;
+    for (size_t i = 0; i < gc.size(); ++i) {
+      worst = std::max(worst, std::abs(gg[i] - gc[i]));
+      scale = std::max(scale, std::abs(gc[i]));
+      if (int64_t(i) % C >= valid) ASSERT_EQ(gg[i], 0.0) << dtype_name(dt) << " element " << i;
+    }
+    EXPECT_LE(worst, 2e-2 * scale) << dtype_name(dt);
+  }
+}

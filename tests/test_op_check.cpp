@@ -134,6 +134,32 @@ OpSpec cross_entropy_spec() {
   return s;
 }
 
+// A padded vocabulary: 16 columns of which 11 are classes; the padding holds large logits that
+// would dominate the loss if they counted, and must get exactly zero gradient.
+OpSpec cross_entropy_padded_spec() {
+  OpSpec s = cross_entropy_spec();
+  s.name = "cross_entropy (11 of 16 classes valid)";
+  s.op = [](const Inputs& in) { return Inputs{cross_entropy(in[0], in[1], -100, 50.0, 11)}; };
+  s.make = [](Generator& g, int64_t n) {
+    Tensor t = labels(g, n, 11);
+    int64_t* p = t.data<int64_t>();
+    for (int64_t i = 0; i < n; i += 5) p[i] = -100;
+    Tensor logits = normal(g, {n, 16}, 2.0);
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t c = 11; c < 16; ++c) logits.data<double>()[r * 16 + c] = 30.0;
+    return Inputs{logits, t};
+  };
+  s.bad_inputs = {
+      {"a target in the padding",
+       [] { cross_entropy(randn({2, 16}), from_vector(std::vector<int64_t>{0, 11}, {2}, DType::i64),
+                          -100, 0, 11); }},
+      {"more valid classes than columns",
+       [] { cross_entropy(randn({2, 16}), from_vector(std::vector<int64_t>{0, 1}, {2}, DType::i64),
+                          -100, 0, 17); }},
+  };
+  return s;
+}
+
 OpSpec binary_spec(const std::string& name, Tensor (*f)(const Tensor&, const Tensor&)) {
   OpSpec s;
   s.name = name;
@@ -229,6 +255,7 @@ TEST(OpCheck, RMSNormScaledSiLUOddWidth) { MT_EXPECT_OP_CHECK(rms_norm_scaled_si
 TEST(OpCheck, RMSNormScaledSiLUVectorWidth) { MT_EXPECT_OP_CHECK(rms_norm_scaled_silu_spec(256)); }
 TEST(OpCheck, Linear) { MT_EXPECT_OP_CHECK(linear_spec()); }
 TEST(OpCheck, CrossEntropy) { MT_EXPECT_OP_CHECK(cross_entropy_spec()); }
+TEST(OpCheck, CrossEntropyPaddedVocabulary) { MT_EXPECT_OP_CHECK(cross_entropy_padded_spec()); }
 TEST(OpCheck, LayerNormOddWidth) { MT_EXPECT_OP_CHECK(layer_norm_spec(37)); }
 TEST(OpCheck, LayerNormVectorWidth) { MT_EXPECT_OP_CHECK(layer_norm_spec(256)); }
 TEST(OpCheck, GeluTanh) { MT_EXPECT_OP_CHECK(gelu_spec(GeluApprox::Tanh)); }

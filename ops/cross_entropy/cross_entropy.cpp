@@ -17,7 +17,7 @@ struct CrossEntropyFn : Function<CrossEntropyFn> {
   static constexpr const char* name = "cross_entropy";
 
   static Tensor forward(Context& ctx, const Tensor& logits, const Tensor& targets,
-                        int64_t ignore_index, double normalizer) {
+                        int64_t ignore_index, double normalizer, int64_t valid_classes) {
     MT_CHECK(logits.dim() == 2 && logits.size(1) >= 1 && is_floating(logits.dtype()),
              "cross_entropy: logits must be floating-point [rows, C] with C >= 1, got shape ",
              shape_str(logits.shape()), " ", dtype_name(logits.dtype()));
@@ -31,13 +31,20 @@ struct CrossEntropyFn : Function<CrossEntropyFn> {
              shape_str(targets.shape()), ") is on ", targets.device().str());
     MT_CHECK(std::isfinite(normalizer), "cross_entropy: normalizer must be finite, got ",
              normalizer);
+    const int64_t C = logits.size(1);
+    MT_CHECK(valid_classes >= 0 && valid_classes <= C, "cross_entropy: valid_classes must be in "
+             "[1, C] (0 for all C), got ", valid_classes, " for logits of shape ",
+             shape_str(logits.shape()));
+    const int64_t valid = valid_classes == 0 ? C : valid_classes;
     const DType grad_dtype = grad_dtype_for(logits.dtype());
     Tensor lc = logits.contiguous(), tc = targets.contiguous();
     Tensor loss = empty({}, grad_dtype, logits.device());
     Tensor lse = empty({logits.size(0)}, grad_dtype, logits.device());
     kernel<CrossEntropyForwardFn>(name, Phase::Forward, logits.device())(lc, tc, ignore_index,
-                                                                         normalizer, loss, lse);
+                                                                         normalizer, valid, loss,
+                                                                         lse);
     ctx.set("ignore_index", ignore_index);
+    ctx.set("valid", valid);
     ctx.set("normalizer", normalizer);
     ctx.save_for_backward({lc, tc, lse});
     return loss;
@@ -49,9 +56,10 @@ struct CrossEntropyFn : Function<CrossEntropyFn> {
     Tensor dlogits = empty(logits.shape(), logits.dtype(), logits.device());
     kernel<CrossEntropyBackwardFn>(name, Phase::Backward, logits.device())(
         logits, targets, lse, dloss[0], ctx.get<int64_t>("ignore_index"),
-        ctx.get<double>("normalizer"), dlogits);
-    // One per forward argument: logits; targets, ignore_index, normalizer (no gradient).
-    return {dlogits, Tensor(), Tensor(), Tensor()};
+        ctx.get<double>("normalizer"), ctx.get<int64_t>("valid"), dlogits);
+    // One per forward argument: logits; targets, ignore_index, normalizer, valid_classes (no
+    // gradient).
+    return {dlogits, Tensor(), Tensor(), Tensor(), Tensor()};
   }
 };
 
@@ -66,8 +74,9 @@ double resolve_normalizer(const Tensor& targets, int64_t ignore_index, double no
   return double(std::count_if(t, t + targets.numel(), kept));
 }
 
+// Columns c >= valid are padding: left out of lse, never a target.
 void forward_cpu(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
-                 double normalizer, const Tensor& loss, const Tensor& lse) {
+                 double normalizer, int64_t valid, const Tensor& loss, const Tensor& lse) {
   MT_DISPATCH_FLOATING(logits.dtype(), "cross_entropy", [&] {
     using acc = cpu::acc_t<scalar_t>;
     const int64_t rows = logits.size(0), C = logits.size(1);
@@ -77,12 +86,12 @@ void forward_cpu(const Tensor& logits, const Tensor& targets, int64_t ignore_ind
     for (int64_t r = 0; r < rows; ++r) {
       const scalar_t* row = logits.data<scalar_t>() + r * C;
       acc m = cpu::to_acc(row[0]);
-      for (int64_t c = 1; c < C; ++c) m = std::max(m, cpu::to_acc(row[c]));
+      for (int64_t c = 1; c < valid; ++c) m = std::max(m, cpu::to_acc(row[c]));
       // Max-subtracted: every term is in [0, 1]. A logit equal to the max counts 1 without the
       // subtraction, so a row whose max is +inf gives lse = +inf and a row of -inf gives -inf
       // (inf - inf would be NaN): the limits, as the CUDA kernel computes them.
       double sum_exp = 0;
-      for (int64_t c = 0; c < C; ++c) {
+      for (int64_t c = 0; c < valid; ++c) {
         const acc x = cpu::to_acc(row[c]);
         sum_exp += x == m ? 1.0 : double(std::exp(x - m));
       }
@@ -90,7 +99,7 @@ void forward_cpu(const Tensor& logits, const Tensor& targets, int64_t ignore_ind
       lsep[r] = l;
       const int64_t t = tp[r];
       if (t == ignore_index) continue;
-      if (t < 0 || t >= C) MT_THROW(bad_target_message(r, t, C, ignore_index));
+      if (t < 0 || t >= valid) MT_THROW(bad_target_message(r, t, valid, ignore_index));
       total += double(l - cpu::to_acc(row[t]));
     }
     const double n = resolve_normalizer(targets, ignore_index, normalizer);
@@ -98,10 +107,10 @@ void forward_cpu(const Tensor& logits, const Tensor& targets, int64_t ignore_ind
   });
 }
 
-// Accumulation: dlogits '=' (a new tensor in logits' dtype, math in acc_t); nothing here adds
-// into a .grad: the engine does that when logits is a leaf.
+// Accumulation: dlogits '=' (a new tensor in logits' dtype, math in acc_t; 0 in the padding
+// columns); nothing here adds into a .grad: the engine does that when logits is a leaf.
 void backward_cpu(const Tensor& logits, const Tensor& targets, const Tensor& lse,
-                  const Tensor& dloss, int64_t ignore_index, double normalizer,
+                  const Tensor& dloss, int64_t ignore_index, double normalizer, int64_t valid,
                   const Tensor& dlogits) {
   MT_DISPATCH_FLOATING(logits.dtype(), "cross_entropy", [&] {
     using acc = cpu::acc_t<scalar_t>;
@@ -116,7 +125,8 @@ void backward_cpu(const Tensor& logits, const Tensor& targets, const Tensor& lse
       const int64_t t = tp[r];
       for (int64_t c = 0; c < C; ++c) {
         const acc p = std::exp(cpu::to_acc(row[c]) - lsep[r]);  // softmax, recomputed
-        const acc g = t == ignore_index ? acc(0) : scale * (p - (c == t ? acc(1) : acc(0)));
+        const acc g = t == ignore_index || c >= valid ? acc(0)
+                                                      : scale * (p - (c == t ? acc(1) : acc(0)));
         out[c] = cpu::from_acc<scalar_t>(g);
       }
     }
@@ -139,8 +149,8 @@ void raise_bad_target(BadTargetRecord& r) {
 }
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
-                     double normalizer) {
-  return CrossEntropyFn::apply(logits, targets, ignore_index, normalizer);
+                     double normalizer, int64_t valid_classes) {
+  return CrossEntropyFn::apply(logits, targets, ignore_index, normalizer, valid_classes);
 }
 
 MT_DEFINE_OP(cross_entropy,

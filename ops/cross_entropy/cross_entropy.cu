@@ -20,6 +20,10 @@
 //
 // Both row kernels move 16-byte packs when every row starts 16-byte aligned (aligned base and
 // C * sizeof(dt) a multiple of 16, so a row is whole packs), else single elements (V = 1).
+//
+// A padded row (valid < C columns are classes): the padding is read with its pack, as −inf in
+// the forward (it adds nothing to the sum) and written as 0 in the backward, so the packs stay
+// whole: 50257 of 50304 columns cost the same passes as 50304.
 #include "ops/cross_entropy/cross_entropy_cuda.h"
 
 #include <cuda_bf16.h>
@@ -88,7 +92,7 @@ __device__ void block_merge(float& m, float& s) {
 
 template <class T, int V>
 __global__ void lse_kernel(const T* logits, const int64_t* targets, float* lse, int64_t C,
-                           int64_t ignore_index) {
+                           int64_t valid, int64_t ignore_index) {
   const int64_t r = blockIdx.x;
   if (targets[r] == ignore_index) {  // uniform across the block: no barrier is skipped unevenly
     if (threadIdx.x == 0) lse[r] = 0.f;
@@ -101,7 +105,7 @@ __global__ void lse_kernel(const T* logits, const int64_t* targets, float* lse, 
     const Pack<T, V> p = reinterpret_cast<const Pack<T, V>*>(row)[i];
     float x[V];
 #pragma unroll
-    for (int j = 0; j < V; ++j) x[j] = to_float(p.v[j]);
+    for (int j = 0; j < V; ++j) x[j] = i * V + j < valid ? to_float(p.v[j]) : -INFINITY;
     online_add_pack<V>(m, s, x);
   }
   block_merge(m, s);
@@ -112,7 +116,7 @@ constexpr int kLossThreads = 1024;
 
 template <class T>
 __global__ void loss_kernel(const T* logits, const int64_t* targets, const float* lse, float* loss,
-                            BadTargetRecord* bad_target, int64_t rows, int64_t C,
+                            BadTargetRecord* bad_target, int64_t rows, int64_t C, int64_t valid,
                             int64_t ignore_index, float normalizer) {
   __shared__ unsigned long long first_bad;  // the lowest bad row: the same report on every run
   if (threadIdx.x == 0) first_bad = ~0ull;
@@ -121,7 +125,7 @@ __global__ void loss_kernel(const T* logits, const int64_t* targets, const float
   for (int64_t r = threadIdx.x; r < rows; r += kLossThreads) {
     const int64_t t = targets[r];
     if (t == ignore_index) continue;
-    if (t < 0 || t >= C) {
+    if (t < 0 || t >= valid) {
       atomicMin(&first_bad, (unsigned long long)r);
       continue;
     }
@@ -133,7 +137,7 @@ __global__ void loss_kernel(const T* logits, const int64_t* targets, const float
     loss[0] = __int_as_float(0x7fc00000);  // NaN: a loss missing a row's term is no loss
     if (bad_target != nullptr) {
       const int64_t r = int64_t(first_bad);
-      note_bad_target(*bad_target, r, targets[r], C, ignore_index);
+      note_bad_target(*bad_target, r, targets[r], valid, ignore_index);
       __threadfence_system();  // the record is host memory: make it visible past the GPU
     }
   }
@@ -141,8 +145,8 @@ __global__ void loss_kernel(const T* logits, const int64_t* targets, const float
 
 template <class T, int V>
 __global__ void backward_kernel(const T* logits, const int64_t* targets, const float* lse,
-                                const float* dloss, T* dlogits, int64_t C, int64_t ignore_index,
-                                float normalizer) {
+                                const float* dloss, T* dlogits, int64_t C, int64_t valid,
+                                int64_t ignore_index, float normalizer) {
   const int64_t r = blockIdx.x;
   const int64_t t = targets[r];
   const T* row = logits + r * C;
@@ -163,7 +167,8 @@ __global__ void backward_kernel(const T* logits, const int64_t* targets, const f
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       const int64_t c = i * V + j;
-      d.v[j] = from_float<T>(g * (expf(to_float(p.v[j]) - l) - (c == t ? 1.f : 0.f)));
+      d.v[j] = c < valid ? from_float<T>(g * (expf(to_float(p.v[j]) - l) - (c == t ? 1.f : 0.f)))
+                         : from_float<T>(0.f);  // padding: no class, no gradient
     }
     reinterpret_cast<Pack<T, V>*>(drow)[i] = d;
   }
@@ -174,8 +179,9 @@ bool rows_aligned(const void* p, int64_t C, size_t elem) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0 && (C * int64_t(elem)) % 16 == 0;
 }
 
-void check_shape(const char* op, int64_t rows, int64_t C) {
+void check_shape(const char* op, int64_t rows, int64_t C, int64_t valid) {
   MT_CHECK(C >= 1, op, ": need at least one class, got C = ", C);
+  MT_CHECK(valid >= 1 && valid <= C, op, ": valid classes ", valid, " outside [1, ", C, "]");
   MT_CHECK(rows <= INT32_MAX, op, ": ", rows, " rows exceed one block per row");
 }
 
@@ -184,22 +190,24 @@ int row_threads(int64_t C) { return C >= 1024 ? 256 : 32; }
 }  // namespace
 
 void cross_entropy_forward(const void* logits, const int64_t* targets, float* loss, float* lse,
-                           BadTargetRecord* bad_target, int64_t rows, int64_t C,
+                           BadTargetRecord* bad_target, int64_t rows, int64_t C, int64_t valid,
                            int64_t ignore_index, float normalizer, DType dt, cudaStream_t s) {
-  check_shape("cross_entropy_forward", rows, C);
+  check_shape("cross_entropy_forward", rows, C, valid);
   dispatch_float<false>(dt, "cross_entropy_forward", [&](auto tag) {
     using T = decltype(tag);
     constexpr int V = 16 / sizeof(T);
     auto* x = static_cast<const T*>(logits);
     if (rows > 0) {
       if (rows_aligned(logits, C, sizeof(T)))
-        lse_kernel<T, V><<<unsigned(rows), row_threads(C), 0, s>>>(x, targets, lse, C, ignore_index);
+        lse_kernel<T, V><<<unsigned(rows), row_threads(C), 0, s>>>(x, targets, lse, C, valid,
+                                                                   ignore_index);
       else
-        lse_kernel<T, 1><<<unsigned(rows), row_threads(C), 0, s>>>(x, targets, lse, C, ignore_index);
+        lse_kernel<T, 1><<<unsigned(rows), row_threads(C), 0, s>>>(x, targets, lse, C, valid,
+                                                                   ignore_index);
       MT_CUDA_CHECK_LAUNCH();
     }
     // Runs for rows == 0 too, so loss is always written (0 / normalizer).
-    loss_kernel<T><<<1, kLossThreads, 0, s>>>(x, targets, lse, loss, bad_target, rows, C,
+    loss_kernel<T><<<1, kLossThreads, 0, s>>>(x, targets, lse, loss, bad_target, rows, C, valid,
                                                ignore_index, normalizer);
     MT_CUDA_CHECK_LAUNCH();
   });
@@ -208,8 +216,9 @@ void cross_entropy_forward(const void* logits, const int64_t* targets, float* lo
 // dlogits '=' in dt (fp32 math, rounded once); nothing is added into: no reduction, no sink.
 void cross_entropy_backward(const void* logits, const int64_t* targets, const float* lse,
                             const float* dloss, void* dlogits, int64_t rows, int64_t C,
-                            int64_t ignore_index, float normalizer, DType dt, cudaStream_t s) {
-  check_shape("cross_entropy_backward", rows, C);
+                            int64_t valid, int64_t ignore_index, float normalizer, DType dt,
+                            cudaStream_t s) {
+  check_shape("cross_entropy_backward", rows, C, valid);
   if (rows == 0) return;
   dispatch_float<false>(dt, "cross_entropy_backward", [&](auto tag) {
     using T = decltype(tag);
@@ -218,10 +227,12 @@ void cross_entropy_backward(const void* logits, const int64_t* targets, const fl
     auto* dx = static_cast<T*>(dlogits);
     if (rows_aligned(logits, C, sizeof(T)) && rows_aligned(dlogits, C, sizeof(T)))
       backward_kernel<T, V><<<unsigned(rows), row_threads(C), 0, s>>>(x, targets, lse, dloss, dx, C,
-                                                                       ignore_index, normalizer);
+                                                                       valid, ignore_index,
+                                                                       normalizer);
     else
       backward_kernel<T, 1><<<unsigned(rows), row_threads(C), 0, s>>>(x, targets, lse, dloss, dx, C,
-                                                                       ignore_index, normalizer);
+                                                                       valid, ignore_index,
+                                                                       normalizer);
     MT_CUDA_CHECK_LAUNCH();
   });
 }
@@ -283,25 +294,27 @@ double effective_normalizer(const Tensor& targets, int64_t ignore_index, double 
 }
 
 void cross_entropy_forward_cuda(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
-                                double normalizer, const Tensor& loss, const Tensor& lse) {
+                                double normalizer, int64_t valid, const Tensor& loss,
+                                const Tensor& lse) {
   normalizer = effective_normalizer(targets, ignore_index, normalizer);
   cudaStream_t s = cuda::stream_of(logits);
   cuda::cross_entropy_forward(logits.data_ptr(), cuda::ptr<const int64_t>(targets),
                               cuda::ptr<float>(loss), cuda::ptr<float>(lse),
                               bad_target_record(logits.device().index),
-                              logits.size(0), logits.size(1), ignore_index, float(normalizer),
-                              logits.dtype(), s);
+                              logits.size(0), logits.size(1), valid, ignore_index,
+                              float(normalizer), logits.dtype(), s);
 }
 
 // dlogits '=' in logits' dtype, a new tensor; the engine adds it into .grad if logits is a leaf.
 void cross_entropy_backward_cuda(const Tensor& logits, const Tensor& targets, const Tensor& lse,
                                  const Tensor& dloss, int64_t ignore_index, double normalizer,
-                                 const Tensor& dlogits) {
+                                 int64_t valid, const Tensor& dlogits) {
   normalizer = effective_normalizer(targets, ignore_index, normalizer);
   cuda::cross_entropy_backward(logits.data_ptr(), cuda::ptr<const int64_t>(targets),
                                cuda::ptr<const float>(lse), cuda::ptr<const float>(dloss),
-                               dlogits.data_ptr(), logits.size(0), logits.size(1), ignore_index,
-                               float(normalizer), logits.dtype(), cuda::stream_of(logits));
+                               dlogits.data_ptr(), logits.size(0), logits.size(1), valid,
+                               ignore_index, float(normalizer), logits.dtype(),
+                               cuda::stream_of(logits));
 }
 
 }  // namespace

@@ -11,7 +11,8 @@
 // non-ignored targets, for gradient-accumulation microbatches).
 //
 // Device pointers; logits and dlogits are [rows, C] contiguous in dt (f32, bf16, f16); targets
-// int64 [rows]. Nothing here waits for the device.
+// int64 [rows]. The columns c >= valid (valid in [1, C]) are padding: out of lse, never a target,
+// dlogits 0. Nothing here waits for the device.
 #include <cstdint>
 
 #include <cuda_runtime.h>
@@ -26,12 +27,13 @@ namespace mt::cuda {
 // goes to note_bad_target(*bad_target, lowest such row, ...) (bad_target: device-accessible,
 // nullable); never cleared here.
 void cross_entropy_forward(const void* logits, const int64_t* targets, float* loss, float* lse,
-                           BadTargetRecord* bad_target, int64_t rows, int64_t C,
+                           BadTargetRecord* bad_target, int64_t rows, int64_t C, int64_t valid,
                            int64_t ignore_index, float normalizer, DType dt, cudaStream_t s);
 
 // dlogits ('=', in dt) as above; dloss is a device fp32 scalar (the seed gradient of the loss).
 void cross_entropy_backward(const void* logits, const int64_t* targets, const float* lse,
                             const float* dloss, void* dlogits, int64_t rows, int64_t C,
-                            int64_t ignore_index, float normalizer, DType dt, cudaStream_t s);
+                            int64_t valid, int64_t ignore_index, float normalizer, DType dt,
+                            cudaStream_t s);
 
 }  // namespace mt::cuda

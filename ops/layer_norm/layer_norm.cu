@@ -1,0 +1,447 @@
+// LayerNorm on the GPU, x viewed as [rows, d], weight and bias fp32 [d]. The math and the
+// saved-vs-recomputed choice are in layer_norm.h.
+//
+// Two layouts (both fp32 math, inputs widened, outputs rounded once to dt):
+//
+//   warp rows   d ≤ 1024, d a multiple of the 16-byte pack (8 bf16/f16, 4 f32), x, y (dy, dx)
+//               16-byte aligned: a warp owns a row and holds it in registers (lane `l` the packs
+//               l, l + 32, ...; kPPL packs a lane, the row's packs over 32 rounded up to a power
+//               of two), so each row is read from memory once although the forward uses it three
+//               times (mean, variance about the mean, output) and the backward twice. Sums are
+//               shuffle butterflies. Blocks of 8 warps. The forward: one block per 8 rows (the
+//               hardware starts blocks in order, so the rows in flight are neighbours). The
+//               backward: one wave of blocks (as many as fit on the GPU at once), each warp
+//               striding over rows and adding its columns' dy·x̂ and dy in fp32 registers, in row
+//               order; at the end the block adds its warps' sums in warp order in shared memory
+//               and writes one partial row [dweight | dbias] (2d floats).
+//   block rows  any other d: a block of 256 threads per row, which reads the row from memory once
+//               and again from cache for each further pass; the backward's dx the same way, and
+//               dweight, dbias from a separate pass over chunks of kChunkRows rows: thread (c, t)
+//               of a 32 x 8 block sums column c over rows t, t + 8, ... of its chunk, the 8 sums
+//               are added in order, one partial row per chunk.
+//
+// Both then run the column reduce: column j of the partial rows summed in index order (32 slices
+// side by side, then the slices in order) and ADDED to dweight[j] or dbias[j − d] ('+='). No
+// atomics: the grid depends only on the GPU model and the shape, so the bits are the same on
+// every run. The two layouts sum in different orders, so their bits differ (the op check's
+// alignment_invariant = false).
+#include "ops/layer_norm/layer_norm_cuda.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "core/cuda/check.h"
+#include "core/cuda/glue.h"
+#include "core/cuda/reduce.cuh"
+#include "core/cuda/runtime.h"
+#include "core/cuda/vec.cuh"
+#include "core/registry.h"
+#include "ops/layer_norm/layer_norm.h"
+
+namespace mt::cuda {
+namespace {
+
+constexpr int kWarpRowsBlock = 256;  // 8 warps, 8 rows at a time
+constexpr int kWarpRowsMaxD = 1024;  // 32 elements a lane at most
+constexpr int kBlockRowThreads = 256;
+constexpr int kChunkRows = 64;       // rows per partial of the block layout's dweight/dbias pass
+constexpr int kReduceCols = 32, kReduceSlices = 32;
+
+// The block's total of v, returned to every thread, in a fixed order; reusable within a kernel
+// (the second barrier keeps the next call from overwriting totals still being read).
+__device__ float block_allreduce(float v) {
+  __shared__ float warp_totals[32];
+  v = warp_sum(v);
+  if (threadIdx.x % 32 == 0) warp_totals[threadIdx.x / 32] = v;
+  __syncthreads();
+  float total = 0.0f;
+  for (int i = 0; i < int(blockDim.x / 32); ++i) total += warp_totals[i];
+  __syncthreads();
+  return total;
+}
+
+// ---- warp rows ------------------------------------------------------------------------------
+
+template <class T, int V, int kPPL>
+__global__ void __launch_bounds__(kWarpRowsBlock)
+    forward_warp_kernel(const T* __restrict__ x, const float* __restrict__ weight,
+                        const float* __restrict__ bias, T* __restrict__ y,
+                        float* __restrict__ mean, float* __restrict__ rstd, int64_t rows, int d,
+                        float eps) {
+  using P = Pack<T, V>;
+  const int lane = threadIdx.x % 32;
+  const int64_t row = int64_t(blockIdx.x) * (kWarpRowsBlock / 32) + threadIdx.x / 32;
+  if (row >= rows) return;  // a whole warp: it shares no barrier
+  const int packs = d / V;
+  P xv[kPPL];
+#pragma unroll
+  for (int p = 0; p < kPPL; ++p)
+    if (lane + 32 * p < packs) xv[p] = reinterpret_cast<const P*>(x + row * d)[lane + 32 * p];
+
+  float sum = 0.0f;
+#pragma unroll
+  for (int p = 0; p < kPPL; ++p)
+    if (lane + 32 * p < packs)
+#pragma unroll
+      for (int k = 0; k < V; ++k) sum += to_float(xv[p].v[k]);
+  const float mu = warp_sum(sum) / float(d);
+  float sq = 0.0f;  // the variance about the mean: no cancellation of E[x²] − E[x]²
+#pragma unroll
+  for (int p = 0; p < kPPL; ++p)
+    if (lane + 32 * p < packs)
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const float c = to_float(xv[p].v[k]) - mu;
+        sq += c * c;
+      }
+  const float rs = 1.0f / sqrtf(warp_sum(sq) / float(d) + eps);
+  if (lane == 0) mean[row] = mu, rstd[row] = rs;
+#pragma unroll
+  for (int p = 0; p < kPPL; ++p) {
+    const int q = lane + 32 * p;
+    if (q >= packs) break;
+    P out;
+#pragma unroll
+    for (int k = 0; k < V; ++k)
+      out.v[k] = from_float<T>((to_float(xv[p].v[k]) - mu) * rs * weight[q * V + k] +
+                               bias[q * V + k]);
+    reinterpret_cast<P*>(y + row * d)[q] = out;
+  }
+}
+
+template <class T, int V, int kPPL>
+__global__ void __launch_bounds__(kWarpRowsBlock)
+    backward_warp_kernel(const T* __restrict__ x, const float* __restrict__ weight,
+                         const float* __restrict__ mean, const float* __restrict__ rstd,
+                         const T* __restrict__ dy, T* __restrict__ dx, float* __restrict__ partials,
+                         int64_t rows, int d) {
+  using P = Pack<T, V>;
+  constexpr int kWarps = kWarpRowsBlock / 32;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int packs = d / V;
+  float dw[kPPL][V], db[kPPL][V];  // this lane's columns: Σ dy·x̂ and Σ dy over its rows
+#pragma unroll
+  for (int p = 0; p < kPPL; ++p)
+#pragma unroll
+    for (int k = 0; k < V; ++k) dw[p][k] = 0.0f, db[p][k] = 0.0f;
+
+  for (int64_t row = int64_t(blockIdx.x) * kWarps + warp; row < rows;
+       row += int64_t(gridDim.x) * kWarps) {
+    P xv[kPPL], gv[kPPL];
+#pragma unroll
+    for (int p = 0; p < kPPL; ++p)
+      if (lane + 32 * p < packs) {
+        xv[p] = reinterpret_cast<const P*>(x + row * d)[lane + 32 * p];
+        gv[p] = reinterpret_cast<const P*>(dy + row * d)[lane + 32 * p];
+      }
+    const float mu = mean[row], rs = rstd[row];
+    float sum_g = 0.0f, sum_gx = 0.0f;
+#pragma unroll
+    for (int p = 0; p < kPPL; ++p) {
+      const int q = lane + 32 * p;
+      if (q >= packs) break;
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const float xhat = (to_float(xv[p].v[k]) - mu) * rs, g0 = to_float(gv[p].v[k]);
+        const float g = g0 * weight[q * V + k];  // dL/dx̂
+        sum_g += g;
+        sum_gx += g * xhat;
+        dw[p][k] += g0 * xhat;
+        db[p][k] += g0;
+      }
+    }
+    if (dx == nullptr) continue;
+    const float mg = warp_sum(sum_g) / float(d), mgx = warp_sum(sum_gx) / float(d);
+#pragma unroll
+    for (int p = 0; p < kPPL; ++p) {
+      const int q = lane + 32 * p;
+      if (q >= packs) break;
+      P out;
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const float xhat = (to_float(xv[p].v[k]) - mu) * rs;  // recomputed, not held
+        const float g = to_float(gv[p].v[k]) * weight[q * V + k];
+        out.v[k] = from_float<T>(rs * (g - mg - xhat * mgx));
+      }
+      reinterpret_cast<P*>(dx + row * d)[q] = out;
+    }
+  }
+
+  if (partials == nullptr) return;  // the same for the whole grid
+  // The block's warps add their sums into shared memory one warp after the other (fixed order).
+  __shared__ float block_sums[2 * kWarpRowsMaxD];
+  for (int w = 0; w < kWarps; ++w) {
+    if (warp == w)
+#pragma unroll
+      for (int p = 0; p < kPPL; ++p) {
+        const int q = lane + 32 * p;
+        if (q >= packs) break;
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          const int col = q * V + k;
+          block_sums[col] = w == 0 ? dw[p][k] : block_sums[col] + dw[p][k];
+          block_sums[d + col] = w == 0 ? db[p][k] : block_sums[d + col] + db[p][k];
+        }
+      }
+    __syncthreads();
+  }
+  for (int col = threadIdx.x; col < 2 * d; col += blockDim.x)
+    partials[int64_t(blockIdx.x) * 2 * d + col] = block_sums[col];
+}
+
+// ---- block rows ----------------------------------------------------------------------------
+
+template <class T>
+__global__ void __launch_bounds__(kBlockRowThreads)
+    forward_block_kernel(const T* __restrict__ x, const float* __restrict__ weight,
+                         const float* __restrict__ bias, T* __restrict__ y,
+                         float* __restrict__ mean, float* __restrict__ rstd, int d, float eps) {
+  const int64_t row = blockIdx.x;
+  const T* xr = x + row * d;
+  float sum = 0.0f;
+  for (int j = threadIdx.x; j < d; j += blockDim.x) sum += to_float(xr[j]);
+  const float mu = block_allreduce(sum) / float(d);
+  float sq = 0.0f;
+  for (int j = threadIdx.x; j < d; j += blockDim.x) {
+    const float c = to_float(xr[j]) - mu;
+    sq += c * c;
+  }
+  const float rs = 1.0f / sqrtf(block_allreduce(sq) / float(d) + eps);
+  if (threadIdx.x == 0) mean[row] = mu, rstd[row] = rs;
+  for (int j = threadIdx.x; j < d; j += blockDim.x)
+    y[row * d + j] = from_float<T>((to_float(xr[j]) - mu) * rs * weight[j] + bias[j]);
+}
+
+template <class T>
+__global__ void __launch_bounds__(kBlockRowThreads)
+    backward_dx_block_kernel(const T* __restrict__ x, const float* __restrict__ weight,
+                             const float* __restrict__ mean, const float* __restrict__ rstd,
+                             const T* __restrict__ dy, T* __restrict__ dx, int d) {
+  const int64_t row = blockIdx.x;
+  const T *xr = x + row * d, *gr = dy + row * d;
+  const float mu = mean[row], rs = rstd[row];
+  float sum_g = 0.0f, sum_gx = 0.0f;
+  for (int j = threadIdx.x; j < d; j += blockDim.x) {
+    const float g = to_float(gr[j]) * weight[j];
+    sum_g += g;
+    sum_gx += g * (to_float(xr[j]) - mu) * rs;
+  }
+  const float mg = block_allreduce(sum_g) / float(d);
+  const float mgx = block_allreduce(sum_gx) / float(d);
+  for (int j = threadIdx.x; j < d; j += blockDim.x) {
+    const float xhat = (to_float(xr[j]) - mu) * rs, g = to_float(gr[j]) * weight[j];
+    dx[row * d + j] = from_float<T>(rs * (g - mg - xhat * mgx));
+  }
+}
+
+// partials[chunk, j] = Σ dy·x̂ and partials[chunk, d + j] = Σ dy over the chunk's rows, column j.
+template <class T>
+__global__ void __launch_bounds__(256)
+    param_chunk_kernel(const T* __restrict__ x, const float* __restrict__ mean,
+                       const float* __restrict__ rstd, const T* __restrict__ dy,
+                       float* __restrict__ partials, int64_t rows, int d) {
+  __shared__ float sums[2][8][32];
+  const int col = blockIdx.x * 32 + threadIdx.x;
+  const int64_t first = int64_t(blockIdx.y) * kChunkRows;
+  const int64_t last = std::min<int64_t>(rows, first + kChunkRows);
+  float dw = 0.0f, db = 0.0f;
+  if (col < d)
+    for (int64_t r = first + threadIdx.y; r < last; r += 8) {
+      const float g = to_float(dy[r * d + col]);
+      dw += g * (to_float(x[r * d + col]) - mean[r]) * rstd[r];
+      db += g;
+    }
+  sums[0][threadIdx.y][threadIdx.x] = dw;
+  sums[1][threadIdx.y][threadIdx.x] = db;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < d) {
+    float tw = 0.0f, tb = 0.0f;
+    for (int t = 0; t < 8; ++t) tw += sums[0][t][threadIdx.x], tb += sums[1][t][threadIdx.x];
+    partials[int64_t(blockIdx.y) * 2 * d + col] = tw;
+    partials[int64_t(blockIdx.y) * 2 * d + d + col] = tb;
+  }
+}
+
+// dweight[j] += Σ_b partials[b, j], dbias[j] += Σ_b partials[b, d + j], b in a fixed order:
+// thread (c, s) of a 32 x 32 block sums rows s, s + 32, ... of its column, then thread (c, 0)
+// adds the 32 slices in order. A null dweight or dbias is skipped.
+__global__ void __launch_bounds__(kReduceCols * kReduceSlices)
+    column_reduce_kernel(const float* __restrict__ partials, int parts, int d,
+                         float* __restrict__ dweight, float* __restrict__ dbias) {
+  __shared__ float slices[kReduceSlices][kReduceCols];
+  const int col = blockIdx.x * kReduceCols + threadIdx.x;
+  float v = 0.0f;
+  if (col < 2 * d) {
+#pragma unroll 4
+    for (int b = threadIdx.y; b < parts; b += kReduceSlices) v += partials[int64_t(b) * 2 * d + col];
+  }
+  slices[threadIdx.y][threadIdx.x] = v;
+  __syncthreads();
+  if (threadIdx.y != 0 || col >= 2 * d) return;
+  float total = 0.0f;
+  for (int s = 0; s < kReduceSlices; ++s) total += slices[s][threadIdx.x];
+  float* out = col < d ? (dweight ? dweight + col : nullptr) : (dbias ? dbias + col - d : nullptr);
+  if (out != nullptr) *out += total;
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Calls f(std::integral_constant<int, kPPL>): the row's packs over 32, rounded up to a power of
+// two (at most 32 elements a lane).
+template <int V, class F>
+void with_ppl(int d, F&& f) {
+  const int64_t ppl = ceil_div(ceil_div(d, V), 32);
+  if (ppl <= 1) return f(std::integral_constant<int, 1>{});
+  if (ppl <= 2) return f(std::integral_constant<int, 2>{});
+  if (ppl <= 4) return f(std::integral_constant<int, 4>{});
+  if constexpr (V == 4) {
+    if (ppl <= 8) return f(std::integral_constant<int, 8>{});
+  }
+  MT_THROW("layer_norm: no warp-row build for d = ", d);
+}
+
+template <class T>
+bool warp_rows(int d, std::initializer_list<const void*> ptrs) {
+  constexpr int V = 16 / sizeof(T);
+  if (d % V != 0 || d > kWarpRowsMaxD) return false;
+  for (const void* p : ptrs)
+    if (p != nullptr && !aligned(p, 16)) return false;
+  return true;
+}
+
+template <class T>
+void forward_as(const void* x, const float* w, const float* b, void* y, float* mean, float* rstd,
+                int64_t rows, int d, float eps, cudaStream_t s) {
+  const T* xt = static_cast<const T*>(x);
+  T* yt = static_cast<T*>(y);
+  if (warp_rows<T>(d, {x, y})) {
+    constexpr int V = 16 / sizeof(T);
+    with_ppl<V>(d, [&](auto ppl) {
+      constexpr int kPPL = decltype(ppl)::value;
+      const int64_t grid = ceil_div(rows, kWarpRowsBlock / 32);
+      MT_CHECK(grid <= INT32_MAX, "layer_norm: ", rows, " rows are more than one launch takes");
+      forward_warp_kernel<T, V, kPPL><<<unsigned(grid), kWarpRowsBlock, 0, s>>>(
+          xt, w, b, yt, mean, rstd, rows, d, eps);
+    });
+  } else {
+    MT_CHECK(rows <= INT32_MAX, "layer_norm: ", rows, " rows are more than one launch takes");
+    forward_block_kernel<T><<<unsigned(rows), kBlockRowThreads, 0, s>>>(xt, w, b, yt, mean, rstd,
+                                                                        d, eps);
+  }
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+template <class T>
+void backward_as(const void* x, const float* w, const float* mean, const float* rstd,
+                 const void* dy, void* dx, float* dweight, float* dbias, int64_t rows, int d,
+                 cudaStream_t s) {
+  const T* xt = static_cast<const T*>(x);
+  const T* gt = static_cast<const T*>(dy);
+  T* dxt = static_cast<T*>(dx);
+  const bool want_params = dweight != nullptr || dbias != nullptr;
+  const int device = current_device();
+  float* partials = nullptr;
+  int parts = 0;
+  if (warp_rows<T>(d, {x, dy, dx})) {
+    constexpr int V = 16 / sizeof(T);
+    with_ppl<V>(d, [&](auto ppl) {
+      constexpr int kPPL = decltype(ppl)::value;
+      auto kernel = backward_warp_kernel<T, V, kPPL>;
+      int per_sm = 0;
+      MT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarpRowsBlock, 0));
+      MT_CHECK(per_sm > 0, "layer_norm: the backward's block does not fit on an SM");
+      parts = int(std::min<int64_t>(int64_t(per_sm) * sm_count(device),
+                                    ceil_div(rows, kWarpRowsBlock / 32)));
+      if (want_params)
+        partials = static_cast<float*>(alloc_on(s, size_t(parts) * 2 * d * sizeof(float), device));
+      kernel<<<parts, kWarpRowsBlock, 0, s>>>(xt, w, mean, rstd, gt, dxt, partials, rows, d);
+      MT_CUDA_CHECK_LAUNCH();
+    });
+  } else {
+    MT_CHECK(rows <= INT32_MAX, "layer_norm: ", rows, " rows are more than one launch takes");
+    if (dx != nullptr) {
+      backward_dx_block_kernel<T><<<unsigned(rows), kBlockRowThreads, 0, s>>>(xt, w, mean, rstd,
+                                                                              gt, dxt, d);
+      MT_CUDA_CHECK_LAUNCH();
+    }
+    if (want_params) {
+      parts = int(ceil_div(rows, kChunkRows));
+      partials = static_cast<float*>(alloc_on(s, size_t(parts) * 2 * d * sizeof(float), device));
+      const dim3 grid(unsigned(ceil_div(d, 32)), unsigned(parts));
+      param_chunk_kernel<T><<<grid, dim3(32, 8), 0, s>>>(xt, mean, rstd, gt, partials, rows, d);
+      MT_CUDA_CHECK_LAUNCH();
+    }
+  }
+  if (partials != nullptr) {
+    column_reduce_kernel<<<unsigned(ceil_div(2 * d, kReduceCols)),
+                           dim3(kReduceCols, kReduceSlices), 0, s>>>(partials, parts, d, dweight,
+                                                                     dbias);
+    MT_CUDA_CHECK_LAUNCH();
+    free_on(s, partials);  // stream-ordered: released after the reduce has run
+  }
+}
+
+void check_shape(const char* op, int64_t rows, int64_t d) {
+  MT_CHECK(rows >= 0 && d >= 1 && d <= INT32_MAX / 2, op, ": bad shape [", rows, ", ", d, "]");
+}
+
+}  // namespace
+
+void layer_norm_forward(const void* x, const float* weight, const float* bias, void* y,
+                        float* mean, float* rstd, int64_t rows, int64_t d, float eps, DType dt,
+                        cudaStream_t s) {
+  check_shape("layer_norm_forward", rows, d);
+  if (rows == 0) return;
+  MT_CHECK(x && weight && bias && y && mean && rstd, "layer_norm_forward: null pointer");
+  dispatch_float</*kWithF64=*/false>(dt, "layer_norm_forward", [&](auto t) {
+    forward_as<decltype(t)>(x, weight, bias, y, mean, rstd, rows, int(d), eps, s);
+  });
+}
+
+// dx '=' in dt; dweight, dbias '+=' in fp32 (fixed-order column reduce): see the top.
+void layer_norm_backward(const void* x, const float* weight, const float* mean, const float* rstd,
+                         const void* dy, void* dx, float* dweight, float* dbias, int64_t rows,
+                         int64_t d, DType dt, cudaStream_t s) {
+  check_shape("layer_norm_backward", rows, d);
+  if (rows == 0 || (dx == nullptr && dweight == nullptr && dbias == nullptr)) return;
+  MT_CHECK(x && weight && mean && rstd && dy, "layer_norm_backward: null pointer");
+  dispatch_float</*kWithF64=*/false>(dt, "layer_norm_backward", [&](auto t) {
+    backward_as<decltype(t)>(x, weight, mean, rstd, dy, dx, dweight, dbias, rows, int(d), s);
+  });
+}
+
+}  // namespace mt::cuda
+
+// ---- Tensor-level kernels registered for layer_norm on CUDA -------------------------------
+namespace mt {
+namespace {
+
+void layer_norm_forward_cuda(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                             double eps, const Tensor& y, const Tensor& mean, const Tensor& rstd) {
+  const int64_t d = weight.numel();
+  cuda::layer_norm_forward(x.data_ptr(), cuda::ptr<const float>(weight),
+                           cuda::ptr<const float>(bias), y.data_ptr(), cuda::ptr<float>(mean),
+                           cuda::ptr<float>(rstd), x.numel() / d, d, float(eps), x.dtype(),
+                           cuda::stream_of(x));
+}
+
+// dx '=' in x's dtype; dweight, dbias are the fp32 .grads (sinks) or fresh zeros: the column
+// reduce adds into them ('+=').
+void layer_norm_backward_cuda(const Tensor& x, const Tensor& weight, const Tensor& mean,
+                              const Tensor& rstd, const Tensor& dy, const Tensor& dx,
+                              const Tensor& dweight, const Tensor& dbias) {
+  const int64_t d = weight.numel();
+  cuda::layer_norm_backward(x.data_ptr(), cuda::ptr<const float>(weight),
+                            cuda::ptr<const float>(mean), cuda::ptr<const float>(rstd),
+                            dy.data_ptr(), cuda::ptr(dx), cuda::ptr<float>(dweight),
+                            cuda::ptr<float>(dbias), x.numel() / d, d, x.dtype(),
+                            cuda::stream_of(x));
+}
+
+}  // namespace
+
+MT_REGISTER_KERNEL(layer_norm, Forward, CUDA, layer_norm_forward_cuda);
+MT_REGISTER_KERNEL(layer_norm, Backward, CUDA, layer_norm_backward_cuda);
+
+}  // namespace mt
