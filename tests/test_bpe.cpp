@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <random>
 #include <sstream>
 
 #include "core/error.h"
@@ -82,6 +83,11 @@ const std::vector<Case>& tricky_cases() {
        {"''", "s", "!!'", "s", " ?!", " ", " ..."},
        {7061, 82, 3228, 6, 82, 5633, 0, 220, 2644}},
       {"Ⅻ ½ ٣", {"Ⅻ", " ½", " ٣"}, {158, 227, 104, 25208, 18923, 96}},
+      // Letters and numbers beyond Latin-1 next to punctuation and to each other.
+      {"東京!ΑΒΓ? ٣٤x Ⅻ.ǅa",
+       {"東京", "!", "ΑΒΓ", "?", " ٣٤", "x", " Ⅻ", ".", "ǅa"},
+       {30266, 109, 12859, 105, 0, 138, 239, 138, 240, 138, 241, 30, 18923, 96, 149, 97, 87, 2343,
+        227, 104, 13, 131, 227, 64}},
   };
   return cases;
 }
@@ -131,7 +137,9 @@ TEST(Gpt2Tokenizer, SplitsAtTheEdges) {
   EXPECT_EQ(split("a\xC2\xA0\xC2\xA0" "b"),
             (std::vector<std::string>{"a", "\xC2\xA0", "\xC2\xA0", "b"}));
   EXPECT_EQ(split("a\xE3\x80\x80" "b"), (std::vector<std::string>{"a", "\xE3\x80\x80", "b"}));
-  EXPECT_EQ(split("a\x1f" "b"), (std::vector<std::string>{"a", "\x1f", "b"}));
+  EXPECT_EQ(split("a \x1f\x1f" "b"), (std::vector<std::string>{"a", " \x1f\x1f", "b"}));
+  EXPECT_EQ(split("a\xC2\x85\xC2\x85" "b"),  // U+0085 is \s
+            (std::vector<std::string>{"a", "\xC2\x85", "\xC2\x85", "b"}));
   EXPECT_EQ(split("'"), (std::vector<std::string>{"'"}));
   EXPECT_EQ(split("x'r"), (std::vector<std::string>{"x", "'", "r"}));
   EXPECT_EQ(split("x're"), (std::vector<std::string>{"x", "'re"}));
@@ -184,6 +192,49 @@ TEST(Gpt2Tokenizer, RefusesTextThatIsNotUtf8) {
     expect_error([&] { gpt2().encode(text, Special::allow); }, {where});
   }
   expect_error([&] { gpt2().encode("<|endoftext|>\xFF", Special::allow); }, {"byte offset 13"});
+}
+
+// Random text: valid UTF-8 (random code points, many of them spaces, apostrophes and digits)
+// must come back exactly; random bytes must come back exactly or be refused with an mt::Error.
+TEST(Gpt2Tokenizer, RandomTextRoundTripsAndRandomBytesDoNotCrash) {
+  std::mt19937 rng(33);
+  auto append_utf8 = [](std::string& s, char32_t cp) {
+    if (cp < 0x80) {
+      s += char(cp);
+    } else if (cp < 0x800) {
+      s += {char(0xC0 | cp >> 6), char(0x80 | (cp & 0x3F))};
+    } else if (cp < 0x10000) {
+      s += {char(0xE0 | cp >> 12), char(0x80 | (cp >> 6 & 0x3F)), char(0x80 | (cp & 0x3F))};
+    } else {
+      s += {char(0xF0 | cp >> 18), char(0x80 | (cp >> 12 & 0x3F)), char(0x80 | (cp >> 6 & 0x3F)),
+            char(0x80 | (cp & 0x3F))};
+    }
+  };
+  const std::string common = " \n\t'sretvmld09aZ.!";
+  int refused = 0;
+  for (int trial = 0; trial < 2000; ++trial) {
+    std::string text;
+    const int n = int(rng() % 40);
+    for (int i = 0; i < n; ++i) {
+      const uint32_t pick = rng() % 4;
+      char32_t cp = pick < 2 ? char32_t(common[rng() % common.size()])
+                  : pick == 2 ? char32_t(rng() % 0x800)
+                              : char32_t(rng() % 0x110000);
+      if (cp >= 0xD800 && cp <= 0xDFFF) cp = 'x';  // surrogates are not characters
+      append_utf8(text, cp);
+    }
+    ASSERT_EQ(gpt2().decode(gpt2().encode(text)), text) << "trial " << trial;
+
+    std::string bytes(size_t(rng() % 24), '\0');
+    for (char& c : bytes) c = char(rng() % 3 ? 'a' + rng() % 3 : rng() % 256);
+    try {
+      ASSERT_EQ(gpt2().decode(gpt2().encode(bytes)), bytes) << "trial " << trial;
+    } catch (const Error& e) {
+      ASSERT_NE(std::string(e.what()).find("not valid UTF-8"), std::string::npos) << e.what();
+      ++refused;
+    }
+  }
+  EXPECT_GT(refused, 100);  // the random bytes did reach the refusal
 }
 
 TEST(Gpt2Tokenizer, DecodeRefusesIdsOutsideTheVocabulary) {

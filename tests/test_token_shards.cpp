@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <random>
 
 #include "core/error.h"
 #include "data/token_shards.h"
@@ -116,6 +117,34 @@ TEST(TokenShards, RefusesATruncatedFile) {
   expect_error([&] { read_token_shard(path); }, {path, "has 0 bytes"});
   expect_error([&] { read_token_shard(dir / "missing.bin"); },
                {"missing.bin: cannot open the token shard"});
+}
+
+// Random damage to a shard's first bytes and its length: every result is a clear mt::Error or
+// a read consistent with the file.
+TEST(TokenShards, RandomDamageIsRefusedOrConsistent) {
+  const TempDir dir;
+  const std::vector<char> good = shard_bytes(dir, 50);
+  const std::string path = dir / "damaged.bin";
+  std::mt19937 rng(20240520);
+  int read_back = 0;
+  for (int trial = 0; trial < 120; ++trial) {
+    std::vector<char> b = good;
+    if (trial % 10 != 0) {  // every tenth file is left whole
+      b.resize(size_t(rng() % 2 ? b.size() : rng() % (b.size() + 8)));
+      for (int k = 0; k < 3; ++k)
+        if (!b.empty() && rng() % 2) b[rng() % std::min<size_t>(b.size(), 12)] = char(rng() % 256);
+    }
+    write_bytes(path, b);
+    try {
+      const std::vector<uint16_t> tokens = read_token_shard(path);
+      ASSERT_EQ(1024 + 2 * tokens.size(), b.size());
+      ASSERT_EQ(header_int(b, 2), int32_t(tokens.size()));
+      ++read_back;
+    } catch (const Error& e) {
+      ASSERT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_GE(read_back, 12);  // at least the whole files read
 }
 
 TEST(TokenShards, ChecksTokenIdsAgainstTheVocabulary) {
