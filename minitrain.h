@@ -41,11 +41,15 @@
 #include "parallel/launch.h"
 #include "parallel/reducer.h"
 
+// data: datasets, their file formats and the batch loader.
+#include "data/data.h"
+
 // train: the config, the trainer and its checkpoints.
 #include "train/checkpoint.h"
 #include "train/config.h"
-#include "train/data.h"
-#include "train/inference.h"
 #include "train/models.h"
 #include "train/task.h"
 #include "train/trainer.h"
+
+// app: the `train` program's commands as functions (eval, predict).
+#include "app/inference.h"

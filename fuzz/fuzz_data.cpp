@@ -11,9 +11,9 @@
 #include <cstdlib>
 
 #include "core/error.h"
+#include "data/csv.h"
+#include "data/idx.h"
 #include "fuzz/input_file.h"
-#include "train/csv.h"
-#include "train/idx.h"
 
 namespace {
 

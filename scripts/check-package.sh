@@ -32,7 +32,7 @@ missing=0
 while IFS= read -r h; do
   [[ $with_cuda != ON && ( $h == */cuda/* || $h == *_cuda.h || $h == *.cuh ) ]] && continue
   [[ -f $prefix/include/minitrain/$h ]] || { echo "check-package: not installed: $h" >&2; missing=1; }
-done < <(find core ops check nn optim parallel train \( -name '*.h' -o -name '*.cuh' \) | sort)
+done < <(find core ops check nn optim parallel data train app \( -name '*.h' -o -name '*.cuh' \) | sort)
 [[ -f $prefix/include/minitrain/minitrain.h ]] || { echo "check-package: not installed: minitrain.h" >&2; missing=1; }
 (( missing == 0 )) || fail "the install lacks headers"
 
@@ -47,7 +47,7 @@ kernels=()
 while IFS= read -r k; do
   [[ $with_cuda != ON && $k == *:CUDA ]] && continue
   kernels+=("$k")
-done < <(grep -rhoE 'MT_REGISTER_KERNEL\([a-z_0-9]+, *[A-Za-z]+, *[A-Z]+' core ops nn optim parallel train |
+done < <(grep -rhoE 'MT_REGISTER_KERNEL\([a-z_0-9]+, *[A-Za-z]+, *[A-Z]+' core ops nn optim parallel data train app |
          sed -E 's/MT_REGISTER_KERNEL\(([a-z_0-9]+), *([A-Za-z]+), *([A-Z]+)/\1:\2:\3/' | sort -u)
 (( ${#kernels[@]} > 0 )) || fail "no MT_REGISTER_KERNEL found in the sources"
 "$tmp/consumer/consumer_registry" "${kernels[@]}" || fail "consumer_registry"

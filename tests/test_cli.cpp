@@ -10,18 +10,18 @@
 #include <fstream>
 #include <sstream>
 
+#include "app/inference.h"
 #include "core/device.h"
-#include "core/safetensors.h"
 #include "core/rng.h"
-#include "train/config.h"
-#include "train/data.h"
-#include "train/inference.h"
-#include "train/metrics.h"
-#include "train/trainer.h"
+#include "core/safetensors.h"
+#include "data/data.h"
 #include "tests/expect_error.h"
 #include "tests/log_capture.h"
 #include "tests/run_train.h"
 #include "tests/temp_dir.h"
+#include "train/config.h"
+#include "train/metrics.h"
+#include "train/trainer.h"
 
 using namespace mt;
 using mt::test::run_train;

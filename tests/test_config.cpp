@@ -7,9 +7,9 @@
 #include <filesystem>
 #include <fstream>
 
-#include "train/config.h"
 #include "tests/expect_error.h"
 #include "tests/temp_dir.h"
+#include "train/config.h"
 
 namespace fs = std::filesystem;
 using namespace mt;

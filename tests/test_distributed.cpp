@@ -26,16 +26,16 @@
 
 #include "core/autograd.h"
 #include "core/rng.h"
-#include "parallel/communicator.h"
-#include "parallel/reducer.h"
+#include "data/data.h"
 #include "ops/cross_entropy/cross_entropy.h"
 #include "ops/linear/linear.h"
 #include "ops/rms_norm/rms_norm.h"
 #include "ops/scaled_silu/scaled_silu.h"
+#include "parallel/communicator.h"
+#include "parallel/reducer.h"
 #include "tests/expect_error.h"
 #include "tests/gradcheck.h"
 #include "tests/small_mlp.h"
-#include "train/data.h"
 
 using namespace mt;
 using namespace std::chrono_literals;

@@ -1,4 +1,4 @@
-// `train eval` and `train predict` (train/inference.h): a saved model reproduces its run's test
+// `train eval` and `train predict` (app/inference.h): a saved model reproduces its run's test
 // numbers exactly, predictions agree with them, and bad checkpoints or inputs are named, exit 2.
 #include <gtest/gtest.h>
 
@@ -8,15 +8,15 @@
 #include <fstream>
 #include <sstream>
 
+#include "app/inference.h"
 #include "core/safetensors.h"
-#include "train/config.h"
-#include "train/data.h"
-#include "train/inference.h"
-#include "train/trainer.h"
+#include "data/data.h"
 #include "tests/expect_error.h"
 #include "tests/log_capture.h"
 #include "tests/run_train.h"
 #include "tests/temp_dir.h"
+#include "train/config.h"
+#include "train/trainer.h"
 
 namespace mt {
 namespace {

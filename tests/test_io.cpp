@@ -14,10 +14,10 @@
 #include <random>
 
 #include "core/error.h"
-#include "train/csv.h"
-#include "train/data.h"
-#include "train/idx.h"
 #include "core/safetensors.h"
+#include "data/csv.h"
+#include "data/data.h"
+#include "data/idx.h"
 #include "tests/temp_dir.h"
 
 namespace fs = std::filesystem;

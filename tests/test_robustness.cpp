@@ -29,17 +29,17 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/atomic_file.h"
+#include "core/safetensors.h"
+#include "data/data.h"
+#include "tests/bit_flip.h"
 #include "tests/expect_error.h"
 #include "tests/log_capture.h"
-#include "tests/bit_flip.h"
 #include "tests/temp_dir.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
-#include "train/data.h"
 #include "train/memory.h"
 #include "train/run_dir.h"
-#include "core/atomic_file.h"
-#include "core/safetensors.h"
 #include "train/trainer.h"
 
 extern char** environ;

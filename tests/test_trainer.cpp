@@ -14,16 +14,16 @@
 #include <nlohmann/json.hpp>
 
 #include "core/autograd.h"
+#include "data/data.h"
 #include "optim/schedule.h"
-#include "train/checkpoint.h"
-#include "train/config.h"
-#include "train/data.h"
-#include "train/metrics.h"
-#include "train/trainer.h"
 #include "tests/log_capture.h"
 #include "tests/max_rel_diff.h"
-#include "tests/temp_dir.h"
 #include "tests/run_train.h"
+#include "tests/temp_dir.h"
+#include "train/checkpoint.h"
+#include "train/config.h"
+#include "train/metrics.h"
+#include "train/trainer.h"
 
 using namespace mt;
 using mt::test::run_train;

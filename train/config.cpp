@@ -418,7 +418,7 @@ void check_synthetic_sizes(Section& s, const DataConfig& d, const OptimConfig& o
   if (d.kind != "synthetic") return;
   s.require("samples", d.samples, synthetic_test_samples(d.samples) >= 1,
             "must be at least 5 for synthetic data, which draws a fifth as many for the test set");
-  const int64_t val = validation_samples(d.samples, d.val_fraction);
+  const int64_t val = data::validation_samples(d.samples, d.val_fraction);
   s.require("val_fraction", d.val_fraction, d.val_fraction == 0 || val >= 1,
             "must hold out at least one of data.samples = " + std::to_string(d.samples) +
                 " (or be 0 for no validation)");

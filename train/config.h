@@ -18,6 +18,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "data/data.h"
 
 namespace mt {
 
@@ -61,10 +62,6 @@ struct DataConfig {
   bool operator==(const DataConfig&) const = default;
 };
 
-// The samples val_fraction holds out of `size` for validation (data::split_indices splits so).
-inline int64_t validation_samples(int64_t size, double val_fraction) {
-  return int64_t(std::llround(val_fraction * double(size)));
-}
 // The synthetic test set: an independent draw of a fifth as many samples as the training set.
 inline int64_t synthetic_test_samples(int64_t samples) { return samples / 5; }
 
@@ -155,3 +152,16 @@ std::string metrics_path(const Config& c);
 std::string curve_path(const Config& c);
 
 }  // namespace mt
+
+namespace mt::data {
+
+// The data a config's `data` section names: the training set, or with `test` the test set
+// (the synthetic task's is an independent draw from the same clusters; for files, data.test_path).
+// Whatever a loader applies (MNIST's normalization, say) is applied the same for every caller:
+// training, `train eval` and `train predict` see the same features. A file that cannot be read
+// or parsed is a DataError. data.header "auto" is decided for each file on its own.
+Dataset load_dataset(const DataConfig& d, const ModelConfig& m, bool test);
+// Whether there is a test set: always for the synthetic task, for files only with data.test_path.
+bool has_test_set(const DataConfig& d);
+
+}  // namespace mt::data

@@ -4,8 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "data/data.h"
 #include "nn/module.h"
-#include "train/data.h"
 #include "train/task.h"
 
 namespace mt::train {

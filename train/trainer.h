@@ -37,14 +37,14 @@
 #include <vector>
 
 #include "core/error.h"
-#include "parallel/communicator.h"
-#include "parallel/reducer.h"
+#include "data/data.h"
 #include "nn/module.h"
 #include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
+#include "parallel/communicator.h"
+#include "parallel/reducer.h"
 #include "train/config.h"
-#include "train/data.h"
 #include "train/task.h"
 #include "train/zero.h"
 

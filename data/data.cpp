@@ -1,4 +1,4 @@
-#include "train/data.h"
+#include "data/data.h"
 
 #include <algorithm>
 #include <cmath>
@@ -14,9 +14,8 @@
 #include "core/cuda/check.h"
 #include "core/cuda/runtime.h"
 #endif
-#include "train/config.h"
-#include "train/csv.h"
-#include "train/idx.h"
+#include "data/csv.h"
+#include "data/idx.h"
 
 namespace mt::data {
 
@@ -121,31 +120,6 @@ Dataset load_csv(const std::string& path, int64_t label_column, bool header) {
   return d;
 }
 
-Dataset load_dataset(const DataConfig& d, const ModelConfig& m, bool test) {
-  if (d.kind == "synthetic") {
-    return test ? make_synthetic(synthetic_test_samples(d.samples), m.input, m.classes, d.noise,
-                                 d.seed, 1)
-                : make_synthetic(d.samples, m.input, m.classes, d.noise, d.seed, 0);
-  }
-  const std::string& path = test ? d.test_path : d.path;
-  try {
-    Dataset set;
-    if (d.kind == "mnist") {
-      set = load_mnist(path, test);
-    } else {
-      const bool header = csv_header(d.header, path);
-      set = load_csv(path, d.label_column, header);
-      set.had_header = header;
-    }
-    set.file = path;
-    return set;
-  } catch (const DataError&) {
-    throw;
-  } catch (const Error& e) {
-    throw DataError(e.what());
-  }
-}
-
 Standardization standardization_of(const Dataset& set, const std::vector<int64_t>& rows) {
   const size_t D = size_t(set.dim);
   std::vector<double> sum(D, 0.0), sq(D, 0.0);
@@ -205,8 +179,6 @@ Standardization standardization_from_text(const std::string& text, const std::st
                     " stds, every std must be finite and > 0)");
   return s;
 }
-
-bool has_test_set(const DataConfig& d) { return d.kind == "synthetic" || !d.test_path.empty(); }
 
 static void shuffle(std::vector<int64_t>& v, Generator& g) {
   for (size_t i = v.size(); i > 1; --i) std::swap(v[i - 1], v[g.below(i)]);

@@ -6,7 +6,7 @@
 //   train predict --checkpoint CKPT --input X.csv --output P.csv [--set ...]... [--device DEVICE]
 //   train --list-ops | --help | --version
 //
-// eval and predict use a saved model (train/inference.h; docs/config.md, "Using a saved model").
+// eval and predict use a saved model (app/inference.h; docs/config.md, "Using a saved model").
 //
 // Data parallelism (docs/distributed.md): --nproc N on GPUs starts N worker processes of this
 // program, one per GPU, joined through NCCL; on the CPU, N processes joined through Gloo (in a
@@ -29,13 +29,13 @@
 
 #include <spdlog/spdlog.h>
 
+#include "app/inference.h"
 #include "core/registry.h"
+#include "data/data.h"
 #include "parallel/communicator.h"
 #include "parallel/launch.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
-#include "train/data.h"
-#include "train/inference.h"
 #include "train/trainer.h"
 #ifdef MT_WITH_NCCL
 #include "parallel/nccl.h"

@@ -6,16 +6,12 @@
 // as a pure function of (seed, step): epoch e's order is a Fisher-Yates shuffle drawn from a
 // generator seeded by (seed, e), so a resumed run sees exactly the batches an uninterrupted run
 // would, with no loader state to save.
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "core/tensor.h"
-
-namespace mt {
-struct DataConfig;
-struct ModelConfig;
-}  // namespace mt
 
 namespace mt::data {
 
@@ -70,14 +66,10 @@ void standardize(std::vector<float>& features, const Standardization& s);
 std::string to_text(const Standardization& s);
 Standardization standardization_from_text(const std::string& text, const std::string& where);
 
-// The data a config's `data` section names: the training set, or with `test` the test set
-// (the synthetic task's is an independent draw from the same clusters; for files, data.test_path).
-// Whatever a loader applies (MNIST's normalization, say) is applied the same for every caller:
-// training, `train eval` and `train predict` see the same features. A file that cannot be read
-// or parsed is a DataError. data.header "auto" is decided for each file on its own.
-Dataset load_dataset(const DataConfig& d, const ModelConfig& m, bool test);
-// Whether there is a test set: always for the synthetic task, for files only with data.test_path.
-bool has_test_set(const DataConfig& d);
+// The samples val_fraction holds out of `size` for validation (split_indices splits so).
+inline int64_t validation_samples(int64_t size, double val_fraction) {
+  return int64_t(std::llround(val_fraction * double(size)));
+}
 
 // Splits [0, size) into a training and a held-out part, after a seeded shuffle.
 struct Split {

@@ -1,4 +1,4 @@
-#include "train/csv.h"
+#include "data/csv.h"
 
 #include <cerrno>
 #include <charconv>

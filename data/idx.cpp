@@ -1,4 +1,4 @@
-#include "train/idx.h"
+#include "data/idx.h"
 
 #include <zlib.h>
 

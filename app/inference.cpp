@@ -1,4 +1,4 @@
-#include "train/inference.h"
+#include "app/inference.h"
 
 
 #include <algorithm>
@@ -11,10 +11,10 @@
 #include "core/atomic_file.h"
 #include "core/autograd.h"
 #include "core/registry.h"
+#include "data/csv.h"
+#include "data/data.h"
 #include "nn/serialize.h"
 #include "train/checkpoint.h"
-#include "train/csv.h"
-#include "train/data.h"
 #include "train/metrics.h"
 #include "train/models.h"
 #include "train/task.h"

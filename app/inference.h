@@ -1,5 +1,5 @@
 #pragma once
-// Using a trained model without writing C++: `train eval` and `train predict` (train/main.cpp)
+// Using a trained model without writing C++: `train eval` and `train predict` (app/main.cpp)
 // are these functions.
 //
 // A checkpoint's model file is an nn::save file whose metadata holds the run's config as YAML
@@ -19,9 +19,9 @@
 #include <vector>
 
 #include "core/error.h"
+#include "data/data.h"
 #include "nn/module.h"
 #include "train/config.h"
-#include "train/data.h"
 #include "train/evaluate.h"
 
 namespace mt::train {
