@@ -14,9 +14,8 @@ Tensor next_token_loss(const Tensor& logits, const Tensor& targets, int64_t voca
            "next_token_loss: logits ", shape_str(logits.shape()), " do not fit targets ",
            shape_str(targets.shape()), " and a vocabulary of ", vocab_size);
   const int64_t rows = targets.numel();
-  Tensor flat = logits.reshape({rows, logits.size(2)});
-  if (logits.size(2) > vocab_size) flat = flat.t().slice_rows(0, vocab_size).t();
-  return cross_entropy(flat, targets.reshape({rows}), -100, normalizer);
+  return cross_entropy(logits.reshape({rows, logits.size(2)}), targets.reshape({rows}), -100,
+                       normalizer, /*valid_classes=*/vocab_size);
 }
 
 namespace {
