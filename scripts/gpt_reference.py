@@ -65,8 +65,7 @@ def write_safetensors(path, tensors, metadata):
     header, chunks, offset = {"__metadata__": metadata}, [], 0
     for name, t in tensors.items():
         t = t.detach().cpu().contiguous()
-        data = t.view(torch.uint8).flatten().tolist() if t.numel() else []
-        data = bytes(data)
+        data = t.numpy().tobytes()  # little-endian on every machine PyTorch runs on
         header[name] = {"dtype": NAMES[t.dtype], "shape": list(t.shape),
                         "data_offsets": [offset, offset + len(data)]}
         chunks.append(data)
