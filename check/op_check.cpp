@@ -226,7 +226,7 @@ Run snapshot(const Run& r) {
 
 // A copy of t whose elements sit `gap` elements apart in a larger buffer (every stride doubled
 // when gap = 2), or at `offset` elements into it: legal layouts an op must handle. Built on the
-// CPU and moved whole, since only CPU copies write strided destinations.
+// CPU and moved whole, gaps included.
 Tensor relaid(const Tensor& t, int64_t gap, int64_t offset) {
   const Shape& shape = t.shape();
   const int64_t n = t.numel();

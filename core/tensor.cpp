@@ -434,15 +434,19 @@ const Tensor& Tensor::copy_(const Tensor& src) const {
     copy_same_device(s, *this);
   } else {
     // Write into a strided destination through a contiguous staging copy.
-    MT_CHECK(device().is_cpu(), "copy_: non-contiguous destination on ", device().str(),
-             " is not supported");
     Tensor staged = s.to(dtype()).contiguous();
     void* dbase = impl().storage->data();
     const void* sp = staged.data_ptr();
     DType t = dtype();
-    for_each_offset(shape(), strides(), offset(), [&](int64_t i, int64_t off) {
-      store_from_double(dbase, t, off, load_as_double(sp, t, i));
-    });
+    if (device().is_cpu()) {
+      for_each_offset(shape(), strides(), offset(), [&](int64_t i, int64_t off) {
+        store_from_double(dbase, t, off, load_as_double(sp, t, i));
+      });
+    } else {
+#ifdef MT_WITH_CUDA
+      cuda::copy_to_strided(sp, dbase, t, shape(), strides(), offset(), device().index);
+#endif
+    }
   }
   bump_version();
   return *this;

@@ -78,6 +78,14 @@ class Tensor {
   Tensor transpose(int64_t d0, int64_t d1) const;
   Tensor t() const { return transpose(0, 1); }
   Tensor slice_rows(int64_t begin, int64_t end) const;  // rows [begin, end) of dim 0, a view
+  // Views along any dimension (core/views.cpp, which gives each one's backward). A negative dim
+  // counts from the end.
+  Tensor narrow(int64_t dim, int64_t start, int64_t length) const;  // [start, start + length)
+  Tensor permute(const Shape& dims) const;  // out.size(i) = size(dims[i])
+  // Consecutive parts of `dim` with the given sizes (they must add up to size(dim)), or `chunks`
+  // equal parts (size(dim) must divide evenly): views recorded as one node with one output each.
+  std::vector<Tensor> split(const std::vector<int64_t>& sizes, int64_t dim) const;
+  std::vector<Tensor> chunk(int64_t chunks, int64_t dim) const;
 
   Tensor contiguous() const;            // this, or a contiguous copy
   Tensor clone() const;                 // always a fresh contiguous copy

@@ -246,6 +246,29 @@ OpSpec embedding_spec(int64_t C) {
   return s;
 }
 
+// The views of core/views.cpp, each followed by clone(): a view shares its input's memory by
+// design, and the check's "outputs own their memory" is a rule for ops that compute. clone() adds
+// one copy node whose backward hands the gradient on unchanged, so the view's backward is what
+// every check sees. Views along dims past 0 keep rows separate.
+OpSpec view_spec(const std::string& name, std::function<Inputs(const Tensor&)> f, Shape row) {
+  OpSpec s;
+  s.name = name;
+  s.inputs = {{"x", Cast::Compute, true, true}};
+  s.op = [f](const Inputs& in) {
+    Inputs out = f(in[0]);
+    for (Tensor& t : out) t = t.clone();
+    return out;
+  };
+  s.make = [row](Generator& g, int64_t n) {
+    Shape shape{n};
+    shape.insert(shape.end(), row.begin(), row.end());
+    return Inputs{normal(g, shape)};
+  };
+  s.gradcheck_size = 3;
+  s.row_separable = true;
+  return s;
+}
+
 }  // namespace
 
 TEST(OpCheck, ScaledSiLU) { MT_EXPECT_OP_CHECK(scaled_silu_spec()); }
@@ -282,6 +305,25 @@ TEST(OpCheck, Sum) {
 TEST(OpCheck, Mean) {
   OpSpec s = unary_spec("mean", mean, false);
   s.allows_empty = false;
+  MT_EXPECT_OP_CHECK(s);
+}
+
+TEST(OpCheck, Narrow) {
+  OpSpec s = view_spec("narrow", [](const Tensor& x) { return Inputs{x.narrow(2, 1, 3)}; }, {4, 5});
+  s.bad_inputs = {{"a range past the end", [] { randn({2, 4, 5}).narrow(2, 3, 3); }}};
+  MT_EXPECT_OP_CHECK(s);
+}
+TEST(OpCheck, Permute) {
+  OpSpec s = view_spec("permute", [](const Tensor& x) { return Inputs{x.permute({0, 2, 3, 1})}; },
+                       {4, 3, 2});
+  s.bad_inputs = {{"a dim given twice", [] { randn({2, 3, 4}).permute({0, 1, 1}); }}};
+  MT_EXPECT_OP_CHECK(s);
+}
+// Three outputs of uneven sizes (one empty): the contract check also runs each part alone, so
+// split's backward fills the slices of the parts without a gradient with zeros.
+TEST(OpCheck, Split) {
+  OpSpec s = view_spec("split", [](const Tensor& x) { return x.split({2, 0, 5}, 1); }, {7, 2});
+  s.bad_inputs = {{"sizes that do not add up", [] { randn({2, 7}).split({2, 4}, 1); }}};
   MT_EXPECT_OP_CHECK(s);
 }
 
