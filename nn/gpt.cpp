@@ -39,8 +39,7 @@ CausalSelfAttention::CausalSelfAttention(const GPTConfig& c) : n_head(c.n_head) 
 Tensor CausalSelfAttention::forward(const Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2), H = n_head, d = C / n_head;
   // [B, T, 3C] → [3, B, H, T, d] in one copy: q, k and v, each cut into H heads of d.
-  Tensor qkv = (*c_attn)(x).view({B, T, 3, H, d}).transpose(1, 2).transpose(0, 1).transpose(2, 3)
-                   .contiguous();
+  Tensor qkv = (*c_attn)(x).view({B, T, 3, H, d}).permute({2, 0, 3, 1, 4}).contiguous();
   auto part = [&](int64_t i) { return qkv.slice_rows(i, i + 1).view({B, H, T, d}); };
   Tensor y = attention(part(0), part(1), part(2));              // [B, H, T, d]
   y = y.transpose(1, 2).contiguous().view({B, T, C});           // the heads side by side again
