@@ -4,6 +4,9 @@
 //         [--nproc N]
 //   train eval --checkpoint CKPT [--split test|val] [--set data.key=value]... [--device DEVICE]
 //   train predict --checkpoint CKPT --input X.csv --output P.csv [--set ...]... [--device DEVICE]
+//   train sample --checkpoint CKPT [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K]
+//                [--seed S] [--device DEVICE]
+//   train tokenize --input TEXT --output SHARD.bin [--tokenizer bytes|gpt2] [--gpt2-dir DIR]
 //   train --list-ops | --help | --version
 //
 // eval and predict use a saved model (app/inference.h; docs/config.md, "Using a saved model").
@@ -30,6 +33,7 @@
 #include <spdlog/spdlog.h>
 
 #include "app/inference.h"
+#include "app/lm_commands.h"
 #include "core/registry.h"
 #include "data/data.h"
 #include "parallel/communicator.h"
@@ -51,6 +55,10 @@ const char* kUsage =
     "             [--resume CHECKPOINT] [--nproc N] [--print-config]\n"
     "       train eval --checkpoint CKPT [--split test|val] [--set data.KEY=VALUE]...\n"
     "       train predict --checkpoint CKPT --input X.csv --output P.csv [--set ...]...\n"
+    "       train sample --checkpoint CKPT [--prompt TEXT] [--tokens N] [--temperature T]\n"
+    "                    [--top-k K] [--seed S] [--device DEVICE]\n"
+    "       train tokenize --input TEXT --output SHARD.bin [--tokenizer bytes|gpt2]\n"
+    "                      [--gpt2-dir DIR]\n"
     "       train --list-ops | --help | --version\n"
     "\n"
     "  --config FILE      the run's YAML config (docs/config.md lists every key)\n"
@@ -209,6 +217,10 @@ int main(int argc, char** argv) {
   try {
     if (argc > 1 && (std::strcmp(argv[1], "eval") == 0 || std::strcmp(argv[1], "predict") == 0))
       return inference_command(argc, argv);
+    if (argc > 1 && std::strcmp(argv[1], "sample") == 0)
+      return mt::app::sample_command({argv + 2, argv + argc});
+    if (argc > 1 && std::strcmp(argv[1], "tokenize") == 0)
+      return mt::app::tokenize_command({argv + 2, argv + argc});
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
       auto value = [&]() -> std::string {

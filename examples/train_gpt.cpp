@@ -1,6 +1,9 @@
 // Trains a small byte-level GPT on a text file with a hand-written loop, then samples from it:
 //
-//   build/train_gpt assets/tinyshakespeare.txt [steps]
+//   build/train_gpt assets/tinyshakespeare.txt [steps] [model.safetensors]
+//
+// Given a model file, it saves the trained model there with its config, so `train sample
+// --checkpoint model.safetensors` samples from it.
 //
 // The pieces the `train` program puts together for `data.kind: text` and `model.kind: gpt`:
 // the text's bytes as tokens, windows of T + 1 tokens drawn from (seed, step), the last 10% held
@@ -14,6 +17,7 @@
 #include "core/rng.h"
 #include "data/token_windows.h"
 #include "nn/gpt.h"
+#include "nn/serialize.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"
 #include "optim/schedule.h"
@@ -24,7 +28,7 @@ using namespace mt;
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s TEXT_FILE [steps]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s TEXT_FILE [steps] [MODEL_FILE]\n", argv[0]);
     return 2;
   }
   const int64_t steps = argc > 2 ? std::atoll(argv[2]) : 600;
@@ -36,7 +40,9 @@ int main(int argc, char** argv) {
   const data::TokenWindows val(text, split, int64_t(text.tokens.size()), T, "validation split");
 
   manual_seed(0);
-  nn::GPT model({.n_layer = 4, .n_head = 4, .n_embd = 128, .block_size = T, .vocab_size = 256});
+  const nn::GPTConfig config{.n_layer = 4, .n_head = 4, .n_embd = 128, .block_size = T,
+                             .vocab_size = 256};
+  nn::GPT model(config);
   std::printf("%lld parameters\n", (long long)model.num_parameters());
   optim::AdamW opt(optim::Optimizer::decay_groups(model, 0.1),
                    {.lr = 2e-3, .betas = {0.9, 0.99}, .weight_decay = 0.1});
@@ -69,6 +75,11 @@ int main(int argc, char** argv) {
       std::printf("step %4lld  loss %.4f  %.1f s\n", (long long)step, step_loss, secs);
     if ((step + 1) % 200 == 0 || step + 1 == steps)
       std::printf("step %4lld  val_loss %.4f\n", (long long)step + 1, validation_loss());
+  }
+  if (argc > 3) {
+    const std::string yaml = "model: {kind: gpt, n_layer: 4, n_head: 4, n_embd: 128, block_size: " +
+                             std::to_string(T) + ", vocab_size: 256}\ndata: {kind: text, tokenizer: bytes}\n";
+    nn::save(model, argv[3], {{"config", yaml}});
   }
   const std::string prompt = "ROMEO:";
   std::vector<int32_t> ids = bytes.encode(prompt);

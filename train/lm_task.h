@@ -13,15 +13,25 @@
 // Metrics: "bpb", bits per byte of text, when the data knows how many bytes its tokens encode:
 // loss / ln 2 · tokens / bytes, which compares models with different tokenizers (a byte-level
 // model has tokens / bytes = 1). Perplexity is exp(loss), derived from the mean loss when logged.
+#include <functional>
 #include <memory>
 
 #include "train/task.h"
 
 namespace mt::train {
 
+// How a GPT's dropout masks are keyed in training (nn::GPT::set_dropout_key): `step` returns the
+// optimizer step whose microbatches are being run (data::TokenSource::last_step); no `step`: the
+// model's dropouts keep whatever key they have.
+struct DropoutKey {
+  uint64_t seed = 0;
+  std::function<int64_t()> step;
+};
+
 // vocab_size: the number of real token ids V; tokens_per_byte: tokens / bytes of the text
 // (0: unknown, no "bpb" metric).
-std::shared_ptr<Task> language_modeling(int64_t vocab_size, double tokens_per_byte);
+std::shared_ptr<Task> language_modeling(int64_t vocab_size, double tokens_per_byte,
+                                        DropoutKey key = {});
 
 // The per-token cross-entropy of logits [n, T, ≥ V] against targets [n, T] over the first V
 // classes, summed and divided by `normalizer`.
