@@ -41,15 +41,20 @@
 #include "parallel/launch.h"
 #include "parallel/reducer.h"
 
-// data: datasets, their file formats and the batch loader.
+// data: datasets, their file formats, data sources and the batch loader.
+#include "data/array_source.h"
 #include "data/data.h"
+#include "data/source.h"
 
-// train: the config, the trainer and its checkpoints.
+// train: the trainer, its options, tasks and checkpoints.
 #include "train/checkpoint.h"
-#include "train/config.h"
-#include "train/models.h"
+#include "train/options.h"
 #include "train/task.h"
 #include "train/trainer.h"
 
-// app: the `train` program's commands as functions (eval, predict).
+// app: the `train` program's YAML config, the trainer it builds from it, and its commands as
+// functions (eval, predict).
+#include "app/config.h"
+#include "app/config_trainer.h"
 #include "app/inference.h"
+#include "app/models.h"

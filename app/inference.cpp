@@ -16,11 +16,16 @@
 #include "nn/serialize.h"
 #include "train/checkpoint.h"
 #include "train/metrics.h"
-#include "train/models.h"
+#include "app/models.h"
 #include "train/task.h"
 #include "train/trainer.h"
 
-namespace mt::train {
+namespace mt::app {
+
+using train::CheckpointError;
+using train::Evaluation;
+using train::load_checkpoint;
+
 namespace {
 
 // The keys an override may set: what to run on and which data, never the model.
@@ -74,7 +79,7 @@ SavedModel load_saved_model(const std::string& checkpoint, const std::vector<std
     throw InferenceError(m.path + ": its config has data.standardize but the file holds no "
                          "feature statistics");
   const Config& c = m.config;
-  m.device = resolve_device(c.device);
+  m.device = train::resolve_device(c.device);
   set_deterministic(c.precision.deterministic);
   set_gemm_autotune(c.precision.gemm_autotune);
   // Placed as the trainer places it, so the arithmetic is the run's.
@@ -121,7 +126,7 @@ CheckpointEvaluation evaluate_checkpoint(const std::string& checkpoint, const st
                                        " classes but the ", split, " data has label ", y));
 
   CheckpointEvaluation e;
-  static_cast<Evaluation&>(e) = evaluate(*m.model, *classification(), set, rows, c.eval.batch_size,
+  static_cast<Evaluation&>(e) = train::evaluate(*m.model, *train::classification(), set, rows, c.eval.batch_size,
                                          m.device, c.precision.compute_dtype);
   e.split = split;
   e.samples = int64_t(rows.size());
@@ -129,7 +134,7 @@ CheckpointEvaluation evaluate_checkpoint(const std::string& checkpoint, const st
 }
 
 std::string format_evaluation(const CheckpointEvaluation& e) {
-  return fmt::format("{}: loss {}{} ({} samples)", e.split, format_value(e.loss), metrics_text(e.metrics, ""),
+  return fmt::format("{}: loss {}{} ({} samples)", e.split, train::format_value(e.loss), train::metrics_text(e.metrics, ""),
                      e.samples);
 }
 
@@ -179,4 +184,4 @@ int64_t predict_csv(const std::string& checkpoint, const std::string& input,
   return in.rows;
 }
 
-}  // namespace mt::train
+}  // namespace mt::app

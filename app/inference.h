@@ -21,10 +21,10 @@
 #include "core/error.h"
 #include "data/data.h"
 #include "nn/module.h"
-#include "train/config.h"
+#include "app/config.h"
 #include "train/evaluate.h"
 
-namespace mt::train {
+namespace mt::app {
 
 // A checkpoint or an input file that `train eval` / `train predict` cannot use (missing, damaged,
 // not a model file, the wrong width): `train` exits with code 2, having written nothing.
@@ -47,7 +47,7 @@ struct SavedModel {
 SavedModel load_saved_model(const std::string& checkpoint,
                             const std::vector<std::string>& overrides = {});
 
-struct CheckpointEvaluation : Evaluation {  // the mean loss and the mean "accuracy"
+struct CheckpointEvaluation : train::Evaluation {  // the mean loss and the mean "accuracy"
   std::string split;  // "test" or "val"
   int64_t samples = 0;
 };
@@ -73,4 +73,4 @@ std::string format_evaluation(const CheckpointEvaluation& e);
 int64_t predict_csv(const std::string& checkpoint, const std::string& input,
                     const std::string& output, const std::vector<std::string>& overrides = {});
 
-}  // namespace mt::train
+}  // namespace mt::app

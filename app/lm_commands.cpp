@@ -13,7 +13,7 @@
 #include "data/tokenizer.h"
 #include "nn/serialize.h"
 #include "train/checkpoint.h"
-#include "train/config.h"
+#include "app/config.h"
 #include "train/sample.h"
 #include "train/trainer.h"
 
@@ -70,12 +70,12 @@ nn::GPTConfig gpt_config_from_yaml(const std::string& yaml, const std::string& w
   try {
     root = YAML::Load(yaml);
   } catch (const YAML::Exception& e) {
-    throw train::InferenceError(where + ": its config is not YAML: " + e.what());
+    throw InferenceError(where + ": its config is not YAML: " + e.what());
   }
   const YAML::Node m = root["model"];
   const std::string kind = yaml_value<std::string>(m, "kind", "mlp");
   if (kind != "gpt")
-    throw train::InferenceError(where + ": model.kind is '" + kind + "', not gpt: only a GPT samples text");
+    throw InferenceError(where + ": model.kind is '" + kind + "', not gpt: only a GPT samples text");
   nn::GPTConfig c;
   c.n_layer = yaml_value<int64_t>(m, "n_layer", c.n_layer);
   c.n_head = yaml_value<int64_t>(m, "n_head", c.n_head);
@@ -98,24 +98,24 @@ int sample_command(const std::vector<std::string>& args) {
     try {
       path = train::load_checkpoint(path).path;
     } catch (const train::CheckpointError& e) {
-      throw train::InferenceError(e.what());
+      throw InferenceError(e.what());
     }
   }
   nn::TensorFile file;
   try {
     file = nn::load_tensors(path);
   } catch (const Error& e) {
-    throw train::InferenceError(e.what());
+    throw InferenceError(e.what());
   }
   auto config = file.metadata.find("config");
   if (config == file.metadata.end())
-    throw train::InferenceError(path + ": has no 'config' in its metadata: not a model file `train` saved");
+    throw InferenceError(path + ": has no 'config' in its metadata: not a model file `train` saved");
   const nn::GPTConfig c = gpt_config_from_yaml(config->second, path);
   const YAML::Node data = YAML::Load(config->second)["data"];
   const auto tokenizer = make_tokenizer(yaml_value<std::string>(data, "tokenizer", "bytes"),
                                         yaml_value<std::string>(data, "gpt2_dir", "assets/gpt2"));
   if (tokenizer->vocab_size() > c.vocab_size)
-    throw train::InferenceError(path + ": the " + tokenizer->name() + " tokenizer has " +
+    throw InferenceError(path + ": the " + tokenizer->name() + " tokenizer has " +
                                 std::to_string(tokenizer->vocab_size()) + " ids, more than the "
                                 "model's vocab_size " + std::to_string(c.vocab_size));
   const Device device = train::resolve_device(text_of(o, "--device", "cpu"));
@@ -124,7 +124,7 @@ int sample_command(const std::vector<std::string>& args) {
   try {
     model.load_state_dict(file.tensors);
   } catch (const Error& e) {
-    throw train::InferenceError(path + ": does not fit the GPT its config describes: " + e.what());
+    throw InferenceError(path + ": does not fit the GPT its config describes: " + e.what());
   }
   model.to(device);
   train::SampleOptions so{.tokens = number<int64_t>(o, "--tokens", 200),

@@ -32,6 +32,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "app/config_trainer.h"
 #include "app/inference.h"
 #include "app/lm_commands.h"
 #include "core/registry.h"
@@ -39,7 +40,7 @@
 #include "parallel/communicator.h"
 #include "parallel/launch.h"
 #include "train/checkpoint.h"
-#include "train/config.h"
+#include "app/config.h"
 #include "train/trainer.h"
 #ifdef MT_WITH_NCCL
 #include "parallel/nccl.h"
@@ -154,7 +155,7 @@ void run_worker(const mt::Config& cfg, const mt::parallel::World& world, const s
 #endif
   }
   try {
-    mt::train::Trainer trainer(cfg, mine, comm);
+    mt::app::ConfigTrainer trainer(cfg, mine, comm);
     if (!resume.empty()) trainer.resume(resume);
     trainer.run();
   } catch (const std::exception& e) {
@@ -196,13 +197,13 @@ int inference_command(int argc, char** argv) {
   if (checkpoint.empty()) throw UsageError(command + ": --checkpoint CKPT is required");
   spdlog::set_pattern("[%H:%M:%S] %v");
   if (command == "eval") {
-    std::puts(mt::train::format_evaluation(
-                  mt::train::evaluate_checkpoint(checkpoint, overrides, split)).c_str());
+    std::puts(mt::app::format_evaluation(
+                  mt::app::evaluate_checkpoint(checkpoint, overrides, split)).c_str());
     return 0;
   }
   if (input.empty() || output.empty())
     throw UsageError("predict: --input X.csv and --output P.csv are required");
-  const int64_t rows = mt::train::predict_csv(checkpoint, input, output, overrides);
+  const int64_t rows = mt::app::predict_csv(checkpoint, input, output, overrides);
   std::printf("predict: %lld rows -> %s\n", static_cast<long long>(rows), output.c_str());
   return 0;
 }
@@ -284,7 +285,7 @@ int main(int argc, char** argv) {
 #ifdef MT_WITH_GLOO
         return mt::parallel::run_workers(nproc, "/proc/self/exe", worker_args);  // over Gloo
 #else
-        mt::train::run_local_ranks(cfg, nproc, resume);
+        mt::app::run_local_ranks(cfg, nproc, resume);
         return 0;
 #endif
       }
@@ -293,7 +294,7 @@ int main(int argc, char** argv) {
                               std::to_string(mt::cuda_device_count()) + " GPUs are visible");
       return mt::parallel::run_workers(nproc, "/proc/self/exe", worker_args);
     }
-    mt::train::Trainer trainer(cfg, mt::train::resolve_device(cfg.device));
+    mt::app::ConfigTrainer trainer(cfg, mt::train::resolve_device(cfg.device));
     if (!resume.empty()) trainer.resume(resume);
     trainer.run();
     return 0;
@@ -303,7 +304,7 @@ int main(int argc, char** argv) {
   } catch (const mt::ConfigError& e) {
     std::fprintf(stderr, "train: config error: %s\n", e.what());
     return 2;
-  } catch (const mt::train::InferenceError& e) {
+  } catch (const mt::app::InferenceError& e) {
     std::fprintf(stderr, "train: %s\n", e.what());
     return 2;
   } catch (const mt::train::CheckpointError& e) {

@@ -11,6 +11,12 @@ struct Error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A setting that cannot be used: the message names the key ("optim.lr: must be > 0, got -1") and,
+// for a config file, where the value came from. `train` exits with code 2.
+struct ConfigError : Error {
+  using Error::Error;
+};
+
 namespace detail {
 template <class... Args>
 std::string concat(const Args&... args) {

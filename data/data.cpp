@@ -249,7 +249,7 @@ Loader::~Loader() {
 #endif
 }
 
-Loader::Microbatch Loader::gather_to_device(const std::vector<int64_t>& rows, Device device) const {
+Batch Loader::gather_to_device(const std::vector<int64_t>& rows, Device device) const {
 #ifdef MT_WITH_CUDA
   if (device.is_cuda()) {
     if (staging_.empty()) staging_.resize(size_t(2 * microbatches_));
@@ -286,10 +286,10 @@ Loader::Microbatch Loader::gather_to_device(const std::vector<int64_t>& rows, De
   return {x, y};
 }
 
-std::vector<Loader::Microbatch> Loader::step_batches(int64_t step, Device device) const {
+std::vector<Batch> Loader::step_batches(int64_t step, Device device) const {
   const std::vector<int64_t>& order = epoch_order(step / steps_per_epoch_);
   int64_t pos = (step % steps_per_epoch_) * batch_size_ + shard_begin_;
-  std::vector<Microbatch> out;
+  std::vector<Batch> out;
   for (int64_t n : microbatch_sizes(shard_size_, microbatches_)) {
     std::vector<int64_t> rows(order.begin() + pos, order.begin() + pos + n);
     out.push_back(gather_to_device(rows, device));

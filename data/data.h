@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "data/source.h"
 
 namespace mt::data {
 
@@ -97,11 +98,8 @@ class Loader {
   Loader(const Dataset& data, std::vector<int64_t> indices, int64_t batch_size,
          int64_t microbatches, bool shuffle, uint64_t seed, int rank = 0, int world = 1);
 
-  struct Microbatch {
-    Tensor x, y;
-  };
   // The microbatches of optimizer step `step` (0-based), on `device`.
-  std::vector<Microbatch> step_batches(int64_t step, Device device) const;
+  std::vector<Batch> step_batches(int64_t step, Device device) const;
   int64_t steps_per_epoch() const { return steps_per_epoch_; }
   int64_t shard_size() const { return shard_size_; }  // this rank's samples per step
 
@@ -126,7 +124,7 @@ class Loader {
   };
   mutable std::vector<Staging> staging_;
   mutable size_t next_staging_ = 0;
-  Microbatch gather_to_device(const std::vector<int64_t>& rows, Device device) const;
+  Batch gather_to_device(const std::vector<int64_t>& rows, Device device) const;
 };
 
 }  // namespace mt::data

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "train/config.h"
+#include "app/config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string input(reinterpret_cast<const char*>(data), size);

@@ -44,12 +44,13 @@ AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions options)
            "and eps >= 0, got betas (", b1, ", ", b2, ") and eps ", options.eps);
 }
 
-void AdamW::set_grad_scale(Tensor factor) {
+bool AdamW::set_grad_scale(Tensor factor) {
   MT_CHECK(!factor.defined() || (factor.dim() == 0 && is_floating(factor.dtype()) &&
                                  (factor.device().is_cpu() || factor.dtype() == DType::f32)),
            "AdamW::set_grad_scale: the factor must be a 0-dim float tensor (f32 on CUDA), got ",
            factor.defined() ? factor.str() : "");
   grad_scale_ = std::move(factor);
+  return true;
 }
 
 void AdamW::step() {

@@ -55,7 +55,7 @@ class AdamW : public Optimizer {
   // Folds `factor` (a 0-dim tensor on the parameters' device: f32 on CUDA, read through its
   // pointer, so a CUDA graph of apply_step() reads each replay's value; any float dtype on the
   // CPU, read as a double) into every later update, as above; an undefined tensor ends it.
-  void set_grad_scale(Tensor factor);
+  bool set_grad_scale(Tensor factor) override;
 
  private:
   // One parameter's update as prepare_step() decided it.

@@ -45,6 +45,15 @@ class Optimizer {
   virtual bool capturable() const { return false; }
   virtual void prepare_step();
   virtual void apply_step();
+  // Folded gradient clipping: every update then uses .grad · factor, `factor` a 0-dim tensor the
+  // caller owns and rewrites before each step (optim/clip.h: grad_norm_and_clip_factor), .grad
+  // itself left unscaled; an undefined tensor turns it off. Returns whether this optimizer folds
+  // (AdamW does); one that does not changes nothing and returns false.
+  virtual bool set_grad_scale(Tensor factor) {
+    (void)factor;
+    return false;
+  }
+
   // Every parameter's .grad set to none (the default) or filled with zeros.
   void zero_grad(bool set_to_none = true);
   // Sets the learning rate of every group (what an LR schedule calls before each step).

@@ -10,6 +10,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "app/config.h"
+#include "app/config_trainer.h"
 #include "app/inference.h"
 #include "core/device.h"
 #include "core/rng.h"
@@ -19,7 +21,6 @@
 #include "tests/log_capture.h"
 #include "tests/run_train.h"
 #include "tests/temp_dir.h"
-#include "train/config.h"
 #include "train/metrics.h"
 #include "train/trainer.h"
 
@@ -77,7 +78,7 @@ TEST(Cli, ASmokeRunShortensTheWarmupWithAWarning) {
       << log;
   EXPECT_TRUE(fs::exists(dir / "ck/step-000010.safetensors"));
   // The saved config is the one that ran.
-  const Config saved = train::load_saved_model(dir / "ck").config;
+  const Config saved = app::load_saved_model(dir / "ck").config;
   EXPECT_EQ(saved.optim.warmup_steps, 10);
 }
 
@@ -210,7 +211,7 @@ TEST(Cli, EpochsSetTheNumberOfSteps) {
                               "optim.batch_size=64", "model.hidden=[8]", "eval.every=1000",
                               "checkpoint.every=1000", "checkpoint.dir=" + (dir / "ck")});
   LogCapture logs;
-  train::Trainer t(c, kCPU);
+  app::ConfigTrainer t(c, kCPU);
   // 500 - 50 validation = 450 training samples: 7 whole batches of 64 per epoch.
   EXPECT_EQ(t.run().steps, 21);
   EXPECT_TRUE(logs.contains("optim.epochs = 3: 21 steps (7 per epoch of 450 training samples)"));
@@ -231,7 +232,7 @@ TEST(Cli, StandardizationIsStoredAndReappliedByEvalAndPredict) {
   const std::string test_line = log.substr(at, log.find('\n', at) - at);
 
   const std::string model = dir / "ck/step-000020.safetensors";
-  const train::SavedModel m = train::load_saved_model(model);
+  const app::SavedModel m = app::load_saved_model(model);
   ASSERT_EQ(m.standardization.mean.size(), 4u);
   // The statistics are the training split's (not the validation rows', not the test file's).
   const Config c = m.config;
@@ -252,7 +253,7 @@ TEST(Cli, StandardizationIsStoredAndReappliedByEvalAndPredict) {
   for (const std::string& line : {std::string("1000,1010,990,1000"), std::string("1100,900,1050,950")})
     features += line + "\n";
   dir.write("x.csv", features);
-  ASSERT_EQ(train::predict_csv(model, dir / "x.csv", dir / "p.csv"), 2);
+  ASSERT_EQ(app::predict_csv(model, dir / "x.csv", dir / "p.csv"), 2);
   std::vector<float> x = {1000, 1010, 990, 1000, 1100, 900, 1050, 950};
   data::standardize(x, m.standardization);
   const Tensor logits = (*m.model)(from_vector(x, {2, 4}, DType::f32));

@@ -8,6 +8,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "app/config.h"
+#include "app/config_trainer.h"
 #include "app/inference.h"
 #include "core/safetensors.h"
 #include "data/data.h"
@@ -15,7 +17,6 @@
 #include "tests/log_capture.h"
 #include "tests/run_train.h"
 #include "tests/temp_dir.h"
-#include "train/config.h"
 #include "train/trainer.h"
 
 namespace mt {
@@ -61,12 +62,12 @@ TEST(Inference, EvaluateReproducesTheRunsTestAndValidationNumbers) {
     SCOPED_TRACE(dtype);
     TempDir dir;
     const Config cfg = tiny_config(dir, {std::string("precision.compute_dtype=") + dtype});
-    train::RunSummary s = train::Trainer(cfg, kCPU).run();
-    const train::CheckpointEvaluation test = train::evaluate_checkpoint(s.checkpoint);
+    train::RunSummary s = app::ConfigTrainer(cfg, kCPU).run();
+    const app::CheckpointEvaluation test = app::evaluate_checkpoint(s.checkpoint);
     EXPECT_EQ(test.loss, s.test_loss);  // exactly: the same arithmetic on the same data
     EXPECT_EQ(test.metrics.at("accuracy"), s.test_metrics.at("accuracy"));
     EXPECT_EQ(test.samples, 120);
-    const train::CheckpointEvaluation val = train::evaluate_checkpoint(dir / "ck", {}, "val");  // the newest
+    const app::CheckpointEvaluation val = app::evaluate_checkpoint(dir / "ck", {}, "val");  // the newest
     EXPECT_EQ(val.loss, s.val_loss);
     EXPECT_EQ(val.metrics.at("accuracy"), s.val_metrics.at("accuracy"));
     EXPECT_EQ(val.samples, 60);
@@ -77,32 +78,32 @@ TEST(Inference, EvaluateReproducesTheRunsTestAndValidationNumbers) {
 TEST(Inference, EvaluateTakesOtherDataAndRefusesWhatDoesNotFit) {
   TempDir dir;
   const Config cfg = tiny_config(dir);
-  const std::string ckpt = train::Trainer(cfg, kCPU).run().checkpoint;
+  const std::string ckpt = app::ConfigTrainer(cfg, kCPU).run().checkpoint;
   // A larger test draw of the same task (a fifth of data.samples).
-  const train::CheckpointEvaluation other = train::evaluate_checkpoint(ckpt, {"data.samples=1000"});
+  const app::CheckpointEvaluation other = app::evaluate_checkpoint(ckpt, {"data.samples=1000"});
   EXPECT_EQ(other.samples, 200);
-  train::CheckpointEvaluation e;
+  app::CheckpointEvaluation e;
   e.loss = 0.123449, e.metrics = {{"accuracy", 0.5}}, e.split = "test", e.samples = 7;
-  EXPECT_EQ(train::format_evaluation(e),
+  EXPECT_EQ(app::format_evaluation(e),
             "test: loss 0.1234 | accuracy 0.5000 (7 samples)");
   e.loss = 1.23456e-5;  // a small loss keeps its digits (four fixed decimals printed 0.0000)
-  EXPECT_EQ(train::format_evaluation(e), "test: loss 1.235e-05 | accuracy 0.5000 (7 samples)");
+  EXPECT_EQ(app::format_evaluation(e), "test: loss 1.235e-05 | accuracy 0.5000 (7 samples)");
 
   const std::string csv = dir / "d.csv";
   std::ofstream(csv) << "1,2,0\n3,4,1\n";
-  test::expect_error([&] { train::evaluate_checkpoint(ckpt, {"data.kind=csv", "data.path=" + csv}); },
+  test::expect_error([&] { app::evaluate_checkpoint(ckpt, {"data.kind=csv", "data.path=" + csv}); },
                      {"data.test_path: the run has no test set", "--split val"});
-  test::expect_error([&] { train::evaluate_checkpoint(ckpt, {"data.kind=csv", "data.path=" + csv, "data.test_path=" + csv}); },
+  test::expect_error([&] { app::evaluate_checkpoint(ckpt, {"data.kind=csv", "data.path=" + csv, "data.test_path=" + csv}); },
                      {"model.input: the checkpoint's model takes 8 features but the test data (csv) has 2"});
-  test::expect_error([&] { train::evaluate_checkpoint(ckpt, {"model.hidden=[8]"}); },
+  test::expect_error([&] { app::evaluate_checkpoint(ckpt, {"model.hidden=[8]"}); },
                      {"--set model.hidden=[8]", "data.*, eval.* and device only"});
-  test::expect_error([&] { train::evaluate_checkpoint(ckpt, {}, "train"); }, {"--split", "'train'"});
+  test::expect_error([&] { app::evaluate_checkpoint(ckpt, {}, "train"); }, {"--split", "'train'"});
 }
 
 // Each damage is an InferenceError naming the file.
 TEST(Inference, BadCheckpointsAreNamed) {
   TempDir dir;
-  const std::string ckpt = train::Trainer(tiny_config(dir), kCPU).run().checkpoint;
+  const std::string ckpt = app::ConfigTrainer(tiny_config(dir), kCPU).run().checkpoint;
   const std::string missing = dir / "nope.safetensors";
   auto expect_inference_error = [](const std::function<void()>& f, const std::string& part) {
     try {
@@ -112,9 +113,9 @@ TEST(Inference, BadCheckpointsAreNamed) {
       EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
     }
   };
-  expect_inference_error([&] { train::evaluate_checkpoint(missing); }, "nope.safetensors: cannot open");
+  expect_inference_error([&] { app::evaluate_checkpoint(missing); }, "nope.safetensors: cannot open");
   const std::string optim = ckpt.substr(0, ckpt.size() - 12) + ".optim.safetensors";
-  expect_inference_error([&] { train::evaluate_checkpoint(optim); },
+  expect_inference_error([&] { app::evaluate_checkpoint(optim); },
                          "has no 'config' in its metadata: not a model file");
   const std::string flipped = dir / "flipped.safetensors";
   fs::copy_file(ckpt, flipped);
@@ -127,9 +128,9 @@ TEST(Inference, BadCheckpointsAreNamed) {
     f.seekp(-5, std::ios::end);
     f.write(&c, 1);
   }
-  expect_inference_error([&] { train::evaluate_checkpoint(flipped); },
+  expect_inference_error([&] { app::evaluate_checkpoint(flipped); },
                          "flipped.safetensors: damaged: tensor 'layers.3.bias' fails its checksum");
-  expect_inference_error([&] { train::evaluate_checkpoint(dir.path.string()); },
+  expect_inference_error([&] { app::evaluate_checkpoint(dir.path.string()); },
                          "no step-*.safetensors checkpoint");
 }
 
@@ -137,10 +138,10 @@ TEST(Inference, BadCheckpointsAreNamed) {
 TEST(Inference, PredictAgreesWithEvaluate) {
   TempDir dir;
   const Config cfg = tiny_config(dir);
-  const train::RunSummary s = train::Trainer(cfg, kCPU).run();
+  const train::RunSummary s = app::ConfigTrainer(cfg, kCPU).run();
   const std::string in = dir / "x.csv", out = dir / "p.csv";
   const std::vector<int64_t> labels = write_features(cfg, in);
-  EXPECT_EQ(train::predict_csv(s.checkpoint, in, out), 120);
+  EXPECT_EQ(app::predict_csv(s.checkpoint, in, out), 120);
 
   std::istringstream text(read_text(out));
   std::string line;
@@ -171,13 +172,13 @@ TEST(Inference, PredictAgreesWithEvaluate) {
 // A row of the wrong width stops predict before anything is written, naming the file and line.
 TEST(Inference, PredictRefusesTheWrongWidthAndKeepsTheOldOutput) {
   TempDir dir;
-  const std::string ckpt = train::Trainer(tiny_config(dir), kCPU).run().checkpoint;
+  const std::string ckpt = app::ConfigTrainer(tiny_config(dir), kCPU).run().checkpoint;
   const std::string in = dir / "x.csv", out = dir / "p.csv";
   std::ofstream(out) << "old\n";
   auto expect_refused = [&](const std::string& csv, const std::string& part) {
     std::ofstream(in, std::ios::trunc) << csv;
     try {
-      train::predict_csv(ckpt, in, out);
+      app::predict_csv(ckpt, in, out);
       ADD_FAILURE() << "expected InferenceError or DataError";
     } catch (const Error& e) {  // InferenceError: the wrong width; DataError: not a numeric CSV
       EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
@@ -190,7 +191,7 @@ TEST(Inference, PredictRefusesTheWrongWidthAndKeepsTheOldOutput) {
   expect_refused("", "x.csv:1:1: no data rows");
   // With data.header a first line is skipped; the rest is read.
   std::ofstream(in, std::ios::trunc) << "a,b,c,d,e,f,g,h\n1,2,3,4,5,6,7,8\n";
-  EXPECT_EQ(train::predict_csv(ckpt, in, out, {"data.header=true"}), 1);
+  EXPECT_EQ(app::predict_csv(ckpt, in, out, {"data.header=true"}), 1);
   const std::string p = read_text(out);
   EXPECT_EQ(std::count(p.begin(), p.end(), '\n'), 2);
   EXPECT_EQ(std::distance(fs::directory_iterator(dir.path), {}), 3);  // ck, x.csv, p.csv: no temp

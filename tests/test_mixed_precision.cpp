@@ -14,6 +14,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "app/config.h"
+#include "app/config_trainer.h"
 #include "core/autograd.h"
 #include "core/rng.h"
 #include "nn/modules.h"
@@ -26,12 +28,11 @@
 #include "optim/adamw.h"
 #include "optim/loss_scaler.h"
 #include "tests/expect_error.h"
+#include "tests/f64_reference.h"
 #include "tests/log_capture.h"
 #include "tests/temp_dir.h"
 #include "train/checkpoint.h"
-#include "train/config.h"
 #include "train/trainer.h"
-#include "tests/f64_reference.h"
 
 using namespace mt;
 using mt::test::TempDir;
@@ -252,7 +253,7 @@ TEST(LossScaler, StateDictRoundTripsAndBadStateIsAClearError) {
 TEST(MixedPrecisionTrainer, F16RunRecoversFromAnOverflowingScale) {
   TempDir dir;
   LogCapture log;
-  train::Trainer t(f16_config(dir, 36), kCPU);
+  app::ConfigTrainer t(f16_config(dir, 36), kCPU);
   ASSERT_TRUE(t.loss_scaler().enabled());
   const train::RunSummary s = t.run();
 
@@ -284,7 +285,7 @@ TEST(MixedPrecisionTrainer, F16RunRecoversFromAnOverflowingScale) {
 
 TEST(MixedPrecisionTrainer, ResumeRestoresTheLossScalerAndEndsBitwiseEqual) {
   TempDir dir;
-  train::Trainer full(f16_config(dir), kCPU);
+  app::ConfigTrainer full(f16_config(dir), kCPU);
   full.run();
   const LossScaler& expected = full.loss_scaler();
 
@@ -297,7 +298,7 @@ TEST(MixedPrecisionTrainer, ResumeRestoresTheLossScalerAndEndsBitwiseEqual) {
 
   // Without the restored scale the resumed run would start again at 2^30 and skip steps.
   TempDir dir2;
-  train::Trainer resumed(f16_config(dir2), kCPU);
+  app::ConfigTrainer resumed(f16_config(dir2), kCPU);
   resumed.resume(dir / "ckpt/step-000012.safetensors");
   resumed.run();
   EXPECT_EQ(values_of(resumed.model().parameters()), values_of(full.model().parameters()));
@@ -312,7 +313,7 @@ TEST(MixedPrecisionTrainer, Bf16AndF32NeverScale) {
     TempDir dir;
     Config cfg = f16_config(dir, 12);
     cfg.precision.compute_dtype = dt;
-    train::Trainer t(cfg, kCPU);
+    app::ConfigTrainer t(cfg, kCPU);
     t.run();
     EXPECT_FALSE(t.loss_scaler().enabled()) << dtype_name(dt);
     EXPECT_EQ(t.optimizer().steps_taken(), 12) << dtype_name(dt);
@@ -352,7 +353,7 @@ TEST(CudaMixedPrecisionTrainer, F16RunRecoversFromAnOverflowingScale) {
   TempDir dir;
   Config cfg = f16_config(dir, 36);
   cfg.device = "cuda";
-  train::Trainer t(cfg, cuda_device(0));
+  app::ConfigTrainer t(cfg, cuda_device(0));
   const train::RunSummary s = t.run();
   EXPECT_GT(t.loss_scaler().skipped_steps(), 5);
   EXPECT_EQ(t.optimizer().steps_taken(), 36 - t.loss_scaler().skipped_steps());

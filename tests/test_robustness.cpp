@@ -29,6 +29,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "app/config.h"
+#include "app/config_trainer.h"
+#include "app/memory.h"
 #include "core/atomic_file.h"
 #include "core/safetensors.h"
 #include "data/data.h"
@@ -37,8 +40,6 @@
 #include "tests/log_capture.h"
 #include "tests/temp_dir.h"
 #include "train/checkpoint.h"
-#include "train/config.h"
-#include "train/memory.h"
 #include "train/run_dir.h"
 #include "train/trainer.h"
 
@@ -103,7 +104,7 @@ int64_t newest_finite_checkpoint(const std::string& dir) {
 
 TEST(NumericalFaults, NaNGradientIsNamedWithItsStep) {
   TempDir dir;
-  train::Trainer t(fault_config(dir), kCPU);
+  app::ConfigTrainer t(fault_config(dir), kCPU);
   t.set_step_callback([](int64_t step, train::Trainer& tr) {
     if (step == 10) param(tr, "layers.3.weight").grad().data<float>()[5] = NAN;
   });
@@ -114,7 +115,7 @@ TEST(NumericalFaults, NaNGradientIsNamedWithItsStep) {
 
 TEST(NumericalFaults, InfGradientIsNamedWithItsStep) {
   TempDir dir;
-  train::Trainer t(fault_config(dir), kCPU);
+  app::ConfigTrainer t(fault_config(dir), kCPU);
   t.set_step_callback([](int64_t step, train::Trainer& tr) {
     if (step == 7) param(tr, "layers.1.weight").grad().data<float>()[0] = INFINITY;
   });
@@ -127,7 +128,7 @@ TEST(NumericalFaults, InfGradientIsNamedWithItsStep) {
 
 TEST(NumericalFaults, NaNParameterIsNamedAtTheFirstStepItReaches) {
   TempDir dir;
-  train::Trainer t(fault_config(dir), kCPU);
+  app::ConfigTrainer t(fault_config(dir), kCPU);
   // Set after step 10's backward pass: step 11 is the first whose loss it reaches.
   t.set_step_callback([](int64_t step, train::Trainer& tr) {
     if (step == 10) param(tr, "layers.3.bias").data<float>()[1] = NAN;
@@ -139,7 +140,7 @@ TEST(NumericalFaults, NaNParameterIsNamedAtTheFirstStepItReaches) {
 
 TEST(NumericalFaults, OverflowingActivationIsNamed) {
   TempDir dir;
-  train::Trainer t(fault_config(dir), kCPU);
+  app::ConfigTrainer t(fault_config(dir), kCPU);
   // A huge but finite gain: the ScaledSiLU output overflows float to inf.
   t.set_step_callback([](int64_t step, train::Trainer& tr) {
     if (step == 14) param(tr, "layers.2.w").fill_(3e38);
@@ -151,7 +152,7 @@ TEST(NumericalFaults, OverflowingActivationIsNamed) {
 
 TEST(NumericalFaults, ChecksBetweenLogStepsSayWhenTheLastGoodOneWas) {
   TempDir dir;
-  train::Trainer t(fault_config(dir, {"logging.every=6", "checkpoint.every=12"}), kCPU);
+  app::ConfigTrainer t(fault_config(dir, {"logging.every=6", "checkpoint.every=12"}), kCPU);
   t.set_step_callback([](int64_t step, train::Trainer& tr) {
     if (step == 8) param(tr, "layers.0.bias").grad().data<float>()[2] = NAN;
   });
@@ -164,7 +165,7 @@ TEST(NumericalFaults, ChecksBetweenLogStepsSayWhenTheLastGoodOneWas) {
 
 TEST(NumericalFaults, NaNTheLossNeverSeesIsNotSaved) {
   TempDir dir;
-  train::Trainer t(fault_config(dir), kCPU);
+  app::ConfigTrainer t(fault_config(dir), kCPU);
   // Injected into a parameter in step 12 after its loss and gradients were computed: the check
   // before the update passes, and only the scan before step 12's save can catch it.
   t.set_step_callback([](int64_t step, train::Trainer& tr) {
@@ -180,7 +181,7 @@ TEST(NumericalFaults, NonFiniteDataIsRejectedWhenLoaded) {
   TempDir dir;
   // Noise this large overflows float: the generated features are inf.
   try {
-    train::Trainer t(fault_config(dir, {"data.noise=1e39"}), kCPU);
+    app::ConfigTrainer t(fault_config(dir, {"data.noise=1e39"}), kCPU);
     ADD_FAILURE() << "expected a DataError";
   } catch (const data::DataError& e) {
     std::printf("DataError: %s\n", e.what());
@@ -198,7 +199,7 @@ TEST(NumericalFaults, NonFiniteDataIsRejectedWhenLoaded) {
   std::ofstream(dir / "data.csv") << "0.5,1,0\n0.25,2,1\n1,nan,0\n2,3,1\n";
   test::expect_error(
       [&] {
-        train::Trainer t(fault_config(dir, {"data.kind=csv", "data.path=" + (dir / "data.csv"),
+        app::ConfigTrainer t(fault_config(dir, {"data.kind=csv", "data.path=" + (dir / "data.csv"),
                                             "model.input=2", "model.classes=2",
                                             "optim.batch_size=2", "optim.microbatches=1"}),
                          kCPU);
@@ -236,24 +237,24 @@ TEST(BadData, AModelTooLargeForTheMachineIsRefusedBeforeAllocating) {
   const Config small = load_config("", {"model.input=4", "model.hidden=[8]", "model.classes=3",
                                         "optim.batch_size=24", "optim.microbatches=2",
                                         "eval.batch_size=64", "data.samples=100"});
-  const train::MemoryEstimate e = train::estimate_memory(small);
+  const app::MemoryEstimate e = app::estimate_memory(small);
   EXPECT_EQ(e.state, 75 * 4 * 4);
   EXPECT_EQ(e.activations, std::max(12 * (4 + 8 + 3), 64 * 8) * 4);
   EXPECT_EQ(e.data, (100 + 20) * (4 * 4 + 8));
   Config bf16 = small;
   bf16.precision.compute_dtype = DType::bf16;  // adds the bf16 copy of the 56 weights
-  EXPECT_EQ(train::estimate_memory(bf16).state, 75 * 4 * 4 + 56 * 2);
-  EXPECT_EQ(train::estimate_memory(small, 2).activations, std::max(6 * 15, 64 * 8) * 4);
+  EXPECT_EQ(app::estimate_memory(bf16).state, 75 * 4 * 4 + 56 * 2);
+  EXPECT_EQ(app::estimate_memory(small, 2).activations, std::max(6 * 15, 64 * 8) * 4);
 
   const auto t0 = std::chrono::steady_clock::now();
   try {
-    train::Trainer t(fault_config(dir, {"model.hidden=[16777216,16777216]"}), kCPU);
+    app::ConfigTrainer t(fault_config(dir, {"model.hidden=[16777216,16777216]"}), kCPU);
     ADD_FAILURE() << "expected a ConfigError";
   } catch (const ConfigError& e) {
     std::printf("ConfigError: %s\n", e.what());
     EXPECT_CONTAINS(e.what(), "the run needs at least 4.0 PiB on cpu (parameters, gradients and "
                               "adamw state 4.0 PiB, activations ");
-    EXPECT_CONTAINS(e.what(), "), but cpu has " + train::format_bytes(train::physical_memory_bytes()) +
+    EXPECT_CONTAINS(e.what(), "), but cpu has " + app::format_bytes(app::physical_memory_bytes()) +
                                   " of physical memory; make model.hidden");
   }
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0);
@@ -265,21 +266,21 @@ TEST(BadData, AModelTooLargeForTheMachineIsRefusedBeforeAllocating) {
 TEST(BadData, ACheckpointFolderThatCannotBeWrittenIsRefusedBeforeTraining) {
   TempDir dir;
   std::ofstream(dir / "file") << "not a folder";
-  test::expect_error([&] { train::Trainer t(fault_config(dir, {"checkpoint.dir=" + (dir / "file/ckpt")}), kCPU); },
+  test::expect_error([&] { app::ConfigTrainer t(fault_config(dir, {"checkpoint.dir=" + (dir / "file/ckpt")}), kCPU); },
                      {"checkpoint.dir: cannot create '" + (dir / "file/ckpt") + "': '" + (dir / "file") +
                       "' is not a directory"});
-  test::expect_error([&] { train::Trainer t(fault_config(dir, {"logging.metrics=" + (dir / "file/m.jsonl")}), kCPU); },
+  test::expect_error([&] { app::ConfigTrainer t(fault_config(dir, {"logging.metrics=" + (dir / "file/m.jsonl")}), kCPU); },
                      {"logging.metrics: cannot create '" + (dir / "file") + "'"});
-  test::expect_error([&] { train::Trainer t(fault_config(dir, {"logging.curve=" + (dir / "file/x/c.svg")}), kCPU); },
+  test::expect_error([&] { app::ConfigTrainer t(fault_config(dir, {"logging.curve=" + (dir / "file/x/c.svg")}), kCPU); },
                      {"logging.curve: cannot create"});
   // A folder that does not exist yet is fine when the nearest existing one is writable; it is
   // left for the run to create.
-  EXPECT_NO_THROW(train::Trainer t(fault_config(dir, {"checkpoint.dir=" + (dir / "a/b/c")}), kCPU));
+  EXPECT_NO_THROW(app::ConfigTrainer t(fault_config(dir, {"checkpoint.dir=" + (dir / "a/b/c")}), kCPU));
   EXPECT_FALSE(fs::exists(dir / "a"));
   if (::geteuid() != 0) {  // root writes anywhere
     fs::create_directory(dir / "ro");
     fs::permissions(dir / "ro", fs::perms::owner_read | fs::perms::owner_exec);
-    test::expect_error([&] { train::Trainer t(fault_config(dir, {"checkpoint.dir=" + (dir / "ro/ckpt")}), kCPU); },
+    test::expect_error([&] { app::ConfigTrainer t(fault_config(dir, {"checkpoint.dir=" + (dir / "ro/ckpt")}), kCPU); },
                        {"checkpoint.dir: cannot create or write", "is not writable: Permission denied"});
   }
 }
@@ -295,13 +296,13 @@ TEST(BadData, AValidationSplitOfNoSamplesIsAConfigError) {
   std::vector<std::string> sets = csv;
   sets.push_back("data.val_fraction=0.1");
   try {
-    train::Trainer t(fault_config(dir, sets), kCPU);
+    app::ConfigTrainer t(fault_config(dir, sets), kCPU);
     ADD_FAILURE() << "expected a ConfigError";
   } catch (const ConfigError& e) {
     EXPECT_CONTAINS(e.what(), "data.val_fraction: 0.1 holds out none of the 4 csv samples");
   }
   sets.back() = "data.val_fraction=0.25";
-  EXPECT_NO_THROW(train::Trainer t(fault_config(dir, sets), kCPU));
+  EXPECT_NO_THROW(app::ConfigTrainer t(fault_config(dir, sets), kCPU));
 }
 
 // ---- crash safety -------------------------------------------------------------------------
@@ -509,7 +510,7 @@ TEST(LongRun, ResidentMemoryIsFlatOverThousandsOfSteps) {
            "optim.steps=5500", "optim.batch_size=16", "optim.microbatches=2", "logging.every=500",
            "eval.every=1000", "checkpoint.every=1000", "checkpoint.keep_last=1",
            "checkpoint.dir=" + (dir / "ckpt"), "device=cpu"});
-  train::Trainer t(cfg, kCPU);
+  app::ConfigTrainer t(cfg, kCPU);
   // From step 1500, once every periodic task (log, evaluation, checkpoint) has run at least once
   // and made its one-time allocations, to the end: 4000 steps, 8000 forward/backward passes.
   int64_t before = 0, after = 0;
@@ -553,13 +554,13 @@ std::vector<std::string> owners(const std::string& dir) {
 TEST(RunFolder, AFreshRunRefusesAnotherRunsFolderUnlessOverwriteIsSet) {
   TempDir dir;
   const std::string ckpt = dir / "ckpt";
-  train::Trainer first(fault_config(dir), kCPU);
+  app::ConfigTrainer first(fault_config(dir), kCPU);
   first.run();
   const auto before = owners(ckpt);
   ASSERT_EQ(before.size(), 6u);  // steps 4 to 24
   const std::string metrics = read_text(ckpt + "/metrics.jsonl");
 
-  train::Trainer second(fault_config(dir, {"optim.steps=8", "checkpoint.keep_last=1"}), kCPU);
+  app::ConfigTrainer second(fault_config(dir, {"optim.steps=8", "checkpoint.keep_last=1"}), kCPU);
   try {
     second.run();
     ADD_FAILURE() << "a fresh run into a used folder started";
@@ -574,7 +575,7 @@ TEST(RunFolder, AFreshRunRefusesAnotherRunsFolderUnlessOverwriteIsSet) {
   EXPECT_EQ(read_text(ckpt + "/metrics.jsonl"), metrics);
 
   // overwrite: the first run's files go, and the folder holds the second run alone.
-  train::Trainer third(fault_config(dir, {"optim.steps=8", "checkpoint.overwrite=true"}), kCPU);
+  app::ConfigTrainer third(fault_config(dir, {"optim.steps=8", "checkpoint.overwrite=true"}), kCPU);
   const train::RunSummary s = third.run();
   const auto after = owners(ckpt);
   ASSERT_EQ(after.size(), 2u);
@@ -600,10 +601,10 @@ TEST(RunFolder, PruningRemovesOnlyThisRunsCheckpoints) {
 TEST(RunFolder, ResumingACompleteRunSaysSoAndWritesNothing) {
   TempDir dir;
   const std::string ckpt = dir / "ckpt";
-  train::Trainer first(fault_config(dir), kCPU);
+  app::ConfigTrainer first(fault_config(dir), kCPU);
   first.run();
   const std::string metrics = read_text(ckpt + "/metrics.jsonl"), curve = read_text(ckpt + "/curve.svg");
-  train::Trainer again(fault_config(dir), kCPU);
+  app::ConfigTrainer again(fault_config(dir), kCPU);
   again.resume(ckpt);
   LogCapture log;
   const train::RunSummary s = again.run();
@@ -635,11 +636,11 @@ TEST(RunFolder, StepsPastAMillionSortByNumber) {
 TEST(RunFolder, ASecondRunOnALockedFolderIsRefused) {
   TempDir dir;
   const std::string ckpt = dir / "ckpt";
-  train::Trainer first(fault_config(dir), kCPU);
+  app::ConfigTrainer first(fault_config(dir), kCPU);
   std::string refused;
   first.set_step_callback([&](int64_t step, train::Trainer&) {
     if (step != 10) return;
-    train::Trainer second(fault_config(dir, {"checkpoint.overwrite=true"}), kCPU);
+    app::ConfigTrainer second(fault_config(dir, {"checkpoint.overwrite=true"}), kCPU);
     try {
       second.run();
     } catch (const ConfigError& e) {
@@ -680,7 +681,7 @@ TEST(RunFolder, AModelFileWithAnotherCheckpointsOptimizerFileIsRejected) {
 TEST(WriteFailures, MetricsOnAFullDiskStopTheRunAndKeepTheCheckpoints) {
   TempDir dir;
   const std::string ckpt = dir / "ckpt";
-  train::Trainer t(fault_config(dir, {"logging.metrics=/dev/full", "logging.every=6",
+  app::ConfigTrainer t(fault_config(dir, {"logging.metrics=/dev/full", "logging.every=6",
                                       "checkpoint.every=2"}), kCPU);
   mt::test::expect_error([&] { t.run(); }, {"metrics: cannot write to '/dev/full'", "No space left"});
   // Step 6 logs before it saves: steps 2 and 4 are on disk, whole.
@@ -688,7 +689,7 @@ TEST(WriteFailures, MetricsOnAFullDiskStopTheRunAndKeepTheCheckpoints) {
   EXPECT_EQ(train::list_checkpoints(ckpt).size(), 2u);
 
   TempDir dir2;
-  train::Trainer c(fault_config(dir2, {"logging.curve=/dev/full"}), kCPU);
+  app::ConfigTrainer c(fault_config(dir2, {"logging.curve=/dev/full"}), kCPU);
   mt::test::expect_error([&] { c.run(); }, {"curve: cannot write '/dev/full'", "No space left"});
   EXPECT_EQ(newest_finite_checkpoint(dir2 / "ckpt"), 24);
 }
@@ -698,7 +699,7 @@ TEST(WriteFailures, MetricsOnAFullDiskStopTheRunAndKeepTheCheckpoints) {
 TEST(WriteFailures, AFailedCheckpointStopsTheRunAndKeepsTheEarlierOnes) {
   TempDir dir;
   const std::string ckpt = dir / "ckpt";
-  train::Trainer t(fault_config(dir, {"logging.every=100"}), kCPU);
+  app::ConfigTrainer t(fault_config(dir, {"logging.every=100"}), kCPU);
   rlimit old{};
   ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
   auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
@@ -752,7 +753,7 @@ bool same(const train::NamedTensors& a, const train::NamedTensors& b) {
 // carry no meaning) loads exactly what was saved; never something else.
 TEST(CheckpointIntegrity, EverySingleBitFlipIsRejectedOrHarmless) {
   TempDir dir;
-  train::Trainer t(fault_config(dir, {"optim.steps=8"}), kCPU);
+  app::ConfigTrainer t(fault_config(dir, {"optim.steps=8"}), kCPU);
   t.run();
   const std::string stem = dir / "ckpt/step-000008";
   const train::Checkpoint ref = train::load_checkpoint(stem + ".safetensors");
@@ -801,7 +802,7 @@ TEST(CheckpointIntegrity, EverySingleBitFlipIsRejectedOrHarmless) {
 // name it, and resuming stops (CheckpointError: exit code 2).
 TEST(CheckpointIntegrity, DamageThatKeepsTheFormatIsNamed) {
   TempDir dir;
-  train::Trainer t(fault_config(dir, {"optim.steps=8"}), kCPU);
+  app::ConfigTrainer t(fault_config(dir, {"optim.steps=8"}), kCPU);
   t.run();
   const std::string model = dir / "ckpt/step-000008.safetensors", optim = dir / "ckpt/step-000008.optim.safetensors";
 
@@ -851,7 +852,7 @@ TEST(CheckpointIntegrity, DamageThatKeepsTheFormatIsNamed) {
     SCOPED_TRACE(cases[i].message[0]);
     const std::string bad = dir / ("bad" + std::to_string(i));
     train::save_checkpoint(bad, good.run_id, 8, good.model, cases[i].optimizer, {}, 1);
-    train::Trainer r(fault_config(dir), kCPU);
+    app::ConfigTrainer r(fault_config(dir), kCPU);
     std::vector<std::string> parts = cases[i].message;
     parts.push_back(bad + "/step-000008.safetensors: cannot resume from it");
     try {
@@ -872,7 +873,7 @@ TEST(CheckpointIntegrity, DamageThatKeepsTheFormatIsNamed) {
     write_safetensors(legacy + "/" + fs::path(file).filename().string(), f.entries, meta);
   }
   LogCapture log;
-  train::Trainer r(fault_config(dir), kCPU);
+  app::ConfigTrainer r(fault_config(dir), kCPU);
   r.resume(legacy);
   EXPECT_EQ(r.step(), 8);
   EXPECT_TRUE(log.contains("step-000008.safetensors: a checkpoint of format 1"));
@@ -884,23 +885,23 @@ TEST(CheckpointIntegrity, DamageThatKeepsTheFormatIsNamed) {
 TEST(CheckpointIntegrity, ResumeFallsBackToTheNewestIntactCheckpoint) {
   TempDir dir;
   const std::string ckpt = dir / "ckpt";
-  train::Trainer t(fault_config(dir), kCPU);
+  app::ConfigTrainer t(fault_config(dir), kCPU);
   t.run();
   const std::string newest = ckpt + "/step-000024.safetensors";
   flip_bit(newest, (header_end(newest) + 5) * 8 + 3);
   {
     LogCapture log;
-    train::Trainer r(fault_config(dir), kCPU);
+    app::ConfigTrainer r(fault_config(dir), kCPU);
     r.resume(ckpt);
     EXPECT_EQ(r.step(), 20);
     EXPECT_TRUE(log.contains("checkpoint " + newest + " is unusable: " + newest +
                              ": damaged: tensor 'layers.0.weight' fails its checksum"));
     EXPECT_TRUE(log.contains("falling back to the next newest"));
   }
-  train::Trainer r(fault_config(dir), kCPU);
+  app::ConfigTrainer r(fault_config(dir), kCPU);
   EXPECT_THROW(r.resume(newest), train::CheckpointError);
   for (const std::string& f : train::list_checkpoints(ckpt)) flip_bit(f, (header_end(f) + 1) * 8);
-  train::Trainer none(fault_config(dir), kCPU);
+  app::ConfigTrainer none(fault_config(dir), kCPU);
   mt::test::expect_error([&] { none.resume(ckpt); },
                          {"no intact checkpoint in '" + ckpt + "'", "step-000004.safetensors: damaged"});
 }
@@ -921,11 +922,11 @@ TEST(CheckpointIntegrity, OneDirectorySyncPerCheckpointAndAHalfSavedOneIsSkipped
   write_file_atomically(dir / "x.txt", "x");
   EXPECT_EQ(sync_counts().directories - after.directories, 1);
 
-  train::Trainer t(fault_config(dir), kCPU);
+  app::ConfigTrainer t(fault_config(dir), kCPU);
   t.run();
   fs::remove(ckpt + "/step-000024.optim.safetensors");
   LogCapture log;
-  train::Trainer r(fault_config(dir), kCPU);
+  app::ConfigTrainer r(fault_config(dir), kCPU);
   r.resume(ckpt);
   EXPECT_EQ(r.step(), 20);
   EXPECT_TRUE(log.contains("falling back to the next newest"));

@@ -13,6 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "app/config.h"
+#include "app/config_trainer.h"
 #include "core/autograd.h"
 #include "data/data.h"
 #include "optim/schedule.h"
@@ -21,7 +23,6 @@
 #include "tests/run_train.h"
 #include "tests/temp_dir.h"
 #include "train/checkpoint.h"
-#include "train/config.h"
 #include "train/metrics.h"
 #include "train/trainer.h"
 
@@ -105,10 +106,10 @@ TEST(Loader, SyntheticTestDrawIsIndependentOfTraining) {
 TEST(TrainerMicrobatch, FourMicrobatchesTrainLikeOneBatch) {
   for (DType dt : {DType::f64, DType::f32}) {
     TempDir dir;
-    train::Trainer one(small_config(dir, dt, 1), kCPU);
+    app::ConfigTrainer one(small_config(dir, dt, 1), kCPU);
     one.run();
     TempDir dir4;
-    train::Trainer four(small_config(dir4, dt, 4), kCPU);
+    app::ConfigTrainer four(small_config(dir4, dt, 4), kCPU);
     four.run();
     // f64: only summation order differs (1e-10 after 24 AdamW steps); f32: 1e-4.
     EXPECT_LE(max_rel_diff(params_of(one), params_of(four)), dt == DType::f64 ? 1e-10 : 1e-4)
@@ -118,13 +119,13 @@ TEST(TrainerMicrobatch, FourMicrobatchesTrainLikeOneBatch) {
 
 TEST(TrainerResume, StoppedAndResumedRunEndsBitwiseEqual) {
   TempDir dir;
-  train::Trainer full(small_config(dir), kCPU);
+  app::ConfigTrainer full(small_config(dir), kCPU);
   full.run();
   auto expected = params_of(full);
   // Resume from the step-12 checkpoint the full run left, in a fresh trainer.
   TempDir dir2;
   Config cfg = small_config(dir2);
-  train::Trainer resumed(cfg, kCPU);
+  app::ConfigTrainer resumed(cfg, kCPU);
   resumed.resume(dir / "ckpt/step-000012.safetensors");
   EXPECT_EQ(resumed.step(), 12);
   resumed.run();
@@ -133,7 +134,7 @@ TEST(TrainerResume, StoppedAndResumedRunEndsBitwiseEqual) {
 
 TEST(TrainerCheckpoint, TruncatedOrCorruptCheckpointsAreClearErrors) {
   TempDir dir;
-  train::Trainer t(small_config(dir), kCPU);
+  app::ConfigTrainer t(small_config(dir), kCPU);
   t.run();
   const std::string good = dir / "ckpt/step-000024.safetensors";
   ASSERT_TRUE(fs::exists(good));
@@ -155,7 +156,7 @@ TEST(TrainerCheckpoint, TruncatedOrCorruptCheckpointsAreClearErrors) {
   TempDir dir2;
   Config other = small_config(dir2);
   other.model.hidden = {8};
-  train::Trainer t2(other, kCPU);
+  app::ConfigTrainer t2(other, kCPU);
   EXPECT_THROW(t2.resume(good), Error);
 }
 
@@ -168,7 +169,7 @@ TEST(TrainerNumerics, NonFiniteLossStopsWithoutSavingAndKeepsTheLastCheckpoint) 
   cfg.optim.warmup_steps = 0;
   cfg.logging.every = 1;
   cfg.checkpoint.every = 1;  // every step that passes its check is saved
-  train::Trainer t(cfg, kCPU);
+  app::ConfigTrainer t(cfg, kCPU);
   EXPECT_THROW(t.run(), train::NonFiniteError);
   const auto saved = train::list_checkpoints(dir / "ckpt");
   ASSERT_GT(saved.size(), 0u) << "no checkpoint before the divergence: the loop below checks nothing";
@@ -227,7 +228,7 @@ TEST(TrainerDefaultConfig, ReachesTheStatedAccuracy) {
   TempDir dir;
   Config cfg = load_config(std::string(MT_SOURCE_DIR) + "/configs/mlp.yaml",
                            {"device=cpu", "checkpoint.dir=" + (dir / "run")});
-  train::Trainer t(cfg, kCPU);
+  app::ConfigTrainer t(cfg, kCPU);
   train::RunSummary s = t.run();
   EXPECT_GE(s.test_metrics.at("accuracy"), 0.95);
   EXPECT_GE(s.val_metrics.at("accuracy"), 0.95);
@@ -302,13 +303,13 @@ TEST(TrainerCurve, ALongRunsCurveHasNoDotsNoOverlappingLabelsAndAFreeLegend) {
 TEST(TrainerCudaGraph, OnTheCpuItWarnsAndRunsEagerly) {
   TempDir dir;
   Config cfg = small_config(dir);
-  train::Trainer eager(cfg, kCPU);
+  app::ConfigTrainer eager(cfg, kCPU);
   const train::RunSummary a = eager.run();
   TempDir dir2;
   cfg = small_config(dir2);
   cfg.cuda_graph = true;
   LogCapture log;
-  train::Trainer graph(cfg, kCPU);
+  app::ConfigTrainer graph(cfg, kCPU);
   const auto init = params_of(graph);
   const train::RunSummary b = graph.run();
   EXPECT_TRUE(log.contains("cuda_graph: the device is cpu, and CUDA graphs need a GPU; every step runs eagerly"));
@@ -331,7 +332,7 @@ TEST(TrainerSchedule, StepSUpdatesWithTheScheduleAtSMinusOneAndLogsIt) {
   cfg.optim.min_lr = 1e-4;
   const optim::WarmupCosineLR schedule(cfg.optim.lr, cfg.optim.warmup_steps, cfg.optim.steps,
                                        cfg.optim.min_lr);
-  train::Trainer t(cfg, kCPU);
+  app::ConfigTrainer t(cfg, kCPU);
   std::vector<std::pair<int64_t, double>> applied;  // (step, the optimizer's lr before its update)
   t.set_step_callback([&](int64_t step, train::Trainer& tr) {
     for (const auto& g : tr.optimizer().param_groups()) EXPECT_EQ(*g.lr, *tr.optimizer().param_groups()[0].lr);
@@ -362,13 +363,13 @@ TEST(CudaTrainerGraph, GraphRunEqualsTheEagerRunBitForBit) {
     TempDir d1, d2;
     Config cfg = small_config(d1, dt, /*k=*/3);
     cfg.device = "cuda";
-    train::Trainer eager(cfg, cuda_device(0));
+    app::ConfigTrainer eager(cfg, cuda_device(0));
     const train::RunSummary a = eager.run();
     cfg = small_config(d2, dt, 3);
     cfg.device = "cuda";
     cfg.cuda_graph = true;
     LogCapture log;
-    train::Trainer graph(cfg, cuda_device(0));
+    app::ConfigTrainer graph(cfg, cuda_device(0));
     const train::RunSummary b = graph.run();
     EXPECT_TRUE(log.contains("cuda_graph: step 2 captured")) << "the step was not captured";
     EXPECT_EQ(params_of(eager), params_of(graph));
@@ -389,7 +390,7 @@ TEST(CudaTrainerGraph, AnOptimizerThatIsNotCapturableRunsEagerlyWithAWarning) {
   cfg.optim.name = "sgd";
   cfg.cuda_graph = true;
   LogCapture log;
-  train::Trainer t(cfg, cuda_device(0));
+  app::ConfigTrainer t(cfg, cuda_device(0));
   const train::RunSummary s = t.run();
   EXPECT_TRUE(log.contains("optimizer sgd keeps its per-step values on the host"));
   EXPECT_FALSE(log.contains("captured"));
@@ -405,14 +406,14 @@ TEST(DistTrainer, CpuRanksTrainLikeOneRankWithTheSameGlobalBatch) {
   TempDir d0;
   Config one = small_config(d0, DType::f64, /*k=*/2);
   one.optim.batch_size = 47;  // shards of 16, 16, 15 over three ranks: an uneven last shard
-  train::Trainer single(one, kCPU);
+  app::ConfigTrainer single(one, kCPU);
   const train::RunSummary ref = single.run();
   for (int n : {2, 3}) {
     SCOPED_TRACE(testing::Message() << n << " ranks");
     TempDir d;
     Config cfg = one;
     cfg.checkpoint.dir = d / "ckpt";
-    const train::LocalRun run = train::run_local_ranks(cfg, n);
+    const train::LocalRun run = app::run_local_ranks(cfg, n);
     const train::RunSummary& s = run.summary;
     for (const auto& t : run.ranks) EXPECT_LT(max_rel_diff(params_of(*t), params_of(single)), 1e-10);
     for (const auto& t : run.ranks) EXPECT_EQ(params_of(*t), params_of(*run.ranks[0]));  // replicas equal
@@ -436,7 +437,7 @@ TEST(DistTrainer, AFailingRankStopsTheOthersWithItsOwnError) {
   Config cfg = small_config(d);
   const auto start = std::chrono::steady_clock::now();
   try {
-    train::run_local_ranks(cfg, 3, "", [](int rank, train::Trainer& t) {
+    app::run_local_ranks(cfg, 3, "", [](int rank, train::Trainer& t) {
       if (rank == 1)
         t.set_step_callback([](int64_t step, train::Trainer&) {
           if (step == 5) throw std::runtime_error("rank 1 fell over at step 5");
@@ -453,7 +454,7 @@ TEST(DistTrainer, BatchTooSmallForTheRanksIsAConfigError) {
   TempDir d;
   Config cfg = small_config(d, DType::f32, 4);
   cfg.optim.batch_size = 10;
-  EXPECT_THROW(train::run_local_ranks(cfg, 3), ConfigError);
+  EXPECT_THROW(app::run_local_ranks(cfg, 3), ConfigError);
 }
 
 TEST(TrainCli, NprocRunsCpuRanks) {

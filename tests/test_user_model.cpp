@@ -8,6 +8,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "app/config.h"
+#include "app/config_trainer.h"
 #include "core/rng.h"
 #include "nn/modules.h"
 #include "ops/cross_entropy/cross_entropy.h"
@@ -15,7 +17,6 @@
 #include "tests/max_rel_diff.h"
 #include "tests/temp_dir.h"
 #include "train/checkpoint.h"
-#include "train/config.h"
 #include "train/trainer.h"
 
 namespace mt {
@@ -74,7 +75,7 @@ std::shared_ptr<ResidualNet> make_net(uint64_t seed) {
   return std::make_shared<ResidualNet>(kDim, kHidden, kClasses);
 }
 
-train::Datasets make_data() {
+app::Datasets make_data() {
   return {data::make_synthetic(96, kDim, kClasses, 0.5, 3, 0),
           data::make_synthetic(24, kDim, kClasses, 0.5, 3, 1)};
 }
@@ -93,7 +94,7 @@ Config user_config(const TempDir& dir, DType dt, int64_t k, int64_t steps,
 
 std::unique_ptr<train::Trainer> make_trainer(const Config& cfg, uint64_t seed,
                                              std::shared_ptr<parallel::Communicator> comm = nullptr) {
-  return std::make_unique<train::Trainer>(cfg, make_net(seed),
+  return std::make_unique<app::ConfigTrainer>(cfg, make_net(seed),
                                           std::make_shared<PenalizedClassification>(), kCPU,
                                           std::move(comm), make_data());
 }
@@ -113,7 +114,7 @@ void record_first_grads(train::Trainer& t, Grads& out) {
 Grads full_batch_grads(const Config& cfg, uint64_t seed) {
   auto net = make_net(seed);
   net->to(DType::f64);
-  const train::Datasets d = make_data();
+  const app::Datasets d = make_data();
   const data::Split split = data::split_indices(d.train.size, cfg.data.val_fraction, cfg.data.seed);
   data::Loader whole(d.train, split.train, kBatch, 1, cfg.data.shuffle, cfg.data.seed);
   const auto batch = whole.step_batches(0, kCPU).at(0);
@@ -218,7 +219,7 @@ TEST(UserModel, ForensicsNamesTheUserModule) {
 TEST(UserModel, AModuleWithoutAOneTensorForwardSaysSo) {
   TempDir dir;
   // The classification task calls model(x), which this model does not have.
-  train::Trainer t(user_config(dir, DType::f32, 1, 2), make_net(1), train::classification(), kCPU,
+  app::ConfigTrainer t(user_config(dir, DType::f32, 1, 2), make_net(1), train::classification(), kCPU,
                    nullptr, make_data());
   try {
     t.run();

@@ -14,6 +14,8 @@
 #include <thread>
 #include <vector>
 
+#include "app/config.h"
+#include "app/config_trainer.h"
 #include "core/accumulate.h"
 #include "core/autograd.h"
 #include "core/rng.h"
@@ -25,7 +27,6 @@
 #include "tests/ranks.h"
 #include "tests/temp_dir.h"
 #include "train/checkpoint.h"
-#include "train/config.h"
 #include "train/trainer.h"
 #include "train/zero.h"
 
@@ -242,11 +243,11 @@ TEST(Zero, TrainerShardedRunsTrainLikeUnsharded) {
   for (int n : {1, 2, 3}) {
     SCOPED_TRACE(testing::Message() << n << " ranks");
     TempDir d0, d1;
-    const train::LocalRun whole = train::run_local_ranks(zero_config(d0, false), n);
+    const train::LocalRun whole = app::run_local_ranks(zero_config(d0, false), n);
     std::vector<std::shared_ptr<parallel::Communicator>> comms;
     const train::LocalRun sharded = train::run_local_ranks(n, [&](std::shared_ptr<parallel::Communicator> c) {
       comms.push_back(c);
-      return std::make_unique<train::Trainer>(zero_config(d1, true), kCPU, c);
+      return std::make_unique<app::ConfigTrainer>(zero_config(d1, true), kCPU, c);
     });
     for (int r = 0; r < n; ++r) {
       train::Trainer& t = *sharded.ranks[size_t(r)];
@@ -273,13 +274,13 @@ TEST(Zero, TrainerShardedRunsTrainLikeUnsharded) {
 TEST(Zero, TrainerResumesBitwiseWithTheSameNAndReshardsWithAnother) {
   TempDir d;
   Config cfg = zero_config(d, true);
-  const train::LocalRun straight = train::run_local_ranks(cfg, 2);
+  const train::LocalRun straight = app::run_local_ranks(cfg, 2);
   const std::string ten = d / "ckpt/step-000010.safetensors";
   // Same N: bitwise, weights and the gathered state.
   TempDir d2;
   Config again = cfg;
   again.checkpoint.dir = d2 / "ckpt";
-  const train::LocalRun resumed = train::run_local_ranks(again, 2, ten);
+  const train::LocalRun resumed = app::run_local_ranks(again, 2, ten);
   EXPECT_EQ(params_of(*resumed.ranks[0]), params_of(*straight.ranks[0]));
   EXPECT_EQ(state_values(train::load_checkpoint(d2 / "ckpt").optimizer),
             state_values(train::load_checkpoint(d / "ckpt").optimizer));
@@ -290,7 +291,7 @@ TEST(Zero, TrainerResumesBitwiseWithTheSameNAndReshardsWithAnother) {
     Config other = cfg;
     other.checkpoint.dir = d3 / "ckpt";
     other.optim.shard_state = n > 1;
-    const train::LocalRun moved = train::run_local_ranks(other, n, ten);
+    const train::LocalRun moved = app::run_local_ranks(other, n, ten);
     EXPECT_EQ(moved.ranks[0]->step(), 20);
     EXPECT_LE(max_rel_diff(params_of(*moved.ranks[0]), params_of(*straight.ranks[0])), 1e-12) << n;
   }
@@ -301,7 +302,7 @@ TEST(Zero, F16LossScalingIsRefused) {
   Config cfg = zero_config(d, true);
   cfg.precision.compute_dtype = DType::f16;
   try {
-    train::run_local_ranks(cfg, 2);
+    app::run_local_ranks(cfg, 2);
     ADD_FAILURE() << "expected a ConfigError";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("optim.shard_state: not with f16 loss scaling"), std::string::npos) << e.what();

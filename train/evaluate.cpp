@@ -5,26 +5,41 @@
 #include <spdlog/fmt/fmt.h>
 
 #include "core/autograd.h"
+#include "data/array_source.h"
 
 namespace mt::train {
 
-Evaluation evaluate(nn::Module& model, Task& task, const data::Dataset& set,
-                    const std::vector<int64_t>& rows, int64_t batch_size, Device device,
+Evaluation evaluate(nn::Module& model, Task& task,
+                    const std::function<void(const BatchVisitor&)>& for_each, int64_t samples,
                     DType compute_dtype) {
   NoGradGuard no_grad;
   model.eval();  // a flag only: accumulated gradients are left alone
   Evaluation e;
-  for (size_t begin = 0; begin < rows.size(); begin += size_t(batch_size)) {
-    std::vector<int64_t> part(rows.begin() + long(begin),
-                              rows.begin() + long(std::min(rows.size(), begin + size_t(batch_size))));
-    auto [x, y] = set.gather(part, device);
-    e.loss += task.loss(model, {x.to(compute_dtype), y}, 1.0, &e.metrics).item();
-  }
+  for_each([&](const data::Batch& b) {
+    e.loss += task.loss(model, to_compute_dtype(b, compute_dtype), 1.0, &e.metrics).item();
+  });
   model.train();
-  const double n = double(std::max<size_t>(rows.size(), 1));
+  const double n = double(std::max<int64_t>(samples, 1));
   e.loss /= n;
   for (auto& [name, sum] : e.metrics) sum /= n;
   return e;
+}
+
+Evaluation evaluate(nn::Module& model, Task& task, const data::Source& source, data::HeldOut which,
+                    int64_t batch_size, Device device, DType compute_dtype) {
+  return evaluate(
+      model, task,
+      [&](const BatchVisitor& visit) { source.for_each_held_out(which, batch_size, device, visit); },
+      source.held_out_size(which), compute_dtype);
+}
+
+Evaluation evaluate(nn::Module& model, Task& task, const data::Dataset& set,
+                    const std::vector<int64_t>& rows, int64_t batch_size, Device device,
+                    DType compute_dtype) {
+  return evaluate(
+      model, task,
+      [&](const BatchVisitor& visit) { data::for_each_batch(set, rows, batch_size, device, visit); },
+      int64_t(rows.size()), compute_dtype);
 }
 
 std::string metrics_text(const Metrics& metrics, const std::string& prefix) {

@@ -41,15 +41,4 @@ LocalRun run_local_ranks(int nproc, const MakeRank& make_rank) {
   return {std::move(trainers), summary};
 }
 
-LocalRun run_local_ranks(const Config& cfg, int nproc, const std::string& resume,
-                         const std::function<void(int rank, Trainer&)>& setup) {
-  return run_local_ranks(nproc, [&](std::shared_ptr<parallel::Communicator> comm) {
-    const int rank = comm->rank();
-    auto t = std::make_unique<Trainer>(cfg, kCPU, std::move(comm));
-    if (!resume.empty()) t->resume(resume);
-    if (setup) setup(rank, *t);
-    return t;
-  });
-}
-
 }  // namespace mt::train

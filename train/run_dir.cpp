@@ -11,8 +11,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "core/error.h"
 #include "train/checkpoint.h"
-#include "train/config.h"
 
 namespace fs = std::filesystem;
 

@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include "train/step_graph.h"
+#include "train/trainer.h"
 
 namespace mt::train {
 
@@ -13,7 +14,7 @@ std::string Trainer::graph_blocker() const {
   if (!device_.is_cuda()) return "the device is " + device_.str() + ", and CUDA graphs need a GPU";
   if (reducer_) return "data parallelism all-reduces on a stream of its own, outside the graph";
   if (!optimizer_->capturable())
-    return "optimizer " + cfg_.optim.name + " keeps its per-step values on the host (adamw does not)";
+    return "optimizer " + options_.optimizer.name + " keeps its per-step values on the host (adamw does not)";
   if (scaler_.enabled()) return "f16 loss scaling decides on the host whether each step is applied";
   if (step_callback_) return "a step callback is set, and it runs between the backward and the update";
   return "";
@@ -22,8 +23,8 @@ std::string Trainer::graph_blocker() const {
 bool Trainer::capture_step(const Tensor& loss_sum, const Tensor& grad_norm) {
 #ifdef MT_WITH_CUDA
   const std::vector<Tensor> params = model_->parameters();
-  const double max_norm = cfg_.optim.clip_norm > 0 ? cfg_.optim.clip_norm : INFINITY;
-  std::vector<data::Loader::Microbatch> inputs = loader_->step_batches(step_, device_);
+  const double max_norm = options_.optimizer.clip_norm > 0 ? options_.optimizer.clip_norm : INFINITY;
+  std::vector<data::Batch> inputs = data_->step_batches(step_, device_);
   try {
     // apply_step() records the update prepare_step() laid out in the previous (eager) step: the
     // same parameters, state and device scalars, which is all a replay needs.
@@ -51,7 +52,7 @@ bool Trainer::capture_step(const Tensor& loss_sum, const Tensor& grad_norm) {
 
 void Trainer::replay_step() {
 #ifdef MT_WITH_CUDA
-  const auto batches = loader_->step_batches(step_, device_);
+  const auto batches = data_->step_batches(step_, device_);
   for (size_t i = 0; i < batches.size(); ++i) {
     graph_->inputs[i].x.copy_(batches[i].x);
     graph_->inputs[i].y.copy_(batches[i].y);

@@ -1,9 +1,9 @@
 #pragma once
-// The trainer's captured step (train/step_graph.cpp): the CUDA graph and the input buffers each
-// replay's batch is copied into. Internal to the trainer's sources.
+// The trainer's captured step (train/step_graph.cpp, cuda_graph: true): the CUDA graph and the
+// input buffers each replay's batch is copied into. Internal to the trainer's sources.
 #include <vector>
 
-#include "train/trainer.h"
+#include "data/source.h"
 #ifdef MT_WITH_CUDA
 #include "core/cuda/graph.h"
 #endif
@@ -11,12 +11,12 @@
 namespace mt::train {
 
 #ifdef MT_WITH_CUDA
-struct Trainer::StepGraph {
-  std::vector<data::Loader::Microbatch> inputs;  // each step's batch is copied into these
+struct StepGraph {
+  std::vector<data::Batch> inputs;  // each step's batch is copied into these
   cuda::Graph graph;
 };
 #else
-struct Trainer::StepGraph {};
+struct StepGraph {};
 #endif
 
 }  // namespace mt::train

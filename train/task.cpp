@@ -7,6 +7,10 @@
 
 namespace mt::train {
 
+Batch to_compute_dtype(const Batch& b, DType compute_dtype) {
+  return {is_floating(b.x.dtype()) ? b.x.to(compute_dtype) : b.x, b.y};
+}
+
 int64_t count_correct(const Tensor& logits, const Tensor& targets) {
   const std::vector<double> l = logits.detach().to_vector(), t = targets.to_vector();
   const size_t C = size_t(logits.size(1));

@@ -15,14 +15,18 @@
 #include <string>
 
 #include "core/tensor.h"
+#include "data/source.h"
 #include "nn/module.h"
 
 namespace mt::train {
 
-// One microbatch, on the run's device: x [n, features] in the compute dtype, y [n] int64 labels.
-struct Batch {
-  Tensor x, y;
-};
+// One microbatch, on the run's device (data/source.h): x the model's input, in the compute dtype
+// when it is floating point (features [n, D]); y the target (class labels [n] int64, ...).
+using Batch = data::Batch;
+
+// `b` as the task sees it: a floating-point input converted to `compute_dtype`; an integer input
+// (token ids) and the target as they are.
+Batch to_compute_dtype(const Batch& b, DType compute_dtype);
 
 // Per-sample sums of a task's metrics (e.g. {"accuracy": correctly classified samples}). The
 // trainer adds them over microbatches and ranks, divides by the sample count, and logs them as

@@ -1,34 +1,41 @@
 #pragma once
-// The trainer behind `train --config configs/mlp.yaml`, and behind any program that trains a model
-// of its own: it takes any nn::Module and a Task (train/task.h) that owns the forward pass and the
-// loss; the trainer owns the loop below.
+// The trainer: it takes any nn::Module, a Task (train/task.h) that owns the forward pass and the
+// loss, a data source (data/source.h) that hands out each step's batch as microbatches, and
+// Options (train/options.h); it owns the loop. The `train` program builds all four from its YAML
+// config (app/config_trainer.h); a program of its own builds them in a few lines
+// (docs/library.md).
 //
-// One optimizer step:
-//   1. the loader hands out the step's batch of B samples as k microbatches (a pure function of
-//      the seed and the step, so a resumed run sees the same batches);
-//   2. for each microbatch: the task's loss with normalizer = B (the whole step's count, never the
-//      microbatch's own), backward — gradients accumulate (+=) in fp32 .grad;
-//   3. f16 only: divide the gradients by the loss scale and check them for inf/NaN; an overflow
-//      skips step 4 (the scale halves; docs/precision.md);
-//   4. clip the global gradient norm, optimizer step, learning-rate schedule; then zero_grad.
-//      AdamW (unsharded) takes the clip factor into its update instead of a pass that rescales
-//      every gradient, so .grad holds the unclipped gradient until zero_grad.
+// One optimizer step, train_step() in train/trainer.cpp, top to bottom:
+//   1. microbatches: the source's k microbatches of the step (a pure function of the step, so a
+//      resumed run sees the same batches); for each, the task's loss with normalizer = B (the
+//      whole step's sample count, never the microbatch's own), backward — gradients accumulate
+//      (+=) in fp32 .grad;
+//   2. unscale: f16 only, divide the gradients by the loss scale and check them for inf/NaN; an
+//      overflow skips steps 3-4 (the scale halves; docs/precision.md);
+//   3. clip the global gradient norm. An optimizer that can (AdamW, unsharded) folds the clip
+//      factor into its update instead of a pass that rescales every gradient, so .grad holds the
+//      unclipped gradient until zero_grad;
+//   4. update: the optimizer's step at the schedule's learning rate;
+//   5. zero_grad.
 // The loss stays on the device and is read back only when logged, evaluated or checkpointed; a
 // non-finite loss or gradient norm found then stops the run (exit code 3) before anything is
-// saved, so the last checkpoint on disk is always a good one.
-// That check runs before the update, so the message can name where the NaN or inf came from: the
-// first non-finite parameter, activation (the step's loss is replayed with a forward hook that
-// names the first module whose output is non-finite; train/forensics.h) or gradient. Data is checked when it is loaded, and the state once more before each save.
+// saved, so the last checkpoint on disk is always a good one. That check runs before the update,
+// so the message can name where the NaN or inf came from: the first non-finite parameter,
+// activation (the step's loss is replayed with a forward hook that names the first module whose
+// output is non-finite; train/forensics.h) or gradient. The state is checked once more before
+// each save.
 //
-// cuda_graph: true records steps 2-4 (microbatches, clipping, the update, zero_grad) in one CUDA
-// graph (core/cuda/graph.h) after the run's first step, and replays it on every step that is not
-// logged or saved (train/step_graph.cpp): the batch is copied into the graph's input buffers, AdamW's prepare_step()
-// hands this step's lr and bias corrections to the device, one launch does the rest. Logged and
-// saved steps run eagerly (the same kernels, so the same numbers): they read logits for the
-// accuracy and check for NaN before the update. .grad stays allocated (zero_grad without
-// set_to_none) so the graph's pointers stay valid. Where the step cannot be captured (no GPU, an
-// optimizer that keeps per-step values on the host, f16 loss scaling, a step callback, data
-// parallelism, or a capture that fails) a warning says why and every step runs eagerly.
+// Around the step, each in a function of its own: log_step() (the log line and metrics.jsonl),
+// run_validation() (the held-out loss every eval.every steps), save() (a checkpoint every
+// checkpoint.every steps) and the CUDA graph (train/step_graph.cpp): cuda_graph: true records
+// steps 1-5 in one graph (core/cuda/graph.h) after the run's first step, and replays it on every
+// step that is not logged or saved: the batch is copied into the graph's input buffers, AdamW's
+// prepare_step() hands this step's lr and bias corrections to the device, one launch does the
+// rest. Logged and saved steps run eagerly (the same kernels, so the same numbers). .grad stays
+// allocated (zero_grad without set_to_none) so the graph's pointers stay valid. Where the step
+// cannot be captured (no GPU, an optimizer that keeps per-step values on the host, f16 loss
+// scaling, a step callback, data parallelism, or a capture that fails) a warning says why and
+// every step runs eagerly.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -37,18 +44,20 @@
 #include <vector>
 
 #include "core/error.h"
-#include "data/data.h"
+#include "data/source.h"
 #include "nn/module.h"
 #include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
 #include "parallel/communicator.h"
 #include "parallel/reducer.h"
-#include "train/config.h"
+#include "train/options.h"
 #include "train/task.h"
 #include "train/zero.h"
 
 namespace mt::train {
+
+struct StepGraph;  // train/step_graph.h
 
 // A NaN or inf in the loss, a gradient or the state about to be saved: the run stops; `train`
 // exits with code 3. (One in the data is a data::DataError when it is loaded: exit code 4.)
@@ -69,48 +78,33 @@ struct RunSummary {
   std::string checkpoint;  // the last one written
 };
 
-// Data a program hands the trainer instead of the config's data section. A test set of size 0
-// means none; the validation split is still data.val_fraction of `train`.
-struct Datasets {
-  data::Dataset train, test;
-};
-
 class Trainer {
  public:
-  // Trains `model` with `task`, with the optimizer, precision, data, logging and checkpoint
-  // sections of a validated config. The trainer moves the model to `device` (f64 when
-  // precision.compute_dtype is f64) and calls its set_compute_dtype; the model's own
-  // initialization is the caller's. Data comes from `data` when given, else from the config (its
-  // model.input and model.classes shape the synthetic data). Too few samples for the batch or
-  // the validation split, and NaN or inf in the data, are errors; so, before anything is loaded,
-  // is a checkpoint folder (or logging path) that cannot be created or written.
+  // Trains `model` with `task` on `data`, as `options` say. The trainer moves the model to
+  // `device` (f64 when precision.compute_dtype is f64) and calls its set_compute_dtype; the
+  // model's own initialization is the caller's. Before anything is trained, a checkpoint folder
+  // (or logging path) that cannot be created or written is a ConfigError.
   //
   // With a communicator of N > 1 ranks this is rank comm->rank() of a data-parallel job
-  // (docs/distributed.md): it reads its shard of every global batch (optim.batch_size is the
-  // global batch, optim.microbatches is per rank), its gradients are all-reduced once per step
-  // after the last microbatch (parallel::GradReducer), losses and accuracy are summed over the ranks
-  // for the log, and only rank 0 logs, writes metrics and saves checkpoints. Every rank must be
-  // built from the same config and run() together. With optim.shard_state the buckets are
-  // reduce-scattered instead and AdamW's state is sharded over the ranks (ZeRO-1, train/zero.h),
-  // also for a communicator of one rank.
-  Trainer(Config config, std::shared_ptr<nn::Module> model, std::shared_ptr<Task> task,
-          Device device, std::shared_ptr<parallel::Communicator> comm = nullptr,
-          std::optional<Datasets> data = std::nullopt);
-  // The config's own model (train::build_model, initialized from config.seed) and the
-  // classification task: `train --config`. Mismatches between the model section and the data
-  // (feature count, labels outside model.classes) are ConfigErrors, and so, before anything is
-  // allocated, is a run that cannot fit in the device's memory (train/memory.h).
-  Trainer(Config config, Device device, std::shared_ptr<parallel::Communicator> comm = nullptr);
-  ~Trainer();
+  // (docs/distributed.md): the source serves its shard of every global batch
+  // (data::Source::shard), its gradients are all-reduced once per step after the last microbatch
+  // (parallel::GradReducer), losses and metrics are summed over the ranks for the log, and only
+  // rank 0 logs, writes metrics and saves checkpoints. Every rank must be built alike and run()
+  // together. With optimizer.shard_state the buckets are reduce-scattered instead and AdamW's
+  // state is sharded over the ranks (ZeRO-1, train/zero.h), also for a communicator of one rank.
+  Trainer(Options options, std::shared_ptr<nn::Module> model, std::shared_ptr<Task> task,
+          std::shared_ptr<data::Source> data, Device device,
+          std::shared_ptr<parallel::Communicator> comm = nullptr);
+  virtual ~Trainer();
 
   // Continues the run saved at `path`: a checkpoint file, or a directory's newest checkpoint that
   // is intact and fits this trainer (a damaged newer one is skipped with a warning). Anything
   // else is a CheckpointError (train/checkpoint.h) naming the file and why; the trainer is then
   // unusable.
   void resume(const std::string& path);
-  // Trains from the current step to optim.steps. First the lead rank takes checkpoint.dir
+  // Trains from the current step to options.steps. First the lead rank takes checkpoint.dir
   // (train/run_dir.h: a ConfigError if another run holds it or its files are there). A resumed
-  // run that is already at optim.steps trains and writes nothing, and returns the step and the
+  // run that is already at the last step trains and writes nothing, and returns the step and the
   // checkpoint it was resumed from.
   RunSummary run();
 
@@ -123,49 +117,71 @@ class Trainer {
     step_callback_ = std::move(callback);
   }
 
+  const Options& options() const { return options_; }
   nn::Module& model() { return *model_; }
   Task& task() { return *task_; }
-  // With optim.shard_state, this rank's shard of AdamW (train/zero.h).
+  data::Source& data() { return *data_; }
+  // With optimizer.shard_state, this rank's shard of AdamW (train/zero.h).
   optim::Optimizer& optimizer() { return zero_ ? zero_->shard() : *optimizer_; }
-  ShardedAdamW* sharded_optimizer() { return zero_.get(); }  // null unless optim.shard_state
+  ShardedAdamW* sharded_optimizer() { return zero_.get(); }  // null unless shard_state
   const optim::LossScaler& loss_scaler() const { return scaler_; }
   int64_t step() const { return step_; }
 
  private:
+  // What one run() keeps between its steps.
+  struct RunState;
+  // Which of its side jobs step `step_` does.
+  struct Due {
+    bool log, eval, save;
+  };
+
+  // run()'s parts, in the order they happen.
+  void begin_run(RunState& r);
+  Due due() const;
+  void train_step(RunState& r, const Due& due);
+  void show_progress(RunState& r);
+  void log_step(RunState& r);
+  void run_validation(RunState& r);
+  void save_step(RunState& r);
+  RunSummary end_run(RunState& r);
+
+  // train_step()'s parts. The task's loss and its backward for each microbatch; the losses are
+  // added into loss_sum, and when `metrics` is given, the task's metric sums into it (a host
+  // read).
+  void microbatch_passes(const std::vector<data::Batch>& batches, const Tensor& loss_sum,
+                         Metrics* metrics);
+  // Step 2: true when the step is skipped (an f16 gradient overflow).
+  bool unscale(const std::vector<Tensor>& params);
+  // Step 3: the global gradient norm into grad_norm; the clip factor into clip_factor_ when the
+  // optimizer folds it in, else .grad clipped in place (optim/clip.h).
+  void clip_gradients(const std::vector<Tensor>& params, double max_norm, const Tensor& grad_norm);
+  // The loss and gradient norm read back for the log, and stopped on when not finite.
+  void read_back(RunState& r);
+  void update(bool skip, bool keep_grads);
+
+  // The step's microbatches as the task sees them: float inputs in the compute dtype.
+  std::vector<data::Batch> task_batches(const std::vector<data::Batch>& batches) const;
   // The sum over the ranks of host values (the values themselves on one rank). A collective.
   double sum_over_ranks(double value);
   Metrics sum_over_ranks(Metrics metrics);
-  // The loader's microbatches as the task sees them: x in the compute dtype.
-  std::vector<Batch> task_batches(const std::vector<data::Loader::Microbatch>& batches) const;
   bool lead() const { return comm_ == nullptr || comm_->rank() == 0; }
   std::string save(int64_t step, nn::StateDict optimizer);
-  // The task's loss and its backward for each microbatch; the losses are added into loss_sum, and
-  // when `metrics` is given, the task's metric sums into it (a host read).
-  void microbatch_passes(const std::vector<data::Loader::Microbatch>& batches, const Tensor& loss_sum,
-                         Metrics* metrics);
-  // Step 4's clipping: the global gradient norm into grad_norm. With an unsharded AdamW the clip
-  // factor goes into clip_factor_, which the update folds in (optim/adamw.h: .grad is read, never
-  // rescaled); with SGD or ZeRO-1, .grad is clipped in place (optim/clip.h).
-  void clip_gradients(const std::vector<Tensor>& params, double max_norm, const Tensor& grad_norm);
-  // Why this run's step cannot be captured in a CUDA graph; empty if it can.
+
+  // The CUDA graph (train/step_graph.cpp). Why this run's step cannot be captured (empty if it
+  // can); the capture, with this step's batch in its input buffers (false, after a warning, if
+  // it failed); one replay on this step's batch.
   std::string graph_blocker() const;
-  // Records the step in a CUDA graph, with this step's batch in its input buffers; false (after a
-  // warning) if the capture failed.
   bool capture_step(const Tensor& loss_sum, const Tensor& grad_norm);
-  // One replay of the captured step, on this step's batch.
   void replay_step();
 
-  Config cfg_;
+  Options options_;
   Device device_;
-  data::Dataset train_set_, test_set_;
-  data::Split split_;
-  data::Standardization standardization_;  // data.standardize: the training split's, saved with each checkpoint
   std::shared_ptr<parallel::Communicator> comm_;  // null: one process, no data parallelism
-  std::unique_ptr<data::Loader> loader_;
   std::shared_ptr<nn::Module> model_;
   std::shared_ptr<Task> task_;
+  std::shared_ptr<data::Source> data_;
   std::unique_ptr<optim::Optimizer> optimizer_;  // null with ZeRO-1
-  std::unique_ptr<ShardedAdamW> zero_;            // optim.shard_state with a communicator
+  std::unique_ptr<ShardedAdamW> zero_;            // shard_state with a communicator
   Tensor clip_factor_;  // during run(), the clip factor optimizer_ folds in; undefined if none does
   std::unique_ptr<optim::LRSchedule> schedule_;
   std::unique_ptr<parallel::GradReducer> reducer_;  // data parallelism with more than one rank
@@ -176,8 +192,7 @@ class Trainer {
   std::string resumed_from_;  // the model file resume() loaded
   std::string run_id_;        // in every checkpoint this run saves; kept across resumes
   std::function<void(int64_t, Trainer&)> step_callback_;
-  struct StepGraph;  // the captured step and its input buffers (CUDA builds)
-  std::unique_ptr<StepGraph> graph_;
+  std::unique_ptr<StepGraph> graph_;  // the captured step and its input buffers (CUDA builds)
 };
 
 // A data-parallel job of `nproc` ranks as threads of this process, on the CPU, joined by the
@@ -192,8 +207,5 @@ struct LocalRun {
 };
 using MakeRank = std::function<std::unique_ptr<Trainer>(std::shared_ptr<parallel::Communicator>)>;
 LocalRun run_local_ranks(int nproc, const MakeRank& make_rank);
-// The config's model on every rank, each resumed from `resume` if given, then `setup` with each.
-LocalRun run_local_ranks(const Config& cfg, int nproc, const std::string& resume = "",
-                         const std::function<void(int rank, Trainer&)>& setup = {});
 
 }  // namespace mt::train

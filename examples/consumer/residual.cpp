@@ -58,20 +58,30 @@ std::shared_ptr<ResidualNet> make_net(uint64_t seed) {
   return std::make_shared<ResidualNet>();
 }
 
-train::Datasets make_data() {
-  return {data::make_synthetic(3000, kDim, kClasses, 1.5, 11, 0),
-          data::make_synthetic(600, kDim, kClasses, 1.5, 11, 1)};
+// 3000 generated samples (a tenth held out for validation) and 600 for the test, served 96 a
+// step in 3 microbatches.
+data::Dataset test_set() { return data::make_synthetic(600, kDim, kClasses, 1.5, 11, 1); }
+
+std::shared_ptr<data::Source> make_data() {
+  return std::make_shared<data::ArraySource>(data::make_synthetic(3000, kDim, kClasses, 1.5, 11, 0),
+                                             test_set(),
+                                             data::ArrayOptions{.batch_size = 96, .microbatches = 3});
 }
 
-// 60 steps of 96 samples in 3 microbatches, a checkpoint every 20.
-Config make_config(const std::string& dir, const std::string& device, const std::string& dtype,
-                   bool graph) {
-  return load_config("", {"optim.steps=60", "optim.batch_size=96", "optim.microbatches=3",
-                          "optim.warmup_steps=5", "optim.lr=3e-3", "logging.every=20",
-                          "eval.every=60", "checkpoint.every=20", "checkpoint.keep_last=3",
-                          "checkpoint.dir=" + dir, "device=" + device,
-                          "precision.compute_dtype=" + dtype,
-                          std::string("cuda_graph=") + (graph ? "true" : "false")});
+// 60 steps, a checkpoint every 20; every other option keeps its default (train/options.h).
+train::Options make_options(const std::string& dir, const std::string& dtype, bool graph) {
+  train::Options o;
+  o.steps = 60;
+  o.schedule.warmup_steps = 5;
+  o.optimizer.lr = 3e-3;
+  o.logging.every = 20;
+  o.eval.every = 60;
+  o.checkpoint.every = 20;
+  o.checkpoint.keep_last = 3;
+  o.checkpoint.dir = dir;
+  o.precision.compute_dtype = dtype_from_name(dtype);
+  o.cuda_graph = graph;
+  return o;
 }
 
 std::vector<std::vector<double>> weights(nn::Module& m) {
@@ -102,9 +112,9 @@ int main(int argc, char** argv) try {
   const Device dev = train::resolve_device(device);
 
   // 1. Train the user's model with the whole trainer.
-  const Config cfg = make_config((root / "run").string(), device, dtype, graph);
+  const train::Options options = make_options((root / "run").string(), dtype, graph);
   auto net = make_net(1);
-  train::Trainer trainer(cfg, net, train::classification(), dev, nullptr, make_data());
+  train::Trainer trainer(options, net, train::classification(), make_data(), dev);
   const train::RunSummary run = trainer.run();
   std::printf("consumer_residual: %s %s%s: train loss %.4f, test loss %.4f, test accuracy %.4f\n",
               device.c_str(), dtype.c_str(), graph ? " cuda_graph" : "", run.train_loss,
@@ -121,9 +131,9 @@ int main(int argc, char** argv) try {
     fs::copy_file(root / "run" / ("step-000020" + std::string(suffix)),
                   root / "resumed" / ("step-000020" + std::string(suffix)));
   {
-    const Config again = make_config((root / "resumed").string(), device, dtype, graph);
     auto net2 = make_net(2);  // another initialization: the checkpoint must replace all of it
-    train::Trainer resumed(again, net2, train::classification(), dev, nullptr, make_data());
+    train::Trainer resumed(make_options((root / "resumed").string(), dtype, graph), net2,
+                           train::classification(), make_data(), dev);
     resumed.resume((root / "resumed" / "step-000020.safetensors").string());
     resumed.run();
     if (weights(*net2) != final_weights)
@@ -136,15 +146,15 @@ int main(int argc, char** argv) try {
   nn::save(*net, saved, {{"note", "consumer_residual"}});
   auto loaded = make_net(3);
   loaded->to(dev);
-  if (cfg.precision.compute_dtype != DType::f32) loaded->set_compute_dtype(cfg.precision.compute_dtype);
+  if (options.precision.compute_dtype != DType::f32) loaded->set_compute_dtype(options.precision.compute_dtype);
   nn::load(*loaded, saved);
-  const data::Dataset test = make_data().test;
+  const data::Dataset test = test_set();
   std::vector<int64_t> rows(size_t(test.size));
   for (size_t i = 0; i < rows.size(); ++i) rows[i] = int64_t(i);
   auto [x, y] = test.gather(rows, dev);
   NoGradGuard no_grad;
   net->eval(), loaded->eval();
-  const Tensor xc = x.to(cfg.precision.compute_dtype);
+  const Tensor xc = x.to(options.precision.compute_dtype);
   if ((*net)(xc).to_vector() != (*loaded)(xc).to_vector())
     return fail("the loaded model's predictions differ from the trained model's");
   std::printf("consumer_residual: save -> load -> predict: %lld rows, logits bitwise equal\n",

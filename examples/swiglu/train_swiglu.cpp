@@ -68,17 +68,23 @@ int main(int argc, char** argv) try {
     else return fail("usage: train_swiglu [--device cpu|cuda] [--dtype f32|bf16|f16] [--graph]");
   }
   const fs::path dir = fs::temp_directory_path() / ("train_swiglu." + std::to_string(::getpid()));
-  const Config cfg = load_config(
-      "", {"optim.steps=120", "optim.batch_size=128", "optim.microbatches=2",
-           "optim.warmup_steps=10", "optim.lr=3e-3", "logging.every=40", "eval.every=120",
-           "checkpoint.every=120", "checkpoint.dir=" + dir.string(), "device=" + device,
-           "precision.compute_dtype=" + dtype, std::string("cuda_graph=") + (graph ? "true" : "false")});
+  train::Options o;  // every field not set here keeps its default (train/options.h)
+  o.steps = 120;
+  o.schedule.warmup_steps = 10;
+  o.optimizer.lr = 3e-3;
+  o.logging.every = 40;
+  o.eval.every = 120;
+  o.checkpoint.every = 120;
+  o.checkpoint.dir = dir.string();
+  o.precision.compute_dtype = dtype_from_name(dtype);
+  o.cuda_graph = graph;
   manual_seed(1);
   auto net = std::make_shared<GatedNet>();
-  train::Datasets data{data::make_synthetic(4000, kDim, kClasses, 1.5, 7, 0),
-                       data::make_synthetic(800, kDim, kClasses, 1.5, 7, 1)};
-  train::Trainer trainer(cfg, net, train::classification(), train::resolve_device(device), nullptr,
-                         data);
+  auto data = std::make_shared<data::ArraySource>(
+      data::make_synthetic(4000, kDim, kClasses, 1.5, 7, 0),
+      data::make_synthetic(800, kDim, kClasses, 1.5, 7, 1),
+      data::ArrayOptions{.batch_size = 128, .microbatches = 2});
+  train::Trainer trainer(o, net, train::classification(), data, train::resolve_device(device));
   const train::RunSummary run = trainer.run();
   std::printf("train_swiglu: %s %s%s: train loss %.4f, test loss %.4f, test accuracy %.4f\n",
               device.c_str(), dtype.c_str(), graph ? " cuda_graph" : "", run.train_loss,

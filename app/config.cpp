@@ -1,4 +1,4 @@
-#include "train/config.h"
+#include "app/config.h"
 
 #include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
@@ -353,7 +353,7 @@ const std::string kMaxWidthText = "must be at most " + std::to_string(kMaxWidth)
 const std::string kMaxSamplesText = "must be at most " + std::to_string(kMaxSamples);
 
 void read_model(Section s, ModelConfig& m) {
-  s.choice("kind", m.kind, {"mlp"});
+  s.choice("kind", m.kind, {"mlp", "gpt"});
   s.get("input", m.input);
   s.require("input", m.input, m.input >= 1, "must be at least 1");
   s.require("input", m.input, m.input <= kMaxWidth, kMaxWidthText);
@@ -372,11 +372,28 @@ void read_model(Section s, ModelConfig& m) {
   s.choice("norm", m.norm, {"rms_norm", "none"});
   s.choice("activation", m.activation, {"scaled_silu", "relu"});
   s.get("bias", m.bias);
+  for (auto [key, v] : {std::pair{"n_layer", &m.n_layer}, {"n_head", &m.n_head},
+                        {"n_embd", &m.n_embd}, {"block_size", &m.block_size},
+                        {"vocab_size", &m.vocab_size}}) {
+    s.get(key, *v);
+    s.require(key, *v, *v >= 1, "must be at least 1");
+    s.require(key, *v, *v <= kMaxWidth, kMaxWidthText);
+  }
+  s.require("n_embd", m.n_embd, m.n_embd % m.n_head == 0,
+            "must be divisible by model.n_head = " + std::to_string(m.n_head));
+  s.get("padded_vocab_size", m.padded_vocab_size);
+  s.require("padded_vocab_size", m.padded_vocab_size,
+            m.padded_vocab_size == 0 || (m.padded_vocab_size >= m.vocab_size &&
+                                         m.padded_vocab_size <= kMaxWidth),
+            "must be 0 (vocab_size rounded up to a multiple of 64) or in [model.vocab_size = " +
+                std::to_string(m.vocab_size) + ", " + std::to_string(kMaxWidth) + "]");
+  s.get("dropout", m.dropout);
+  s.require("dropout", m.dropout, m.dropout >= 0 && m.dropout < 1, "must be in [0, 1)");
   s.finish();
 }
 
 void read_data(Section& s, DataConfig& d) {
-  s.choice("kind", d.kind, {"synthetic", "mnist", "csv"});
+  s.choice("kind", d.kind, {"synthetic", "mnist", "csv", "text", "tokens"});
   s.get("samples", d.samples);
   s.require("samples", d.samples, d.samples >= 1, "must be at least 1");
   s.require("samples", d.samples, d.samples <= kMaxSamples, kMaxSamplesText);
@@ -395,6 +412,14 @@ void read_data(Section& s, DataConfig& d) {
             "must be in [0, 1)");
   s.get("shuffle", d.shuffle);
   s.get("seed", d.seed);
+  s.choice("tokenizer", d.tokenizer, {"bytes", "gpt2"});
+  s.get("gpt2_dir", d.gpt2_dir);
+  s.get("block_size", d.block_size);
+  s.require("block_size", d.block_size, d.block_size >= 0 && d.block_size <= kMaxWidth,
+            "must be 0 (model.block_size) or in [1, " + std::to_string(kMaxWidth) + "]");
+  s.get("eval_windows", d.eval_windows);
+  s.require("eval_windows", d.eval_windows, d.eval_windows >= 0 && d.eval_windows <= kMaxSamples,
+            "must be 0 (every held-out window) or in [1, " + std::to_string(kMaxSamples) + "]");
   s.finish();
 
   // Missing data is found now, not after the model is built.
@@ -404,8 +429,8 @@ void read_data(Section& s, DataConfig& d) {
             "no such file or directory (needed for data.kind " + d.kind + ")");
   s.require("test_path", d.test_path, d.test_path.empty() || exists(d.test_path),
             "no such file or directory");
-  // A CSV is read to its end: a device or pipe (/dev/zero) has no size that bounds that.
-  if (d.kind != "csv") return;
+  // A CSV or a text is read to its end: a device or pipe (/dev/zero) has no size that bounds that.
+  if (d.kind != "csv" && d.kind != "text") return;
   const std::string not_regular = "is not a regular file (a device or pipe may never end)";
   s.require("path", d.path, regular_file(d.path), not_regular);
   s.require("test_path", d.test_path, d.test_path.empty() || regular_file(d.test_path),
@@ -542,6 +567,14 @@ Config read_config(const Origin& origin, const YAML::Node& root) {
   read_data(data, c.data);
   read_optim(top.section("optim"), c.optim);
   check_synthetic_sizes(data, c.data, c.optim);
+  // A GPT trains on token data and token data trains a GPT; its windows fit the model.
+  const bool tokens = c.data.kind == "text" || c.data.kind == "tokens";
+  data.require("kind", c.data.kind, tokens == (c.model.kind == "gpt"),
+               tokens ? "trains a model.kind gpt, but model.kind is " + c.model.kind
+                      : "is not token data; model.kind gpt trains on data.kind text or tokens");
+  data.require("block_size", c.data.block_size, c.data.block_size <= c.model.block_size,
+               "is larger than the model's block_size " + std::to_string(c.model.block_size) +
+                   " (its position table has that many rows)");
   read_precision(top.section("precision"), c.precision, c.device);
   read_eval(top.section("eval"), c.eval);
   read_checkpoint(top.section("checkpoint"), c.checkpoint);
@@ -757,6 +790,13 @@ std::string to_yaml(const Config& c) {
     << "  norm: " << quote(c.model.norm) << "\n"
     << "  activation: " << quote(c.model.activation) << "\n"
     << "  bias: " << flag(c.model.bias) << "\n"
+    << "  n_layer: " << c.model.n_layer << "\n"
+    << "  n_head: " << c.model.n_head << "\n"
+    << "  n_embd: " << c.model.n_embd << "\n"
+    << "  block_size: " << c.model.block_size << "\n"
+    << "  vocab_size: " << c.model.vocab_size << "\n"
+    << "  padded_vocab_size: " << c.model.padded_vocab_size << "\n"
+    << "  dropout: " << num(c.model.dropout) << "\n"
     << "data:\n"
     << "  kind: " << quote(c.data.kind) << "\n"
     << "  samples: " << c.data.samples << "\n"
@@ -769,6 +809,10 @@ std::string to_yaml(const Config& c) {
     << "  val_fraction: " << num(c.data.val_fraction) << "\n"
     << "  shuffle: " << flag(c.data.shuffle) << "\n"
     << "  seed: " << c.data.seed << "\n"
+    << "  tokenizer: " << quote(c.data.tokenizer) << "\n"
+    << "  gpt2_dir: " << quote(c.data.gpt2_dir) << "\n"
+    << "  block_size: " << c.data.block_size << "\n"
+    << "  eval_windows: " << c.data.eval_windows << "\n"
     << "optim:\n"
     << "  name: " << quote(c.optim.name) << "\n"
     << "  lr: " << num(c.optim.lr) << "\n"

@@ -22,10 +22,6 @@
 
 namespace mt {
 
-struct ConfigError : Error {
-  using Error::Error;
-};
-
 // Upper bounds of the size keys. Far above any model this trainer is for, and low enough that
 // every product formed from them (samples x input, input x width, batch x width) fits in 64 bits
 // with room to spare; whether a model of that size fits in memory is the trainer's check.
@@ -34,21 +30,25 @@ inline constexpr size_t kMaxLayers = 1024;               // entries of model.hid
 inline constexpr int64_t kMaxSamples = int64_t(1) << 32;  // data.samples, optim/eval.batch_size
 inline constexpr size_t kMaxConfigBytes = size_t(16) << 20;  // a config file: 16 MiB
 
-// The model the `train` program builds (train/models.h). A trainer given a model of its own still
+// The model the `train` program builds (app/models.h). A trainer given a model of its own still
 // reads input and classes here: they shape the synthetic data.
 struct ModelConfig {
-  std::string kind = "mlp";                // mlp (the only kind so far)
+  std::string kind = "mlp";                // mlp | gpt (nn/gpt.h; trains on data.kind text or tokens)
   int64_t input = 32;                        // features per sample
   std::vector<int64_t> hidden = {128, 128};  // hidden layer widths; empty = a linear model
   int64_t classes = 8;
   std::string norm = "rms_norm";           // rms_norm | none
   std::string activation = "scaled_silu";  // scaled_silu | relu
   bool bias = true;
+  // gpt only (nn::GPTConfig): the model's shape; padded_vocab_size 0 rounds vocab_size up to 64s.
+  int64_t n_layer = 4, n_head = 4, n_embd = 128, block_size = 64;
+  int64_t vocab_size = 256, padded_vocab_size = 0;
+  double dropout = 0.0;
   bool operator==(const ModelConfig&) const = default;
 };
 
 struct DataConfig {
-  std::string kind = "synthetic";  // synthetic | mnist | csv
+  std::string kind = "synthetic";  // synthetic | mnist | csv | text | tokens (token data: a GPT's)
   int64_t samples = 20000;         // synthetic only
   double noise = 0.1;              // synthetic only
   std::string path;                // mnist / csv: the training data
@@ -58,7 +58,12 @@ struct DataConfig {
   bool standardize = false;        // features to mean 0, std 1 by the training split's statistics
   double val_fraction = 0.1;       // share of the training data held out for validation
   bool shuffle = true;
-  uint64_t seed = 1;  // shuffling and the synthetic data
+  uint64_t seed = 1;  // shuffling and the synthetic data; for token data, the windows drawn
+  // text and tokens (data/token_source.h): path is a text file (text) or an llm.c shard (tokens)
+  std::string tokenizer = "bytes";       // text: bytes | gpt2
+  std::string gpt2_dir = "assets/gpt2";  // gpt2: the folder of encoder.json and vocab.bpe
+  int64_t block_size = 0;                // tokens per window; 0: model.block_size
+  int64_t eval_windows = 256;            // validation windows (0: all of the held-out part)
   bool operator==(const DataConfig&) const = default;
 };
 

@@ -1,5 +1,5 @@
-// The data a config's `data` section names (train/config.h), read through the loaders of data/.
-#include "train/config.h"
+// The data a config's `data` section names (app/config.h), read through the loaders of data/.
+#include "app/config.h"
 
 #include "data/csv.h"
 #include "data/data.h"

@@ -13,9 +13,9 @@
 #include <string>
 
 #include "core/device.h"
-#include "train/config.h"
+#include "app/config.h"
 
-namespace mt::train {
+namespace mt::app {
 
 struct MemoryEstimate {
   double state = 0;        // bytes: parameters, gradients, optimizer state, compute-dtype weights
@@ -38,4 +38,4 @@ void check_memory(const Config& c, Device device, int world = 1);
 // "1.5 GiB": a byte count for messages.
 std::string format_bytes(double bytes);
 
-}  // namespace mt::train
+}  // namespace mt::app

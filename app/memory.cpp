@@ -1,4 +1,4 @@
-#include "train/memory.h"
+#include "app/memory.h"
 
 #include <unistd.h>
 
@@ -10,7 +10,7 @@
 #include "core/cuda/runtime.h"
 #endif
 
-namespace mt::train {
+namespace mt::app {
 
 MemoryEstimate estimate_memory(const Config& c, int world) {
   const ModelConfig& m = c.model;
@@ -93,4 +93,4 @@ void check_memory(const Config& c, Device device, int world) {
   if (e.data > host) refuse(e.data, "the host", data, host, "physical memory");
 }
 
-}  // namespace mt::train
+}  // namespace mt::app
