@@ -127,3 +127,41 @@ TEST(LayerNorm, BadArgumentsAreClearErrors) {
   expect_error([&] { layer_norm(random_leaf({3, 0}), random_leaf({0}), random_leaf({0})); },
                {"layer_norm", "x", "[3, 0]"});
 }
+
+// Many rows per warp (the backward's persistent grid strides over 20000 rows) at GPT-2's width,
+// and a width off the pack (the block layout and its row-chunk partials): CUDA against the CPU
+// on the same rounded inputs, and bitwise equal run to run.
+TEST(CudaLayerNorm, ManyRowsBothLayoutsMatchTheCpuAndRepeatBitwise) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device: CUDA tests skipped";
+  const Device gpu = cuda_device(0);
+  for (int64_t d : {int64_t(768), int64_t(770)})
+    for (DType dt : {DType::f32, DType::bf16}) {
+      manual_seed(7);
+      const int64_t rows = 20000;
+      Tensor x = randn({rows, d}).to(dt), up = randn({rows, d}).to(dt);
+      Tensor w = rand({d}), b = randn({d});
+      auto run = [&](Device dev) {
+        Tensor xl = x.to(dev), wl = w.to(dev), bl = b.to(dev);
+        xl.set_requires_grad();
+        wl.set_requires_grad();
+        bl.set_requires_grad();
+        Tensor y = layer_norm(xl, wl, bl);
+        y.backward(up.to(dev));
+        return std::vector<std::vector<double>>{y.to_vector(), xl.grad().to_vector(),
+                                                wl.grad().to_vector(), bl.grad().to_vector()};
+      };
+      const auto cpu = run(kCPU), g1 = run(gpu), g2 = run(gpu);
+      const char* names[] = {"y", "dx", "dweight", "dbias"};
+      for (size_t k = 0; k < 4; ++k) {
+        EXPECT_EQ(g1[k], g2[k]) << names[k] << " d=" << d << " " << dtype_name(dt)
+                                << ": not bitwise repeatable";
+        double err = 0, scale = 0;
+        for (size_t i = 0; i < cpu[k].size(); ++i) {
+          err = std::max(err, std::abs(g1[k][i] - cpu[k][i]));
+          scale = std::max(scale, std::abs(cpu[k][i]));
+        }
+        EXPECT_LE(err, (dt == DType::f32 ? 1e-4 : 2e-2) * scale)
+            << names[k] << " d=" << d << " " << dtype_name(dt);
+      }
+    }
+}
