@@ -57,4 +57,4 @@
 #include "app/config.h"
 #include "app/config_trainer.h"
 #include "app/inference.h"
-#include "app/models.h"
+#include "app/registry.h"

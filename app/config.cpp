@@ -17,6 +17,8 @@
 #include <string_view>
 #include <utility>
 
+#include "app/registry.h"
+
 namespace mt {
 namespace {
 
@@ -349,241 +351,6 @@ bool regular_file(const std::string& path) {
   return std::filesystem::is_regular_file(path, ec);
 }
 
-const std::string kMaxWidthText = "must be at most " + std::to_string(kMaxWidth);
-const std::string kMaxSamplesText = "must be at most " + std::to_string(kMaxSamples);
-
-void read_model(Section s, ModelConfig& m) {
-  s.choice("kind", m.kind, {"mlp", "gpt"});
-  s.get("input", m.input);
-  s.require("input", m.input, m.input >= 1, "must be at least 1");
-  s.require("input", m.input, m.input <= kMaxWidth, kMaxWidthText);
-  s.get("hidden", m.hidden);
-  if (m.hidden.size() > kMaxLayers)
-    s.fail("hidden", "at most " + std::to_string(kMaxLayers) + " hidden layers, got " +
-                         std::to_string(m.hidden.size()));
-  for (size_t i = 0; i < m.hidden.size(); ++i) {
-    s.require_item("hidden", i, m.hidden[i], m.hidden[i] >= 1, "layer widths must be at least 1");
-    s.require_item("hidden", i, m.hidden[i], m.hidden[i] <= kMaxWidth,
-                   "layer widths " + kMaxWidthText);
-  }
-  s.get("classes", m.classes);
-  s.require("classes", m.classes, m.classes >= 2, "must be at least 2");
-  s.require("classes", m.classes, m.classes <= kMaxWidth, kMaxWidthText);
-  s.choice("norm", m.norm, {"rms_norm", "none"});
-  s.choice("activation", m.activation, {"scaled_silu", "relu"});
-  s.get("bias", m.bias);
-  for (auto [key, v] : {std::pair{"n_layer", &m.n_layer}, {"n_head", &m.n_head},
-                        {"n_embd", &m.n_embd}, {"block_size", &m.block_size},
-                        {"vocab_size", &m.vocab_size}}) {
-    s.get(key, *v);
-    s.require(key, *v, *v >= 1, "must be at least 1");
-    s.require(key, *v, *v <= kMaxWidth, kMaxWidthText);
-  }
-  s.require("n_embd", m.n_embd, m.n_embd % m.n_head == 0,
-            "must be divisible by model.n_head = " + std::to_string(m.n_head));
-  s.get("padded_vocab_size", m.padded_vocab_size);
-  s.require("padded_vocab_size", m.padded_vocab_size,
-            m.padded_vocab_size == 0 || (m.padded_vocab_size >= m.vocab_size &&
-                                         m.padded_vocab_size <= kMaxWidth),
-            "must be 0 (vocab_size rounded up to a multiple of 64) or in [model.vocab_size = " +
-                std::to_string(m.vocab_size) + ", " + std::to_string(kMaxWidth) + "]");
-  s.get("dropout", m.dropout);
-  s.require("dropout", m.dropout, m.dropout >= 0 && m.dropout < 1, "must be in [0, 1)");
-  s.finish();
-}
-
-void read_data(Section& s, DataConfig& d) {
-  s.choice("kind", d.kind, {"synthetic", "mnist", "csv", "text", "tokens"});
-  s.get("samples", d.samples);
-  s.require("samples", d.samples, d.samples >= 1, "must be at least 1");
-  s.require("samples", d.samples, d.samples <= kMaxSamples, kMaxSamplesText);
-  s.get("noise", d.noise);
-  s.require("noise", d.noise, d.noise >= 0, "must be >= 0");
-  s.get("path", d.path);
-  s.get("test_path", d.test_path);
-  s.get("label_column", d.label_column);
-  s.require("label_column", d.label_column, d.label_column >= -1,
-            "must be -1 (the last column) or a column index from 0");
-  s.require("label_column", d.label_column, d.label_column <= kMaxWidth, kMaxWidthText);
-  s.choice("header", d.header, {"auto", "true", "false"});
-  s.get("standardize", d.standardize);
-  s.get("val_fraction", d.val_fraction);
-  s.require("val_fraction", d.val_fraction, d.val_fraction >= 0 && d.val_fraction < 1,
-            "must be in [0, 1)");
-  s.get("shuffle", d.shuffle);
-  s.get("seed", d.seed);
-  s.choice("tokenizer", d.tokenizer, {"bytes", "gpt2"});
-  s.get("gpt2_dir", d.gpt2_dir);
-  s.get("block_size", d.block_size);
-  s.require("block_size", d.block_size, d.block_size >= 0 && d.block_size <= kMaxWidth,
-            "must be 0 (model.block_size) or in [1, " + std::to_string(kMaxWidth) + "]");
-  s.get("eval_windows", d.eval_windows);
-  s.require("eval_windows", d.eval_windows, d.eval_windows >= 0 && d.eval_windows <= kMaxSamples,
-            "must be 0 (every held-out window) or in [1, " + std::to_string(kMaxSamples) + "]");
-  s.finish();
-
-  // Missing data is found now, not after the model is built.
-  if (d.kind == "synthetic") return;
-  s.require("path", d.path, !d.path.empty(), "is required for data.kind " + d.kind);
-  s.require("path", d.path, exists(d.path),
-            "no such file or directory (needed for data.kind " + d.kind + ")");
-  s.require("test_path", d.test_path, d.test_path.empty() || exists(d.test_path),
-            "no such file or directory");
-  // A CSV or a text is read to its end: a device or pipe (/dev/zero) has no size that bounds that.
-  if (d.kind != "csv" && d.kind != "text") return;
-  const std::string not_regular = "is not a regular file (a device or pipe may never end)";
-  s.require("path", d.path, regular_file(d.path), not_regular);
-  s.require("test_path", d.test_path, d.test_path.empty() || regular_file(d.test_path),
-            not_regular);
-}
-
-// The generated data's sizes follow from the config alone, so too few samples is a config error
-// now, not a failure after start-up (file data is checked by the trainer once it is loaded).
-void check_synthetic_sizes(Section& s, const DataConfig& d, const OptimConfig& o) {
-  if (d.kind != "synthetic") return;
-  s.require("samples", d.samples, synthetic_test_samples(d.samples) >= 1,
-            "must be at least 5 for synthetic data, which draws a fifth as many for the test set");
-  const int64_t val = data::validation_samples(d.samples, d.val_fraction);
-  s.require("val_fraction", d.val_fraction, d.val_fraction == 0 || val >= 1,
-            "must hold out at least one of data.samples = " + std::to_string(d.samples) +
-                " (or be 0 for no validation)");
-  s.require("samples", d.samples, d.samples - val >= o.batch_size,
-            "must leave optim.batch_size = " + std::to_string(o.batch_size) +
-                " samples for training after data.val_fraction holds out " + std::to_string(val));
-}
-
-void read_optim(Section s, OptimConfig& o) {
-  s.choice("name", o.name, {"adamw", "sgd"});
-  s.get("lr", o.lr);
-  s.require("lr", o.lr, o.lr > 0, "must be > 0");
-  s.get("weight_decay", o.weight_decay);
-  s.require("weight_decay", o.weight_decay, o.weight_decay >= 0, "must be >= 0");
-  s.get("betas", o.betas);
-  for (size_t i = 0; i < 2; ++i)
-    s.require_item("betas", i, o.betas[i], o.betas[i] >= 0 && o.betas[i] < 1, "must be in [0, 1)");
-  s.get("eps", o.eps);
-  s.require("eps", o.eps, o.eps > 0, "must be > 0");
-  s.get("momentum", o.momentum);
-  s.require("momentum", o.momentum, o.momentum >= 0 && o.momentum < 1, "must be in [0, 1)");
-  s.get("nesterov", o.nesterov);
-  s.get("shard_state", o.shard_state);
-  s.choice("schedule", o.schedule, {"constant", "cosine"});
-  s.get("warmup_steps", o.warmup_steps);
-  s.require("warmup_steps", o.warmup_steps, o.warmup_steps >= 0, "must be >= 0");
-  s.get("min_lr", o.min_lr);
-  s.require("min_lr", o.min_lr, o.min_lr >= 0, "must be >= 0");
-  s.get("steps", o.steps);
-  s.require("steps", o.steps, o.steps >= 1, "must be at least 1");
-  s.get("epochs", o.epochs);
-  s.require("epochs", o.epochs, o.epochs >= 0, "must be >= 0 (0: optim.steps sets the length)");
-  s.require("epochs", o.epochs, o.epochs <= kMaxSamples, kMaxSamplesText);
-  s.get("batch_size", o.batch_size);
-  s.require("batch_size", o.batch_size, o.batch_size >= 1, "must be at least 1");
-  s.require("batch_size", o.batch_size, o.batch_size <= kMaxSamples, kMaxSamplesText);
-  s.get("microbatches", o.microbatches);
-  s.require("microbatches", o.microbatches, o.microbatches >= 1, "must be at least 1");
-  s.get("clip_norm", o.clip_norm);
-  s.require("clip_norm", o.clip_norm, o.clip_norm >= 0, "must be >= 0 (0 turns clipping off)");
-  s.finish();
-
-  // Checks between keys come after finish(), so a misspelled key is reported as that rather than
-  // as a conflict with the default it failed to replace.
-  s.require("microbatches", o.microbatches, o.microbatches <= o.batch_size,
-            "must not exceed optim.batch_size = " + std::to_string(o.batch_size));
-  s.require("min_lr", o.min_lr, o.min_lr <= o.lr,
-            "must not exceed optim.lr = " + format_double(o.lr));
-  if (o.name == "sgd" && o.nesterov && o.momentum == 0)
-    s.fail("nesterov", "needs optim.momentum > 0");
-  if (o.shard_state && o.name != "adamw") s.fail("shard_state", "shards AdamW's state: needs optim.name adamw");
-}
-
-void read_precision(Section s, PrecisionConfig& p, const std::string& device) {
-  std::string dtype = dtype_name(p.compute_dtype);
-  s.choice("compute_dtype", dtype, {"f64", "f32", "bf16", "f16"});
-  for (DType t : {DType::f64, DType::f32, DType::bf16, DType::f16})
-    if (dtype == dtype_name(t)) p.compute_dtype = t;
-  s.get("deterministic", p.deterministic);
-  s.get("gemm_autotune", p.gemm_autotune);
-
-  const YAML::Node ls = s.at("loss_scale");
-  if (ls) {
-    double v = 0;
-    if (ls.IsScalar() && (ls.Scalar() == "dynamic" || ls.Scalar() == "none")) {
-      p.loss_scale = ls.Scalar();
-      p.fixed_loss_scale = 0;
-    } else if (ls.IsScalar() && parse_double(ls.Scalar(), v) && v > 0) {
-      p.loss_scale = "fixed";
-      p.fixed_loss_scale = v;
-    } else {
-      s.fail("loss_scale", "expected dynamic, none or a positive number, got " + describe(ls));
-    }
-  }
-  s.get("initial_scale", p.initial_scale);
-  s.require("initial_scale", p.initial_scale, p.initial_scale >= 1, "must be at least 1");
-  s.get("growth_interval", p.growth_interval);
-  s.require("growth_interval", p.growth_interval, p.growth_interval >= 1, "must be at least 1");
-  s.finish();
-
-  if (p.compute_dtype == DType::f64 && device.starts_with("cuda"))
-    s.fail("compute_dtype", "f64 runs on the CPU only, but device is " + device);
-}
-
-void read_eval(Section s, EvalConfig& e) {
-  s.get("every", e.every);
-  s.require("every", e.every, e.every >= 1, "must be at least 1");
-  s.get("batch_size", e.batch_size);
-  s.require("batch_size", e.batch_size, e.batch_size >= 1, "must be at least 1");
-  s.require("batch_size", e.batch_size, e.batch_size <= kMaxSamples, kMaxSamplesText);
-  s.finish();
-}
-
-void read_checkpoint(Section s, CheckpointConfig& c) {
-  s.get("dir", c.dir);
-  s.require("dir", c.dir, !c.dir.empty(), "must not be empty");
-  s.get("every", c.every);
-  s.require("every", c.every, c.every >= 1, "must be at least 1");
-  s.get("keep_last", c.keep_last);
-  s.require("keep_last", c.keep_last, c.keep_last >= 1, "must be at least 1");
-  s.get("overwrite", c.overwrite);
-  s.finish();
-}
-
-void read_logging(Section s, LoggingConfig& l) {
-  s.get("every", l.every);
-  s.require("every", l.every, l.every >= 1, "must be at least 1");
-  s.get("metrics", l.metrics);
-  s.get("curve", l.curve);
-  s.finish();
-}
-
-Config read_config(const Origin& origin, const YAML::Node& root) {
-  Config c;
-  Section top(origin, root, "");
-  top.get("seed", c.seed);
-  top.get("device", c.device);
-  top.require("device", c.device, valid_device(c.device), "expected auto, cpu, cuda or cuda:N");
-  read_model(top.section("model"), c.model);
-  Section data = top.section("data");
-  read_data(data, c.data);
-  read_optim(top.section("optim"), c.optim);
-  check_synthetic_sizes(data, c.data, c.optim);
-  // A GPT trains on token data and token data trains a GPT; its windows fit the model.
-  const bool tokens = c.data.kind == "text" || c.data.kind == "tokens";
-  data.require("kind", c.data.kind, tokens == (c.model.kind == "gpt"),
-               tokens ? "trains a model.kind gpt, but model.kind is " + c.model.kind
-                      : "is not token data; model.kind gpt trains on data.kind text or tokens");
-  data.require("block_size", c.data.block_size, c.data.block_size <= c.model.block_size,
-               "is larger than the model's block_size " + std::to_string(c.model.block_size) +
-                   " (its position table has that many rows)");
-  read_precision(top.section("precision"), c.precision, c.device);
-  read_eval(top.section("eval"), c.eval);
-  read_checkpoint(top.section("checkpoint"), c.checkpoint);
-  read_logging(top.section("logging"), c.logging);
-  top.get("cuda_graph", c.cuda_graph);
-  top.finish();
-  return c;
-}
-
 // Merges the mapping `from` into the mapping `into`, key by key: a mapping into a mapping merges
 // further down, anything else (a scalar, a list) replaces. `leaves` collects the key path of
 // every value set, so that messages name the --set that gave each one.
@@ -700,6 +467,610 @@ std::string quote(const std::string& s) {
   return q + "\"";
 }
 
+// ---- the schema: every key of the config, once ------------------------------------------------
+// Each row says where a key is, what the reference (docs/config.md) says of it, how it is read
+// (with the checks of its value alone) and how it is written back: parse_config, to_yaml (so
+// --print-config) and reference_table() all go through these rows, so a key cannot be parsed but
+// not printed or documented. Checks between keys follow each section (read_config); the keys a
+// model or data kind adds are the kind's own (app/registry.h), read after the section's rows.
+
+const std::string kMaxWidthText = "must be at most " + std::to_string(kMaxWidth);
+const std::string kMaxSamplesText = "must be at most " + std::to_string(kMaxSamples);
+
+std::string flag(bool b) { return b ? "true" : "false"; }
+
+std::string ints(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+// A registered kind; the message lists the documented ones (a test's own kinds are accepted but
+// not offered), the suggestion may name any.
+template <class Kind>
+void read_kind(Section& s, std::string& kind, const std::vector<const Kind*>& kinds) {
+  s.get("kind", kind);
+  std::vector<std::string> names;
+  std::string list;
+  for (const Kind* k : kinds) {
+    if (k->name == kind) return;
+    names.push_back(k->name);
+    if (k->documented) list += (list.empty() ? "" : ", ") + k->name;
+  }
+  s.fail("kind", "expected one of " + list + ", got '" + kind + "'", suggestion(kind, names, ""));
+}
+
+void read_model_kind(Section& s, Config& c) { read_kind(s, c.model.kind, app::model_kinds()); }
+void read_data_kind(Section& s, Config& c) { read_kind(s, c.data.kind, app::data_kinds()); }
+
+void read_model_hidden(Section& s, Config& c) {
+  std::vector<int64_t>& hidden = c.model.hidden;
+  s.get("hidden", hidden);
+  if (hidden.size() > kMaxLayers)
+    s.fail("hidden", "at most " + std::to_string(kMaxLayers) + " hidden layers, got " +
+                         std::to_string(hidden.size()));
+  for (size_t i = 0; i < hidden.size(); ++i) {
+    s.require_item("hidden", i, hidden[i], hidden[i] >= 1, "layer widths must be at least 1");
+    s.require_item("hidden", i, hidden[i], hidden[i] <= kMaxWidth, "layer widths " + kMaxWidthText);
+  }
+}
+
+void read_loss_scale(Section& s, PrecisionConfig& p) {
+  const YAML::Node ls = s.at("loss_scale");
+  if (!ls) return;
+  double v = 0;
+  if (ls.IsScalar() && (ls.Scalar() == "dynamic" || ls.Scalar() == "none")) {
+    p.loss_scale = ls.Scalar();
+    p.fixed_loss_scale = 0;
+  } else if (ls.IsScalar() && parse_double(ls.Scalar(), v) && v > 0) {
+    p.loss_scale = "fixed";
+    p.fixed_loss_scale = v;
+  } else {
+    s.fail("loss_scale", "expected dynamic, none or a positive number, got " + describe(ls));
+  }
+}
+
+struct Row {
+  const char* section;  // "" for the top level
+  const char* key;
+  const char* type;  // the reference's columns
+  const char* meaning;
+  const char* constraints;
+  void (*read)(Section& s, Config& c);  // `s` is the row's section
+  std::string (*write)(const Config& c);  // the value as YAML
+};
+
+const std::vector<Row>& rows() {
+  static const std::vector<Row> all = {
+    {"", "seed", "int",
+     "seed for parameter initialization",
+     "≥ 0",
+     [](Section& s, Config& c) {
+      s.get("seed", c.seed);
+     },
+     [](const Config& c) -> std::string { return std::to_string(c.seed); }},
+    {"", "device", "string",
+     "where to train; `auto` picks the first GPU if there is one",
+     "`auto`, `cpu`, `cuda`, `cuda:N`",
+     [](Section& s, Config& c) {
+      s.get("device", c.device);
+      s.require("device", c.device, valid_device(c.device), "expected auto, cpu, cuda or cuda:N");
+     },
+     [](const Config& c) -> std::string { return quote(c.device); }},
+    {"model", "kind", "string",
+     "the model `train` builds: a registered model kind (`app/registry.h`), which reads the keys below and may add its own; a program that hands the trainer its own model still sets `model.input` and `model.classes` for synthetic data",
+     "`mlp`",
+     [](Section& s, Config& c) {
+      read_model_kind(s, c);
+     },
+     [](const Config& c) -> std::string { return quote(c.model.kind); }},
+    {"model", "input", "int",
+     "features per sample",
+     "1 … 2^24",
+     [](Section& s, Config& c) {
+      s.get("input", c.model.input);
+      s.require("input", c.model.input, c.model.input >= 1, "must be at least 1");
+      s.require("input", c.model.input, c.model.input <= kMaxWidth, kMaxWidthText);
+     },
+     [](const Config& c) -> std::string { return std::to_string(c.model.input); }},
+    {"model", "hidden", "list of int",
+     "hidden layer widths; `[]` is a linear model",
+     "at most 1024 layers, each 1 … 2^24",
+     [](Section& s, Config& c) {
+      read_model_hidden(s, c);
+     },
+     [](const Config& c) -> std::string { return ints(c.model.hidden); }},
+    {"model", "classes", "int",
+     "output classes",
+     "2 … 2^24",
+     [](Section& s, Config& c) {
+      s.get("classes", c.model.classes);
+      s.require("classes", c.model.classes, c.model.classes >= 2, "must be at least 2");
+      s.require("classes", c.model.classes, c.model.classes <= kMaxWidth, kMaxWidthText);
+     },
+     [](const Config& c) -> std::string { return std::to_string(c.model.classes); }},
+    {"model", "norm", "string",
+     "normalization in each hidden layer",
+     "`rms_norm`, `none`",
+     [](Section& s, Config& c) {
+      s.choice("norm", c.model.norm, {"rms_norm", "none"});
+     },
+     [](const Config& c) -> std::string { return quote(c.model.norm); }},
+    {"model", "activation", "string",
+     "activation after each hidden layer",
+     "`scaled_silu`, `relu`",
+     [](Section& s, Config& c) {
+      s.choice("activation", c.model.activation, {"scaled_silu", "relu"});
+     },
+     [](const Config& c) -> std::string { return quote(c.model.activation); }},
+    {"model", "bias", "bool",
+     "linear layers have a bias",
+     "",
+     [](Section& s, Config& c) {
+      s.get("bias", c.model.bias);
+     },
+     [](const Config& c) -> std::string { return flag(c.model.bias); }},
+    {"data", "kind", "string",
+     "where samples come from: a registered data kind (`app/registry.h`), which may add keys of its own",
+     "`synthetic`, `mnist`, `csv`",
+     [](Section& s, Config& c) {
+      read_data_kind(s, c);
+     },
+     [](const Config& c) -> std::string { return quote(c.data.kind); }},
+    {"data", "samples", "int",
+     "synthetic: number of training samples generated (and a fifth as many for the test set)",
+     "1 … 2^32; synthetic: ≥ 5, and ≥ `optim.batch_size` after `val_fraction`",
+     [](Section& s, Config& c) {
+      s.get("samples", c.data.samples);
+      s.require("samples", c.data.samples, c.data.samples >= 1, "must be at least 1");
+      s.require("samples", c.data.samples, c.data.samples <= kMaxSamples, kMaxSamplesText);
+     },
+     [](const Config& c) -> std::string { return std::to_string(c.data.samples); }},
+    {"data", "noise", "number",
+     "synthetic: noise added to the features",
+     "≥ 0",
+     [](Section& s, Config& c) {
+      s.get("noise", c.data.noise);
+      s.require("noise", c.data.noise, c.data.noise >= 0, "must be >= 0");
+     },
+     [](const Config& c) -> std::string { return format_number(c.data.noise); }},
+    {"data", "path", "string",
+     "mnist / csv: the training data",
+     "must exist for `mnist` and `csv`; a regular file for `csv`",
+     [](Section& s, Config& c) {
+      s.get("path", c.data.path);
+     },
+     [](const Config& c) -> std::string { return quote(c.data.path); }},
+    {"data", "test_path", "string",
+     "mnist / csv: optional held-out test data",
+     "must exist if set; a regular file for `csv`",
+     [](Section& s, Config& c) {
+      s.get("test_path", c.data.test_path);
+     },
+     [](const Config& c) -> std::string { return quote(c.data.test_path); }},
+    {"data", "label_column", "int",
+     "csv: column holding the label, from 0; `-1` = last",
+     "-1 … 2^24",
+     [](Section& s, Config& c) {
+      s.get("label_column", c.data.label_column);
+      s.require("label_column", c.data.label_column, c.data.label_column >= -1,
+                "must be -1 (the last column) or a column index from 0");
+      s.require("label_column", c.data.label_column, c.data.label_column <= kMaxWidth, kMaxWidthText);
+     },
+     [](const Config& c) -> std::string { return std::to_string(c.data.label_column); }},
+    {"data", "header", "string",
+     "csv: whether the first line is a header to skip; `auto` decides for each file (train, test, predict's input) on its own: a first line with no number in it is a header",
+     "`auto`, `true`, `false`",
+     [](Section& s, Config& c) {
+      s.choice("header", c.data.header, {"auto", "true", "false"});
+     },
+     [](const Config& c) -> std::string { return c.data.header; }},
+    {"data", "standardize", "bool",
+     "scale every feature to mean 0, std 1 with the mean and (population) std of the training split, never the validation or test rows; the statistics are saved in each checkpoint and `train eval` / `train predict` apply them to their data",
+     "",
+     [](Section& s, Config& c) {
+      s.get("standardize", c.data.standardize);
+     },
+     [](const Config& c) -> std::string { return flag(c.data.standardize); }},
+    {"data", "val_fraction", "number",
+     "share of the training data held out for validation (`round(val_fraction · size)` samples)",
+     "in [0, 1); if > 0 it must hold out at least one sample",
+     [](Section& s, Config& c) {
+      s.get("val_fraction", c.data.val_fraction);
+      s.require("val_fraction", c.data.val_fraction, c.data.val_fraction >= 0 && c.data.val_fraction < 1,
+                "must be in [0, 1)");
+     },
+     [](const Config& c) -> std::string { return format_number(c.data.val_fraction); }},
+    {"data", "shuffle", "bool",
+     "reshuffle the training data every epoch",
+     "",
+     [](Section& s, Config& c) {
+      s.get("shuffle", c.data.shuffle);
+     },
+     [](const Config& c) -> std::string { return flag(c.data.shuffle); }},
+    {"data", "seed", "int",
+     "seed for shuffling and for the synthetic data",
+     "≥ 0",
+     [](Section& s, Config& c) {
+      s.get("seed", c.data.seed);
+     },
+     [](const Config& c) -> std::string { return std::to_string(c.data.seed); }},
+    {"optim", "name", "string",
+     "optimizer",
+     "`adamw`, `sgd`",
+     [](Section& s, Config& c) {
+      s.choice("name", c.optim.name, {"adamw", "sgd"});
+     },
+     [](const Config& c) -> std::string { return quote(c.optim.name); }},
+    {"optim", "lr", "number",
+     "peak learning rate",
+     "> 0",
+     [](Section& s, Config& c) {
+      s.get("lr", c.optim.lr);
+      s.require("lr", c.optim.lr, c.optim.lr > 0, "must be > 0");
+     },
+     [](const Config& c) -> std::string { return format_number(c.optim.lr); }},
+    {"optim", "weight_decay", "number",
+     "weight decay (decoupled for AdamW)",
+     "≥ 0",
+     [](Section& s, Config& c) {
+      s.get("weight_decay", c.optim.weight_decay);
+      s.require("weight_decay", c.optim.weight_decay, c.optim.weight_decay >= 0, "must be >= 0");
+     },
+     [](const Config& c) -> std::string { return format_number(c.optim.weight_decay); }},
+    {"optim", "betas", "[number, number]",
+     "AdamW moment decay rates",
+     "each in [0, 1)",
+     [](Section& s, Config& c) {
+      s.get("betas", c.optim.betas);
+      for (size_t i = 0; i < 2; ++i)
+        s.require_item("betas", i, c.optim.betas[i], c.optim.betas[i] >= 0 && c.optim.betas[i] < 1,
+                       "must be in [0, 1)");
+     },
+     [](const Config& c) -> std::string { return "[" + format_number(c.optim.betas[0]) + ", " + format_number(c.optim.betas[1]) + "]"; }},
+    {"optim", "eps", "number",
+     "AdamW denominator epsilon",
+     "> 0",
+     [](Section& s, Config& c) {
+      s.get("eps", c.optim.eps);
+      s.require("eps", c.optim.eps, c.optim.eps > 0, "must be > 0");
+     },
+     [](const Config& c) -> std::string { return format_number(c.optim.eps); }},
+    {"optim", "momentum", "number",
+     "SGD momentum",
+     "in [0, 1)",
+     [](Section& s, Config& c) {
+      s.get("momentum", c.optim.momentum);
+      s.require("momentum", c.optim.momentum, c.optim.momentum >= 0 && c.optim.momentum < 1, "must be in [0, 1)");
+     },
+     [](const Config& c) -> std::string { return format_number(c.optim.momentum); }},
+    {"optim", "nesterov", "bool",
+     "SGD Nesterov momentum",
+     "needs `momentum` > 0",
+     [](Section& s, Config& c) {
+      s.get("nesterov", c.optim.nesterov);
+     },
+     [](const Config& c) -> std::string { return flag(c.optim.nesterov); }},
+    {"optim", "shard_state", "bool",
+     "data parallel: shard AdamW's state over the ranks (ZeRO-1, [distributed.md](distributed.md#zero-1-sharded-optimizer-state))",
+     "needs `name: adamw`",
+     [](Section& s, Config& c) {
+      s.get("shard_state", c.optim.shard_state);
+     },
+     [](const Config& c) -> std::string { return flag(c.optim.shard_state); }},
+    {"optim", "schedule", "string",
+     "learning-rate schedule after warmup",
+     "`constant`, `cosine`",
+     [](Section& s, Config& c) {
+      s.choice("schedule", c.optim.schedule, {"constant", "cosine"});
+     },
+     [](const Config& c) -> std::string { return quote(c.optim.schedule); }},
+    {"optim", "warmup_steps", "int",
+     "linear warmup: step s < warmup uses `lr · (s + 1) / warmup_steps`; one longer than the run is shortened to the run's length, with a warning (so `--set optim.steps=10` is a smoke run)",
+     "≥ 0",
+     [](Section& s, Config& c) {
+      s.get("warmup_steps", c.optim.warmup_steps);
+      s.require("warmup_steps", c.optim.warmup_steps, c.optim.warmup_steps >= 0, "must be >= 0");
+     },
+     [](const Config& c) -> std::string { return std::to_string(c.optim.warmup_steps); }},
+    {"optim", "min_lr", "number",
+     "where the cosine schedule ends",
+     "≥ 0, ≤ `lr`",
+     [](Section& s, Config& c) {
+      s.get("min_lr", c.optim.min_lr);
+      s.require("min_lr", c.optim.min_lr, c.optim.min_lr >= 0, "must be >= 0");
+     },
+     [](const Config& c) -> std::string { return format_number(c.optim.min_lr); }},
+    {"optim", "steps", "int",
+     "optimizer steps to train for",
+     "≥ 1",
+     [](Section& s, Config& c) {
+      s.get("steps", c.optim.steps);
+      s.require("steps", c.optim.steps, c.optim.steps >= 1, "must be at least 1");
+     },
+     [](const Config& c) -> std::string { return std::to_string(c.optim.steps); }},
+    {"optim", "epochs", "int",
+     "if > 0, train this many passes over the training split instead: `steps = epochs · floor(train samples / batch_size)`, logged at the start; `steps` is then not used",
+     "0 … 2^32",
+     [](Section& s, Config& c) {
+      s.get("epochs", c.optim.epochs);
+      s.require("epochs", c.optim.epochs, c.optim.epochs >= 0, "must be >= 0 (0: optim.steps sets the length)");
+      s.require("epochs", c.optim.epochs, c.optim.epochs <= kMaxSamples, kMaxSamplesText);
+     },
+     [](const Config& c) -> std::string { return std::to_string(c.optim.epochs); }},
+    {"optim", "batch_size", "int",
+     "samples per optimizer step",
+     "1 … 2^32",
+     [](Section& s, Config& c) {
+      s.get("batch_size", c.optim.batch_size);
+      s.require("batch_size", c.optim.batch_size, c.optim.batch_size >= 1, "must be at least 1");
+      s.require("batch_size", c.optim.batch_size, c.optim.batch_size <= kMaxSamples, kMaxSamplesText);
+     },
+     [](const Config& c) -> std::string { return std::to_string(c.optim.batch_size); }},
+    {"optim", "microbatches", "int",
+     "backward passes the batch is split into (gradient accumulation)",
+     "≥ 1, ≤ `batch_size`",
+     [](Section& s, Config& c) {
+      s.get("microbatches", c.optim.microbatches);
+      s.require("microbatches", c.optim.microbatches, c.optim.microbatches >= 1, "must be at least 1");
+     },
+     [](const Config& c) -> std::string { return std::to_string(c.optim.microbatches); }},
+    {"optim", "clip_norm", "number",
+     "clip the global gradient norm to this; `0` = no clipping",
+     "≥ 0",
+     [](Section& s, Config& c) {
+      s.get("clip_norm", c.optim.clip_norm);
+      s.require("clip_norm", c.optim.clip_norm, c.optim.clip_norm >= 0, "must be >= 0 (0 turns clipping off)");
+     },
+     [](const Config& c) -> std::string { return format_number(c.optim.clip_norm); }},
+    {"precision", "compute_dtype", "string",
+     "dtype of activations and matmuls; parameters and gradients stay f32",
+     "`f64` (CPU only), `f32`, `bf16`, `f16`",
+     [](Section& s, Config& c) {
+      std::string dtype = dtype_name(c.precision.compute_dtype);
+      s.choice("compute_dtype", dtype, {"f64", "f32", "bf16", "f16"});
+      c.precision.compute_dtype = dtype_from_name(dtype);
+     },
+     [](const Config& c) -> std::string { return dtype_name(c.precision.compute_dtype); }},
+    {"precision", "deterministic", "bool",
+     "deterministic (two-pass) reductions instead of atomics",
+     "",
+     [](Section& s, Config& c) {
+      s.get("deterministic", c.precision.deterministic);
+     },
+     [](const Config& c) -> std::string { return flag(c.precision.deterministic); }},
+    {"precision", "gemm_autotune", "bool",
+     "CUDA: choose each GEMM shape's cuBLASLt algorithm by timing the heuristic's first 8 candidates once (faster for some shapes; another run may pick another algorithm, so its bits may differ) instead of taking the first",
+     "",
+     [](Section& s, Config& c) {
+      s.get("gemm_autotune", c.precision.gemm_autotune);
+     },
+     [](const Config& c) -> std::string { return flag(c.precision.gemm_autotune); }},
+    {"precision", "loss_scale", "`dynamic` \\| `none` \\| number",
+     "f16 loss scaling: adaptive, off, or a fixed scale; bf16, f32 and f64 never scale ([precision.md](precision.md))",
+     "a fixed scale must be > 0",
+     [](Section& s, Config& c) {
+      read_loss_scale(s, c.precision);
+     },
+     [](const Config& c) -> std::string { return c.precision.loss_scale == "fixed" ? format_number(c.precision.fixed_loss_scale) : c.precision.loss_scale; }},
+    {"precision", "initial_scale", "number",
+     "dynamic: the scale the run starts from (2^16)",
+     "≥ 1",
+     [](Section& s, Config& c) {
+      s.get("initial_scale", c.precision.initial_scale);
+      s.require("initial_scale", c.precision.initial_scale, c.precision.initial_scale >= 1, "must be at least 1");
+     },
+     [](const Config& c) -> std::string { return format_number(c.precision.initial_scale); }},
+    {"precision", "growth_interval", "int",
+     "dynamic: steps without overflow before the scale doubles",
+     "≥ 1",
+     [](Section& s, Config& c) {
+      s.get("growth_interval", c.precision.growth_interval);
+      s.require("growth_interval", c.precision.growth_interval, c.precision.growth_interval >= 1, "must be at least 1");
+     },
+     [](const Config& c) -> std::string { return std::to_string(c.precision.growth_interval); }},
+    {"eval", "every", "int",
+     "optimizer steps between validation passes",
+     "≥ 1",
+     [](Section& s, Config& c) {
+      s.get("every", c.eval.every);
+      s.require("every", c.eval.every, c.eval.every >= 1, "must be at least 1");
+     },
+     [](const Config& c) -> std::string { return std::to_string(c.eval.every); }},
+    {"eval", "batch_size", "int",
+     "samples per evaluation batch",
+     "1 … 2^32",
+     [](Section& s, Config& c) {
+      s.get("batch_size", c.eval.batch_size);
+      s.require("batch_size", c.eval.batch_size, c.eval.batch_size >= 1, "must be at least 1");
+      s.require("batch_size", c.eval.batch_size, c.eval.batch_size <= kMaxSamples, kMaxSamplesText);
+     },
+     [](const Config& c) -> std::string { return std::to_string(c.eval.batch_size); }},
+    {"checkpoint", "dir", "string",
+     "directory for checkpoints (and, by default, logs)",
+     "not empty; creatable and writable (checked at start-up)",
+     [](Section& s, Config& c) {
+      s.get("dir", c.checkpoint.dir);
+      s.require("dir", c.checkpoint.dir, !c.checkpoint.dir.empty(), "must not be empty");
+     },
+     [](const Config& c) -> std::string { return quote(c.checkpoint.dir); }},
+    {"checkpoint", "every", "int",
+     "optimizer steps between checkpoints",
+     "≥ 1",
+     [](Section& s, Config& c) {
+      s.get("every", c.checkpoint.every);
+      s.require("every", c.checkpoint.every, c.checkpoint.every >= 1, "must be at least 1");
+     },
+     [](const Config& c) -> std::string { return std::to_string(c.checkpoint.every); }},
+    {"checkpoint", "keep_last", "int",
+     "checkpoints of this run kept; its older ones are deleted",
+     "≥ 1",
+     [](Section& s, Config& c) {
+      s.get("keep_last", c.checkpoint.keep_last);
+      s.require("keep_last", c.checkpoint.keep_last, c.checkpoint.keep_last >= 1, "must be at least 1");
+     },
+     [](const Config& c) -> std::string { return std::to_string(c.checkpoint.keep_last); }},
+    {"checkpoint", "overwrite", "bool",
+     "a run into a `dir` that holds another run's checkpoints or metrics deletes them first, instead of stopping (docs/robustness.md)",
+     "",
+     [](Section& s, Config& c) {
+      s.get("overwrite", c.checkpoint.overwrite);
+     },
+     [](const Config& c) -> std::string { return flag(c.checkpoint.overwrite); }},
+    {"logging", "every", "int",
+     "optimizer steps between log lines; the loss and gradient norm are checked for NaN/inf at these steps and at checkpoints (`1` checks every step: [robustness.md](robustness.md))",
+     "≥ 1",
+     [](Section& s, Config& c) {
+      s.get("every", c.logging.every);
+      s.require("every", c.logging.every, c.logging.every >= 1, "must be at least 1");
+     },
+     [](const Config& c) -> std::string { return std::to_string(c.logging.every); }},
+    {"logging", "metrics", "string",
+     "JSON-lines metrics file; empty = `<checkpoint.dir>/metrics.jsonl`",
+     "",
+     [](Section& s, Config& c) {
+      s.get("metrics", c.logging.metrics);
+     },
+     [](const Config& c) -> std::string { return quote(c.logging.metrics); }},
+    {"logging", "curve", "string",
+     "SVG loss curve; empty = `<checkpoint.dir>/curve.svg`",
+     "",
+     [](Section& s, Config& c) {
+      s.get("curve", c.logging.curve);
+     },
+     [](const Config& c) -> std::string { return quote(c.logging.curve); }},
+    {"", "cuda_graph", "bool",
+     "replay every step that is not logged or saved as one CUDA graph, recorded after the first step (docs/perf.md); where it cannot (CPU, sgd, f16 loss scaling, data parallel) a warning says why and steps run eagerly",
+     "",
+     [](Section& s, Config& c) {
+      s.get("cuda_graph", c.cuda_graph);
+     },
+     [](const Config& c) -> std::string { return flag(c.cuda_graph); }},
+  };
+  return all;
+}
+
+// ---- a kind's own keys --------------------------------------------------------------------------
+
+const char* type_name(ParamType t) {
+  switch (t) {
+    case ParamType::integer: return "int";
+    case ParamType::number: return "number";
+    case ParamType::boolean: return "bool";
+    case ParamType::string: return "string";
+    case ParamType::integers: return "list of int";
+  }
+  return "?";
+}
+
+// The value of `key` as YAML text (a string quoted).
+std::string param_yaml(const app::ParamKey& key, const Params& p) {
+  return key.type == ParamType::string ? quote(p.string(key.name)) : p.text(key.name);
+}
+
+// Reads the kind's keys in order into `params`, each from the section or its default.
+void read_params(Section& s, const std::vector<app::ParamKey>& keys, Params& params) {
+  params.values.clear();
+  for (const app::ParamKey& key : keys) {
+    Params defaults{{{key.name, key.default_value}}};
+    std::string text;
+    switch (key.type) {
+      case ParamType::integer: {
+        int64_t v = defaults.integer(key.name);
+        s.get(key.name, v);
+        text = std::to_string(v);
+        break;
+      }
+      case ParamType::number: {
+        double v = defaults.number(key.name);
+        s.get(key.name, v);
+        text = format_number(v);
+        break;
+      }
+      case ParamType::boolean: {
+        bool v = defaults.boolean(key.name);
+        s.get(key.name, v);
+        text = flag(v);
+        break;
+      }
+      case ParamType::string: {
+        std::string v = key.default_value;
+        s.get(key.name, v);
+        text = v;
+        break;
+      }
+      case ParamType::integers: {
+        std::vector<int64_t> v = defaults.integers(key.name);
+        s.get(key.name, v);
+        text = ints(v);
+        break;
+      }
+    }
+    params.values.emplace_back(key.name, text);
+    if (!key.check) continue;
+    if (const std::string what = key.check(params); !what.empty())
+      s.fail(key.name, what + ", got " + (key.type == ParamType::string ? "'" + text + "'" : text));
+  }
+}
+
+const app::ModelKind* model_kind_of(const Config& c) { return app::find_model_kind(c.model.kind); }
+const app::DataKind* data_kind_of(const Config& c) { return app::find_data_kind(c.data.kind); }
+
+// ---- reading --------------------------------------------------------------------------------------
+
+// The rows of `section`, in order.
+void read_rows(Section& s, Config& c, const std::string& section) {
+  for (const Row& row : rows())
+    if (section == row.section) row.read(s, c);
+}
+
+Config read_config(const Origin& origin, const YAML::Node& root) {
+  Config c;
+  Section top(origin, root, "");
+  read_rows(top, c, "");
+
+  Section model = top.section("model");
+  read_rows(model, c, "model");
+  read_params(model, app::model_kind(c.model.kind).keys, c.model.params);
+  model.finish();
+
+  Section data = top.section("data");
+  read_rows(data, c, "data");
+  const app::DataKind& data_kind = app::data_kind(c.data.kind);
+  read_params(data, data_kind.keys, c.data.params);
+  data.finish();
+
+  Section optim = top.section("optim");
+  read_rows(optim, c, "optim");
+  optim.finish();
+  // Checks between keys come after finish(), so a misspelled key is reported as that rather than
+  // as a conflict with the default it failed to replace.
+  const OptimConfig& o = c.optim;
+  optim.require("microbatches", o.microbatches, o.microbatches <= o.batch_size,
+                "must not exceed optim.batch_size = " + std::to_string(o.batch_size));
+  optim.require("min_lr", o.min_lr, o.min_lr <= o.lr, "must not exceed optim.lr = " + format_number(o.lr));
+  if (o.name == "sgd" && o.nesterov && o.momentum == 0) optim.fail("nesterov", "needs optim.momentum > 0");
+  if (o.shard_state && o.name != "adamw")
+    optim.fail("shard_state", "shards AdamW's state: needs optim.name adamw");
+  // The data kind's checks (files that must exist, sizes that follow from the config alone).
+  if (data_kind.check)
+    data_kind.check(c, [&](const std::string& key, const std::string& what) { data.fail(key, what); });
+
+  Section precision = top.section("precision");
+  read_rows(precision, c, "precision");
+  precision.finish();
+  if (c.precision.compute_dtype == DType::f64 && c.device.starts_with("cuda"))
+    precision.fail("compute_dtype", "f64 runs on the CPU only, but device is " + c.device);
+
+  for (const char* name : {"eval", "checkpoint", "logging"}) {
+    Section s = top.section(name);
+    read_rows(s, c, name);
+    s.finish();
+  }
+  top.finish();
+  return c;
+}
+
 }  // namespace
 
 bool valid_device(const std::string& d) {
@@ -768,90 +1139,117 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 }
 
 std::string to_yaml(const Config& c) {
-  auto ints = [](const std::vector<int64_t>& v) {
-    std::string s = "[";
-    for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-    return s + "]";
-  };
-  auto num = format_double;
-  auto flag = [](bool b) { return b ? "true" : "false"; };
-  const std::string loss_scale = c.precision.loss_scale == "fixed"
-                                     ? num(c.precision.fixed_loss_scale)
-                                     : c.precision.loss_scale;
-
   std::ostringstream y;
-  y << "seed: " << c.seed << "\n"
-    << "device: " << quote(c.device) << "\n"
-    << "model:\n"
-    << "  kind: " << quote(c.model.kind) << "\n"
-    << "  input: " << c.model.input << "\n"
-    << "  hidden: " << ints(c.model.hidden) << "\n"
-    << "  classes: " << c.model.classes << "\n"
-    << "  norm: " << quote(c.model.norm) << "\n"
-    << "  activation: " << quote(c.model.activation) << "\n"
-    << "  bias: " << flag(c.model.bias) << "\n"
-    << "  n_layer: " << c.model.n_layer << "\n"
-    << "  n_head: " << c.model.n_head << "\n"
-    << "  n_embd: " << c.model.n_embd << "\n"
-    << "  block_size: " << c.model.block_size << "\n"
-    << "  vocab_size: " << c.model.vocab_size << "\n"
-    << "  padded_vocab_size: " << c.model.padded_vocab_size << "\n"
-    << "  dropout: " << num(c.model.dropout) << "\n"
-    << "data:\n"
-    << "  kind: " << quote(c.data.kind) << "\n"
-    << "  samples: " << c.data.samples << "\n"
-    << "  noise: " << num(c.data.noise) << "\n"
-    << "  path: " << quote(c.data.path) << "\n"
-    << "  test_path: " << quote(c.data.test_path) << "\n"
-    << "  label_column: " << c.data.label_column << "\n"
-    << "  header: " << c.data.header << "\n"
-    << "  standardize: " << flag(c.data.standardize) << "\n"
-    << "  val_fraction: " << num(c.data.val_fraction) << "\n"
-    << "  shuffle: " << flag(c.data.shuffle) << "\n"
-    << "  seed: " << c.data.seed << "\n"
-    << "  tokenizer: " << quote(c.data.tokenizer) << "\n"
-    << "  gpt2_dir: " << quote(c.data.gpt2_dir) << "\n"
-    << "  block_size: " << c.data.block_size << "\n"
-    << "  eval_windows: " << c.data.eval_windows << "\n"
-    << "optim:\n"
-    << "  name: " << quote(c.optim.name) << "\n"
-    << "  lr: " << num(c.optim.lr) << "\n"
-    << "  weight_decay: " << num(c.optim.weight_decay) << "\n"
-    << "  betas: [" << num(c.optim.betas[0]) << ", " << num(c.optim.betas[1]) << "]\n"
-    << "  eps: " << num(c.optim.eps) << "\n"
-    << "  momentum: " << num(c.optim.momentum) << "\n"
-    << "  nesterov: " << flag(c.optim.nesterov) << "\n"
-    << "  shard_state: " << flag(c.optim.shard_state) << "\n"
-    << "  schedule: " << quote(c.optim.schedule) << "\n"
-    << "  warmup_steps: " << c.optim.warmup_steps << "\n"
-    << "  min_lr: " << num(c.optim.min_lr) << "\n"
-    << "  steps: " << c.optim.steps << "\n"
-    << "  epochs: " << c.optim.epochs << "\n"
-    << "  batch_size: " << c.optim.batch_size << "\n"
-    << "  microbatches: " << c.optim.microbatches << "\n"
-    << "  clip_norm: " << num(c.optim.clip_norm) << "\n"
-    << "precision:\n"
-    << "  compute_dtype: " << dtype_name(c.precision.compute_dtype) << "\n"
-    << "  deterministic: " << flag(c.precision.deterministic) << "\n"
-    << "  gemm_autotune: " << flag(c.precision.gemm_autotune) << "\n"
-    << "  loss_scale: " << loss_scale << "\n"
-    << "  initial_scale: " << num(c.precision.initial_scale) << "\n"
-    << "  growth_interval: " << c.precision.growth_interval << "\n"
-    << "eval:\n"
-    << "  every: " << c.eval.every << "\n"
-    << "  batch_size: " << c.eval.batch_size << "\n"
-    << "checkpoint:\n"
-    << "  dir: " << quote(c.checkpoint.dir) << "\n"
-    << "  every: " << c.checkpoint.every << "\n"
-    << "  keep_last: " << c.checkpoint.keep_last << "\n"
-    << "  overwrite: " << flag(c.checkpoint.overwrite) << "\n"
-    << "logging:\n"
-    << "  every: " << c.logging.every << "\n"
-    << "  metrics: " << quote(c.logging.metrics) << "\n"
-    << "  curve: " << quote(c.logging.curve) << "\n"
-    << "cuda_graph: " << flag(c.cuda_graph) << "\n";
+  std::string section;
+  // A kind's own keys end its section.
+  auto end_section = [&] {
+    const std::vector<app::ParamKey>* keys = nullptr;
+    const Params* params = nullptr;
+    if (section == "model" && model_kind_of(c)) keys = &model_kind_of(c)->keys, params = &c.model.params;
+    if (section == "data" && data_kind_of(c)) keys = &data_kind_of(c)->keys, params = &c.data.params;
+    if (keys)
+      for (const app::ParamKey& k : *keys) y << "  " << k.name << ": " << param_yaml(k, *params) << "\n";
+  };
+  for (const Row& row : rows()) {
+    if (section != row.section) {
+      end_section();
+      section = row.section;
+      if (!section.empty()) y << section << ":\n";
+    }
+    y << (section.empty() ? "" : "  ") << row.key << ": " << row.write(c) << "\n";
+  }
+  end_section();
   return y.str();
 }
+
+std::string reference_table() {
+  // A default as the reference shows it: strings without their quotes, the empty one as "".
+  auto shown = [](std::string v) {
+    if (v.size() >= 2 && v.front() == '"' && v.back() == '"') v = v.substr(1, v.size() - 2);
+    return "`" + (v.empty() ? std::string("\"\"") : v) + "`";
+  };
+  auto cell = [](const std::string& text) { return text.empty() ? text : text + " "; };
+  auto kinds = [](const auto& all) {
+    std::string list;
+    for (const auto* k : all)
+      if (k->documented) list += (list.empty() ? "`" : ", `") + k->name + "`";
+    return list;
+  };
+  auto kind_rows = [&](const std::string& section, const auto& all) {
+    std::string out;
+    for (const auto* k : all) {
+      if (!k->documented) continue;
+      for (const app::ParamKey& key : k->keys) {
+        const Params p{{{key.name, key.default_value}}};
+        out += "| `" + section + "." + key.name + "` | " + type_name(key.type) + " | " +
+               shown(param_yaml(key, p)) + " | " + k->name + ": " + key.meaning + " | " +
+               cell(key.constraints) + "|\n";
+      }
+    }
+    return out;
+  };
+  const Config defaults;
+  std::string t = "| key | type | default | meaning | constraints |\n|---|---|---|---|---|\n";
+  std::string section;
+  for (const Row& row : rows()) {
+    if (section != row.section) {
+      if (section == "model") t += kind_rows("model", app::model_kinds());
+      if (section == "data") t += kind_rows("data", app::data_kinds());
+      section = row.section;
+    }
+    const std::string key = section.empty() ? row.key : section + "." + row.key;
+    std::string constraints = row.constraints;
+    if (key == "model.kind") constraints = kinds(app::model_kinds());
+    if (key == "data.kind") constraints = kinds(app::data_kinds());
+    t += "| `" + key + "` | " + row.type + " | " + shown(row.write(defaults)) + " | " + row.meaning +
+         " | " + cell(constraints) + "|\n";
+  }
+  return t;
+}
+
+const std::string& Params::text(const std::string& key) const {
+  for (const auto& [k, v] : values)
+    if (k == key) return v;
+  MT_THROW("config: no key '", key, "' among the kind's own keys");
+}
+
+int64_t Params::integer(const std::string& key) const {
+  int64_t v = 0;
+  MT_CHECK(parse_number(text(key), v), "config: '", key, "' is not an integer: ", text(key));
+  return v;
+}
+
+double Params::number(const std::string& key) const {
+  double v = 0;
+  MT_CHECK(parse_double(text(key), v), "config: '", key, "' is not a number: ", text(key));
+  return v;
+}
+
+bool Params::boolean(const std::string& key) const {
+  bool v = false;
+  MT_CHECK(parse_bool(text(key), v), "config: '", key, "' is not true or false: ", text(key));
+  return v;
+}
+
+std::string Params::string(const std::string& key) const { return text(key); }
+
+std::vector<int64_t> Params::integers(const std::string& key) const {
+  const std::string& t = text(key);
+  MT_CHECK(t.size() >= 2 && t.front() == '[' && t.back() == ']', "config: '", key,
+           "' is not a list of integers: ", t);
+  std::vector<int64_t> out;
+  std::stringstream items(t.substr(1, t.size() - 2));
+  for (std::string item; std::getline(items, item, ',');) {
+    const size_t b = item.find_first_not_of(' '), e = item.find_last_not_of(' ');
+    int64_t v = 0;
+    MT_CHECK(b != std::string::npos && parse_number(item.substr(b, e - b + 1), v), "config: '", key,
+             "' is not a list of integers: ", t);
+    out.push_back(v);
+  }
+  return out;
+}
+
+std::string format_number(double v) { return format_double(v); }
 
 std::string metrics_path(const Config& c) {
   if (!c.logging.metrics.empty()) return c.logging.metrics;

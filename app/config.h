@@ -30,25 +30,37 @@ inline constexpr size_t kMaxLayers = 1024;               // entries of model.hid
 inline constexpr int64_t kMaxSamples = int64_t(1) << 32;  // data.samples, optim/eval.batch_size
 inline constexpr size_t kMaxConfigBytes = size_t(16) << 20;  // a config file: 16 MiB
 
-// The model the `train` program builds (app/models.h). A trainer given a model of its own still
-// reads input and classes here: they shape the synthetic data.
+// A model or data kind's own keys (app/registry.h: each kind declares its keys, their types,
+// defaults and checks): each value as YAML text, in the kind's order, read with the accessors.
+enum class ParamType { integer, number, boolean, string, integers };
+struct Params {
+  std::vector<std::pair<std::string, std::string>> values;
+  const std::string& text(const std::string& key) const;  // an Error for a key not there
+  int64_t integer(const std::string& key) const;
+  double number(const std::string& key) const;
+  bool boolean(const std::string& key) const;
+  std::string string(const std::string& key) const;
+  std::vector<int64_t> integers(const std::string& key) const;
+  bool operator==(const Params&) const = default;
+};
+
+// The model the `train` program builds: model.kind names a registered kind (app/registry.h),
+// which reads the keys below and its own (params). The MLP's keys are the schema's; input and
+// classes also shape the synthetic data, so a program with a model of its own sets them for it.
 struct ModelConfig {
-  std::string kind = "mlp";                // mlp | gpt (nn/gpt.h; trains on data.kind text or tokens)
+  std::string kind = "mlp";                // a registered model kind
   int64_t input = 32;                        // features per sample
   std::vector<int64_t> hidden = {128, 128};  // hidden layer widths; empty = a linear model
   int64_t classes = 8;
   std::string norm = "rms_norm";           // rms_norm | none
   std::string activation = "scaled_silu";  // scaled_silu | relu
   bool bias = true;
-  // gpt only (nn::GPTConfig): the model's shape; padded_vocab_size 0 rounds vocab_size up to 64s.
-  int64_t n_layer = 4, n_head = 4, n_embd = 128, block_size = 64;
-  int64_t vocab_size = 256, padded_vocab_size = 0;
-  double dropout = 0.0;
+  Params params;  // the kind's own keys
   bool operator==(const ModelConfig&) const = default;
 };
 
 struct DataConfig {
-  std::string kind = "synthetic";  // synthetic | mnist | csv | text | tokens (token data: a GPT's)
+  std::string kind = "synthetic";  // a registered data kind: synthetic | mnist | csv | ...
   int64_t samples = 20000;         // synthetic only
   double noise = 0.1;              // synthetic only
   std::string path;                // mnist / csv: the training data
@@ -58,12 +70,8 @@ struct DataConfig {
   bool standardize = false;        // features to mean 0, std 1 by the training split's statistics
   double val_fraction = 0.1;       // share of the training data held out for validation
   bool shuffle = true;
-  uint64_t seed = 1;  // shuffling and the synthetic data; for token data, the windows drawn
-  // text and tokens (data/token_source.h): path is a text file (text) or an llm.c shard (tokens)
-  std::string tokenizer = "bytes";       // text: bytes | gpt2
-  std::string gpt2_dir = "assets/gpt2";  // gpt2: the folder of encoder.json and vocab.bpe
-  int64_t block_size = 0;                // tokens per window; 0: model.block_size
-  int64_t eval_windows = 256;            // validation windows (0: all of the held-out part)
+  uint64_t seed = 1;  // shuffling and the synthetic data
+  Params params;      // the kind's own keys
   bool operator==(const DataConfig&) const = default;
 };
 
@@ -148,6 +156,14 @@ Config parse_config(const std::string& yaml, const std::string& name,
 
 // A complete YAML document for `c`, every key written out: parse_config(to_yaml(c)) == c.
 std::string to_yaml(const Config& c);
+
+// The reference of every key (docs/config.md's table, `train --config-reference`): key, type,
+// default, meaning and constraints, from the same schema that parses and prints, with the keys of
+// every documented model and data kind.
+std::string reference_table();
+
+// Shortest text that reads back as exactly `v` (how to_yaml writes numbers).
+std::string format_number(double v);
 
 // Whether `spec` names a device: auto, cpu, cuda or cuda:N.
 bool valid_device(const std::string& spec);

@@ -2,28 +2,11 @@
 
 #include <algorithm>
 
-#include "app/memory.h"
-#include "app/models.h"
+#include "app/registry.h"
 #include "core/rng.h"
-#include "data/token_source.h"
-#include "data/tokenizer.h"
-#include "train/lm_task.h"
 
 namespace mt::app {
 namespace {
-
-// The config's model must fit its data.
-void check_fits(const data::Dataset& set, const ModelConfig& m) {
-  if (set.size == 0) return;
-  const std::string which = set.file.empty() ? set.name : set.name + " file " + set.file;
-  if (set.dim != m.input)
-    throw ConfigError(detail::concat("model.input: is ", m.input, " but the ", which,
-                                     " has ", set.dim, " features per sample"));
-  for (size_t i = 0; i < set.labels.size(); ++i)
-    if (set.labels[i] < 0 || set.labels[i] >= m.classes)
-      throw ConfigError(detail::concat("model.classes: is ", m.classes, " but the ", which,
-                                       " has label ", set.labels[i], " (sample ", i, ")"));
-}
 
 optim::LossScalerOptions loss_scale(const PrecisionConfig& p) {
   if (p.loss_scale == "none") return {optim::LossScaleMode::none};
@@ -54,43 +37,6 @@ data::ArrayOptions array_options(const Config& c) {
   return {c.optim.batch_size, c.optim.microbatches, c.data.val_fraction, c.data.shuffle,
           c.data.seed, c.data.standardize};
 }
-
-namespace {
-
-// Token data (data.kind text or tokens) as the config names it; a file that cannot be read or
-// tokenized is a data::DataError, ids at or above model.vocab_size a ConfigError.
-std::shared_ptr<data::TokenSource> token_source(const Config& c) {
-  const DataConfig& d = c.data;
-  data::TokenStream stream;
-  std::string tokenizer = "tokens";
-  try {
-    if (d.kind == "text") {
-      const auto t = make_tokenizer(d.tokenizer, d.gpt2_dir);
-      tokenizer = t->name();
-      if (t->vocab_size() > c.model.vocab_size)
-        throw ConfigError(detail::concat("model.vocab_size: is ", c.model.vocab_size, " but the ",
-                                         t->name(), " tokenizer has ", t->vocab_size(), " ids"));
-      stream = data::tokenize_text_file(d.path, *t);
-    } else {
-      stream = data::read_token_shards({d.path}, c.model.vocab_size);
-    }
-  } catch (const ConfigError&) {
-    throw;
-  } catch (const Error& e) {
-    throw data::DataError(e.what());
-  }
-  data::TokenSourceOptions o{.block_size = d.block_size > 0 ? d.block_size : c.model.block_size,
-                             .batch_size = c.optim.batch_size, .microbatches = c.optim.microbatches,
-                             .val_fraction = d.val_fraction, .eval_windows = d.eval_windows,
-                             .seed = d.seed};
-  try {
-    return std::make_shared<data::TokenSource>(std::move(stream), tokenizer, o);
-  } catch (const Error& e) {
-    throw ConfigError(std::string("data: ") + e.what());  // too little text for the windows
-  }
-}
-
-}  // namespace
 
 struct ConfigTrainer::Parts {
   Config config;
@@ -129,47 +75,40 @@ ConfigTrainer::Parts ConfigTrainer::build(Config config, std::shared_ptr<nn::Mod
   train::Options options = options_from(config);
   // Before anything is loaded or allocated (the trainer checks these again, for every caller).
   if (comm == nullptr || comm->rank() == 0) train::check_output_paths(options);
+  // The model kind's checks are of its own model; a model handed in is the caller's.
+  const ModelKind* kind = config_model ? &model_kind(config.model.kind) : nullptr;
+  if (kind && kind->check_memory) kind->check_memory(config, device, world);
+
   std::shared_ptr<data::Source> source;
-  if (config.model.kind == "gpt") {
-    // A language model: token windows, the next-token task, dropout keyed by the step.
-    auto tokens = token_source(config);
-    if (config_model)
-      task = train::language_modeling(config.model.vocab_size, tokens->tokens_per_byte(),
-                                      {config.seed, [t = tokens.get()] { return t->last_step(); }});
-    source = tokens;
+  const DataKind& data_kind = app::data_kind(config.data.kind);
+  if (!data && data_kind.source) {
+    source = data_kind.source(config);
   } else {
-    source = array_source(config, config_model, world, device, std::move(data));
+    Datasets sets;
+    if (data) {
+      sets = std::move(*data);
+    } else {
+      sets.train = data::load_dataset(config.data, config.model, false);
+      if (data::has_test_set(config.data)) sets.test = data::load_dataset(config.data, config.model, true);
+    }
+    if (kind && kind->check_data)
+      for (const data::Dataset* set : {&sets.train, &sets.test}) kind->check_data(config, *set);
+    source = std::make_shared<data::ArraySource>(std::move(sets.train), std::move(sets.test),
+                                                 array_options(config));
   }
   if (config_model) {
     manual_seed(config.seed);  // the model's initialization
-    model = build_model(config.model);
+    model = kind->build(config);
+    if (kind->task) task = kind->task(config, *source);
   }
-  // The checkpoint keeps the config this run trains with: optim.steps with epochs resolved, warmup
-  // as the schedule shortens it.
+  // The checkpoint's config is the run's: with the length optim.epochs gives it and the warmup
+  // the trainer shortens to it, so that a resumed run and `train eval` read what was run.
   Config saved = config;
   if (saved.optim.epochs > 0) saved.optim.steps = saved.optim.epochs * source->steps_per_epoch();
   saved.optim.warmup_steps = std::min(saved.optim.warmup_steps, saved.optim.steps);
   options.checkpoint.metadata["config"] = to_yaml(saved);
   return {std::move(config), std::move(options), std::move(model), std::move(task),
           std::move(source), device, std::move(comm)};
-}
-
-std::shared_ptr<data::Source> ConfigTrainer::array_source(const Config& config, bool config_model,
-                                                          int world, Device device,
-                                                          std::optional<Datasets> data) {
-  // The estimate is the config's model's; a model handed in is already allocated.
-  if (config_model) check_memory(config, device, world);
-  Datasets sets;
-  if (data) {
-    sets = std::move(*data);
-  } else {
-    sets.train = data::load_dataset(config.data, config.model, false);
-    if (data::has_test_set(config.data)) sets.test = data::load_dataset(config.data, config.model, true);
-  }
-  if (config_model)
-    for (const data::Dataset* set : {&sets.train, &sets.test}) check_fits(*set, config.model);
-  return std::make_shared<data::ArraySource>(std::move(sets.train), std::move(sets.test),
-                                             array_options(config));
 }
 
 train::LocalRun run_local_ranks(const Config& cfg, int nproc, const std::string& resume,

@@ -8,6 +8,7 @@
 
 #include <spdlog/fmt/fmt.h>
 
+#include "app/registry.h"
 #include "core/atomic_file.h"
 #include "core/autograd.h"
 #include "core/registry.h"
@@ -16,7 +17,6 @@
 #include "nn/serialize.h"
 #include "train/checkpoint.h"
 #include "train/metrics.h"
-#include "app/models.h"
 #include "train/task.h"
 #include "train/trainer.h"
 
@@ -83,7 +83,7 @@ SavedModel load_saved_model(const std::string& checkpoint, const std::vector<std
   set_deterministic(c.precision.deterministic);
   set_gemm_autotune(c.precision.gemm_autotune);
   // Placed as the trainer places it, so the arithmetic is the run's.
-  m.model = build_model(c.model);
+  m.model = build_model(c);
   if (c.precision.compute_dtype == DType::f64) m.model->to(DType::f64);
   m.model->to(m.device);
   if (c.precision.compute_dtype != DType::f64) m.model->set_compute_dtype(c.precision.compute_dtype);

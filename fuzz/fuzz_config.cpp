@@ -10,6 +10,18 @@
 #include <vector>
 
 #include "app/config.h"
+#include "app/registry.h"
+
+// The kinds a config names by default, by name only: parsing asks the registries
+// (app/registry.h) for their names and keys, and this harness links the parser alone.
+static const mt::app::RegisterModel mlp(
+    {.name = "mlp", .build = [](const mt::Config&) { return std::shared_ptr<mt::nn::Module>(); }});
+static const mt::app::RegisterData synthetic(
+    {.name = "synthetic", .load = [](const mt::DataConfig&, const mt::ModelConfig&, bool) { return mt::data::Dataset{}; }});
+static const mt::app::RegisterData mnist(
+    {.name = "mnist", .load = [](const mt::DataConfig&, const mt::ModelConfig&, bool) { return mt::data::Dataset{}; }});
+static const mt::app::RegisterData csv(
+    {.name = "csv", .load = [](const mt::DataConfig&, const mt::ModelConfig&, bool) { return mt::data::Dataset{}; }});
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string input(reinterpret_cast<const char*>(data), size);

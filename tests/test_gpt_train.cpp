@@ -72,8 +72,10 @@ TEST(GptTraining, BadConfigsAreNamed) {
                      {"model.n_embd", "divisible by model.n_head = 4"});
   test::expect_error([&] { parse_config("model: {kind: mlp}\ndata: {kind: text, path: " + text + "}\n", "bad"); },
                      {"data.kind", "model.kind gpt"});
-  test::expect_error([&] { parse_config("model: {kind: gpt}\ndata: {kind: synthetic}\n", "bad"); },
-                     {"data.kind", "text or tokens"});
+  test::expect_error([&] {
+    app::ConfigTrainer t(parse_config("model: {kind: gpt}\ndata: {kind: synthetic}\ncheckpoint: {dir: " +
+                                          (d.path / "c").string() + "}\n", "bad"), kCPU);
+  }, {"gpt trains on token data", "data.kind synthetic"});
   test::expect_error([&] { parse_config("model: {kind: gpt, dropout: 1.5}\ndata: {kind: text, path: " + text + "}\n", "bad"); },
                      {"model.dropout", "[0, 1)"});
   // A corpus shorter than T + 1 tokens for the held-out part: named when the trainer is built.
@@ -83,8 +85,8 @@ TEST(GptTraining, BadConfigsAreNamed) {
   tiny.data.path = small.string();
   test::expect_error([&] { app::ConfigTrainer t(tiny, kCPU); }, {"small.txt", "fewer than T + 1 = 17"});
   // Token ids at or above the vocabulary: a byte tokenizer for a model of 100 ids.
-  Config narrow = good;
-  narrow.model.vocab_size = 100;
+  const Config narrow = parse_config("model: {kind: gpt, block_size: 16, vocab_size: 100}\n"
+                                     "data: {kind: text, path: " + text + "}\n", "narrow");
   test::expect_error([&] { app::ConfigTrainer t(narrow, kCPU); }, {"model.vocab_size", "256 ids"});
 }
 

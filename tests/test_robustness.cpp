@@ -312,7 +312,7 @@ TEST(BadData, AValidationSplitOfNoSamplesIsAConfigError) {
 TEST(CrashSafety, LeftoversOfAKilledSaveAreIgnoredThenRemoved) {
   TempDir dir;
   const std::string ckpt = dir / "ckpt";
-  const train::NamedTensors model = {{"w", full({2}, 1.0)}}, optim = {{"m", full({2}, 0.5)}};
+  const nn::StateDict model = {{"w", full({2}, 1.0)}}, optim = {{"m", full({2}, 0.5)}};
   train::save_checkpoint(ckpt, "run", 1, model, optim, {}, 5);
   for (const char* leftover : {"step-000002.optim.safetensors", "step-000002.safetensors.tmp.99",
                                "step-000002.optim.safetensors.tmp.99"})
@@ -591,7 +591,7 @@ TEST(RunFolder, AFreshRunRefusesAnotherRunsFolderUnlessOverwriteIsSet) {
 TEST(RunFolder, PruningRemovesOnlyThisRunsCheckpoints) {
   TempDir dir;
   const std::string ckpt = dir / "ckpt";
-  const train::NamedTensors model = {{"w", full({2}, 1.5)}}, optim = {{"m", full({2}, 0.5)}};
+  const nn::StateDict model = {{"w", full({2}, 1.5)}}, optim = {{"m", full({2}, 0.5)}};
   for (int64_t step : {20, 30}) train::save_checkpoint(ckpt, "old", step, model, optim, {}, 5);
   for (int64_t step : {1, 2, 3}) train::save_checkpoint(ckpt, "new", step, model, optim, {}, 2);
   EXPECT_EQ(owners(ckpt), (std::vector<std::string>{"2:new", "3:new", "20:old", "30:old"}));
@@ -620,7 +620,7 @@ TEST(RunFolder, ResumingACompleteRunSaysSoAndWritesNothing) {
 TEST(RunFolder, StepsPastAMillionSortByNumber) {
   TempDir dir;
   const std::string ckpt = dir / "ckpt";
-  const train::NamedTensors model = {{"w", full({2}, 1.5)}}, optim = {{"m", full({2}, 0.5)}};
+  const nn::StateDict model = {{"w", full({2}, 1.5)}}, optim = {{"m", full({2}, 0.5)}};
   for (int64_t step : {999'998, 999'999, 1'000'000, 1'000'001})
     train::save_checkpoint(ckpt, "run", step, model, optim, {}, 2);
   for (const char* junk : {"step-12x.safetensors", "step-.safetensors", "step-+5.safetensors"})
@@ -661,7 +661,7 @@ TEST(RunFolder, ASecondRunOnALockedFolderIsRefused) {
 // step saved twice) used to load as one checkpoint.
 TEST(RunFolder, AModelFileWithAnotherCheckpointsOptimizerFileIsRejected) {
   TempDir dir;
-  const train::NamedTensors model = {{"w", full({2}, 1.5)}}, optim = {{"m", full({2}, 0.5)}};
+  const nn::StateDict model = {{"w", full({2}, 1.5)}}, optim = {{"m", full({2}, 0.5)}};
   for (const char* other_run : {"a", "b"}) {
     train::save_checkpoint(dir / "one", "a", 4, model, optim, {}, 2);
     train::save_checkpoint(dir / "two", other_run, 4, model, optim, {}, 2);
@@ -737,7 +737,7 @@ uint64_t header_end(const std::string& path) {
   return n;
 }
 
-bool same(const train::NamedTensors& a, const train::NamedTensors& b) {
+bool same(const nn::StateDict& a, const nn::StateDict& b) {
   if (a.size() != b.size()) return false;
   for (size_t i = 0; i < a.size(); ++i) {
     const Tensor &x = a[i].second, &y = b[i].second;
@@ -827,7 +827,7 @@ TEST(CheckpointIntegrity, DamageThatKeepsTheFormatIsNamed) {
   // Impossible values, saved with valid checksums: every one is refused on resume, naming the key.
   const train::Checkpoint good = train::load_checkpoint(model);
   auto with = [&](const std::string& key, std::optional<Tensor> value) {
-    train::NamedTensors out;
+    nn::StateDict out;
     for (const auto& [name, tensor] : good.optimizer)
       if (name != key) out.emplace_back(name, tensor);
       else if (value) out.emplace_back(name, *value);
@@ -835,7 +835,7 @@ TEST(CheckpointIntegrity, DamageThatKeepsTheFormatIsNamed) {
   };
   auto i64 = [](int64_t v) { return from_vector(std::vector<int64_t>{v}, {}); };
   struct Case {
-    train::NamedTensors optimizer;
+    nn::StateDict optimizer;
     std::vector<std::string> message;
   };
   const std::vector<Case> cases = {
@@ -912,7 +912,7 @@ TEST(CheckpointIntegrity, ResumeFallsBackToTheNewestIntactCheckpoint) {
 TEST(CheckpointIntegrity, OneDirectorySyncPerCheckpointAndAHalfSavedOneIsSkipped) {
   TempDir dir;
   const std::string ckpt = dir / "ckpt";
-  const train::NamedTensors state = {{"w", randn({3, 4})}};
+  const nn::StateDict state = {{"w", randn({3, 4})}};
   const SyncCounts before = sync_counts();
   train::save_checkpoint(dir / "direct", "run", 4, state, state, {}, 2);
   const SyncCounts after = sync_counts();

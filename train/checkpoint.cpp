@@ -168,7 +168,7 @@ void remove_checkpoint(const std::string& model_path) {
 }
 
 std::string save_checkpoint(const std::string& dir, const std::string& run_id, int64_t step,
-                            const NamedTensors& model, const NamedTensors& optimizer,
+                            const nn::StateDict& model, const nn::StateDict& optimizer,
                             const std::map<std::string, std::string>& metadata, int64_t keep_last) {
   for (const auto& [key, _] : metadata)
     MT_CHECK(key != "format" && key != "step" && key != "run_id" && key != "checkpoint_id" &&

@@ -34,10 +34,9 @@
 
 #include "core/error.h"
 #include "core/tensor.h"
+#include "nn/module.h"
 
 namespace mt::train {
-
-using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
 // A checkpoint that is missing, damaged, or does not fit the run resuming from it. `train` exits
 // with code 2: nothing has been written.
@@ -49,7 +48,7 @@ struct Checkpoint {
   std::string path;  // the model file it was loaded from
   int64_t step = 0;  // optimizer steps completed
   std::string run_id;  // empty for a format 1 checkpoint
-  NamedTensors model, optimizer;
+  nn::StateDict model, optimizer;
   std::map<std::string, std::string> metadata;  // the model file's, without the checksums
 };
 
@@ -57,7 +56,7 @@ struct Checkpoint {
 // `keep_last` (other runs' checkpoints are left alone). `metadata` must not use the keys above.
 // Returns the model file path.
 std::string save_checkpoint(const std::string& dir, const std::string& run_id, int64_t step,
-                            const NamedTensors& model, const NamedTensors& optimizer,
+                            const nn::StateDict& model, const nn::StateDict& optimizer,
                             const std::map<std::string, std::string>& metadata, int64_t keep_last);
 
 // Loads a checkpoint from a model file, or from a directory: its newest checkpoint that is intact

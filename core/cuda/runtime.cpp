@@ -299,11 +299,6 @@ void copy_d2h_sync(void* dst, const void* src, size_t nbytes, int device) {
   run_device_error_checks(device);
 }
 
-void copy_d2d(void* dst, const void* src, size_t nbytes, int device) {
-  if (nbytes == 0) return;
-  MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, stream(device)));
-}
-
 void synchronize(int device) {
   MT_CUDA_CHECK(cudaStreamSynchronize(stream(device)));
   run_device_error_checks(device);

@@ -55,7 +55,6 @@ void free_pinned(void* ptr);
 // Copies ordered on the framework's stream of `device`. The *_sync variants wait for the copy.
 void copy_h2d(void* dst, const void* src, size_t nbytes, int device);
 void copy_d2h_sync(void* dst, const void* src, size_t nbytes, int device);
-void copy_d2d(void* dst, const void* src, size_t nbytes, int device);
 void synchronize(int device);
 
 // Device-side error reports. A kernel cannot throw: one that finds bad input (cross_entropy's
