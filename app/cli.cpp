@@ -11,6 +11,7 @@
 #include "app/config.h"
 #include "app/config_trainer.h"
 #include "app/inference.h"
+#include "app/lm_commands.h"
 #include "app/memory.h"
 #include "core/registry.h"
 #include "data/data.h"
@@ -32,6 +33,10 @@ const char* kUsage =
     "             [--resume CHECKPOINT] [--nproc N] [--print-config]\n"
     "       train eval --checkpoint CKPT [--split test|val] [--set data.KEY=VALUE]...\n"
     "       train predict --checkpoint CKPT --input X.csv --output P.csv [--set ...]...\n"
+    "       train sample --checkpoint CKPT [--prompt TEXT] [--tokens N] [--temperature T]\n"
+    "                    [--top-k K] [--seed S] [--device DEVICE]\n"
+    "       train tokenize --input TEXT --output SHARD.bin [--tokenizer bytes|gpt2]\n"
+    "                      [--gpt2-dir DIR]\n"
     "       train --list-ops | --config-reference | --help | --version\n"
     "\n"
     "  --config FILE      the run's YAML config (docs/config.md lists every key)\n"
@@ -164,6 +169,10 @@ int mt::app::run_cli(int argc, char** argv, const std::string& version) {
   try {
     if (argc > 1 && (std::strcmp(argv[1], "eval") == 0 || std::strcmp(argv[1], "predict") == 0))
       return inference_command(argc, argv);
+    if (argc > 1 && std::strcmp(argv[1], "sample") == 0)
+      return sample_command({argv + 2, argv + argc});
+    if (argc > 1 && std::strcmp(argv[1], "tokenize") == 0)
+      return tokenize_command({argv + 2, argv + argc});
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
       auto value = [&]() -> std::string {

@@ -101,6 +101,7 @@ ConfigTrainer::Parts ConfigTrainer::build(Config config, std::shared_ptr<nn::Mod
   if (config_model) {
     manual_seed(config.seed);  // the model's initialization
     model = kind->build(config);
+    if (kind->task) task = kind->task(config, *source);
   }
   // The checkpoint's config is the run's: with the length optim.epochs gives it and the warmup
   // the trainer shortens to it, so that a resumed run and `train eval` read what was run.

@@ -51,6 +51,11 @@ class ConfigTrainer : public train::Trainer {
  private:
   struct Parts;
   explicit ConfigTrainer(Parts parts);
+  // The config's data as a source: the data (or the config's) in a data::ArraySource, after the
+  // memory and fit checks of the config's own model.
+  static std::shared_ptr<data::Source> array_source(const Config& config, bool config_model,
+                                                    int world, Device device,
+                                                    std::optional<Datasets> data);
   static Parts build(Config config, std::shared_ptr<nn::Module> model,
                      std::shared_ptr<train::Task> task, Device device,
                      std::shared_ptr<parallel::Communicator> comm, std::optional<Datasets> data);

@@ -29,7 +29,9 @@
 #include "core/device.h"
 #include "data/data.h"
 #include "data/source.h"
+#include "nn/gpt.h"
 #include "nn/module.h"
+#include "train/task.h"
 
 namespace mt::app {
 
@@ -60,6 +62,8 @@ struct ModelKind {
   std::function<void(const Config&, const data::Dataset& set)> check_data = {};
   // Optional. Throws ConfigError when the run cannot fit in `device`'s memory (app/memory.h).
   std::function<void(const Config&, Device device, int world)> check_memory = {};
+  // Optional. The task the model trains with, given the run's data source; none: classification.
+  std::function<std::shared_ptr<train::Task>(const Config&, data::Source& source)> task = {};
   bool documented = true;  // false: left out of the reference (a test's kind)
 };
 
@@ -99,5 +103,8 @@ std::vector<const DataKind*> data_kinds();
 
 // The config's model (its model.kind's builder).
 std::shared_ptr<nn::Module> build_model(const Config& c);
+
+// model.kind gpt's shape from the model section (app/models/gpt.cpp).
+nn::GPTConfig gpt_config(const Config& c);
 
 }  // namespace mt::app

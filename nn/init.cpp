@@ -16,6 +16,15 @@ void uniform_(const Tensor& t, double lo, double hi) {
   t.copy_(host);
 }
 
+void normal_(const Tensor& t, double mean, double std) {
+  NoGradGuard no_grad;
+  Generator& g = default_generator();
+  Tensor host = empty(t.shape(), DType::f64);
+  double* p = host.data<double>();
+  for (int64_t i = 0; i < host.numel(); ++i) p[i] = mean + std * g.normal();
+  t.copy_(host);
+}
+
 void kaiming_uniform_(const Tensor& t, double a) {
   MT_CHECK(t.dim() == 2, "kaiming_uniform_: expected a 2-D [out, in] weight, got shape ",
            shape_str(t.shape()));

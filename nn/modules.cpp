@@ -6,7 +6,11 @@
 
 #include "core/autograd.h"
 #include "nn/init.h"
+#include "ops/dropout/dropout.h"
 #include "ops/elementwise/elementwise.h"
+#include "ops/embedding/embedding.h"
+#include "ops/gelu/gelu.h"
+#include "ops/layer_norm/layer_norm.h"
 #include "ops/linear/linear.h"
 #include "ops/rms_norm/rms_norm.h"
 #include "ops/rms_norm/rms_norm_scaled_silu.h"
@@ -66,6 +70,49 @@ ScaledSiLU::ScaledSiLU() { w = register_parameter("w", ones({1})); }
 Tensor ScaledSiLU::forward(const Tensor& x) { return scaled_silu(x, w); }
 
 Tensor ReLU::forward(const Tensor& x) { return relu(x); }
+
+// ---- Embedding, LayerNorm, GELU, Dropout -------------------------------------------------
+
+Embedding::Embedding(int64_t n, int64_t d) : num_embeddings(n), dim(d) {
+  MT_CHECK(n > 0 && d > 0, "Embedding(", n, ", ", d, "): both sizes must be positive");
+  weight = register_parameter("weight", empty({n, d}));
+  init::normal_(weight, 0.0, 1.0);
+}
+
+Tensor Embedding::forward(const Tensor& ids) { return embedding(ids, weight); }
+
+std::string Embedding::repr() const {
+  return "Embedding(" + std::to_string(num_embeddings) + ", " + std::to_string(dim) + ")";
+}
+
+LayerNorm::LayerNorm(int64_t d, double e, bool with_bias) : dim(d), eps(e) {
+  MT_CHECK(d > 0 && e >= 0, "LayerNorm(", d, ", eps=", e, "): dim must be positive and eps >= 0");
+  weight = register_parameter("weight", ones({d}));
+  if (with_bias) bias = register_parameter("bias", zeros({d}));
+}
+
+Tensor LayerNorm::forward(const Tensor& x) { return layer_norm(x, weight, bias, eps); }
+
+std::string LayerNorm::repr() const {
+  std::ostringstream os;
+  os << "LayerNorm(" << dim << ", eps=" << eps << ", bias=" << (bias.defined() ? "true" : "false")
+     << ")";
+  return os.str();
+}
+
+Tensor GELU::forward(const Tensor& x) { return gelu(x, exact ? GeluApprox::Erf : GeluApprox::Tanh); }
+
+Dropout::Dropout(double prob) : p(prob) {
+  MT_CHECK(p >= 0 && p < 1, "Dropout(", p, "): p must be in [0, 1)");
+}
+
+Tensor Dropout::forward(const Tensor& x) { return dropout(x, p, seed, offset, is_training()); }
+
+std::string Dropout::repr() const {
+  std::ostringstream os;
+  os << "Dropout(p=" << p << ")";
+  return os.str();
+}
 
 // ---- Sequential ---------------------------------------------------------------------------
 

@@ -60,6 +60,55 @@ class ReLU : public Module {
   std::string repr() const override { return "ReLU()"; }
 };
 
+// y[..., :] = weight[ids[...], :]: a row of the table per id (ids int64, any shape; y is
+// ids.shape + [dim]). weight [num_embeddings, dim] ~ N(0, 1), as PyTorch's nn.Embedding.
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num_embeddings, int64_t dim);
+  Tensor forward(const Tensor& ids) override;
+  std::string repr() const override;
+
+  int64_t num_embeddings, dim;
+  Tensor weight;
+};
+
+// y = (x − mean(x)) / sqrt(var(x) + eps) · weight + bias over the last dimension; weight starts at
+// ones and bias at zeros (bias = false: no bias, as GPT configs with `bias: false` have).
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(int64_t dim, double eps = 1e-5, bool bias = true);
+  Tensor forward(const Tensor& x) override;
+  std::string repr() const override;
+
+  int64_t dim;
+  double eps;
+  Tensor weight, bias;  // bias undefined when bias = false
+};
+
+// y = x · Φ(x), by default with GPT-2's tanh approximation (ops/gelu/gelu.h).
+class GELU : public Module {
+ public:
+  explicit GELU(bool exact = false) : exact(exact) {}
+  Tensor forward(const Tensor& x) override;
+  std::string repr() const override { return exact ? "GELU(exact)" : "GELU(tanh)"; }
+
+  bool exact;
+};
+
+// Zeroes each element with probability p and scales the rest by 1/(1 − p), in training mode only
+// (ops/dropout/dropout.h). The mask is a pure function of (seed, offset, position): whoever runs
+// the model sets `seed` and, before each forward, `offset` (a number no other call of the run
+// uses), so a resumed run draws the same masks. nn::GPT does that for its dropouts.
+class Dropout : public Module {
+ public:
+  explicit Dropout(double p);
+  Tensor forward(const Tensor& x) override;
+  std::string repr() const override;
+
+  double p;
+  uint64_t seed = 0, offset = 0;
+};
+
 // A handle to any module, so that containers can take a brace list of different layer types.
 // Built from a module value (moved into a new shared_ptr) or from a shared_ptr (shared).
 class AnyModule {

@@ -1,0 +1,175 @@
+#include "app/lm_commands.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <map>
+
+#include <yaml-cpp/yaml.h>
+
+#include "app/inference.h"
+#include "data/data.h"
+#include "data/token_shards.h"
+#include "data/token_windows.h"
+#include "data/tokenizer.h"
+#include "nn/serialize.h"
+#include "train/checkpoint.h"
+#include "app/config.h"
+#include "train/sample.h"
+#include "train/trainer.h"
+
+namespace mt::app {
+
+namespace {
+
+// "--name value" pairs; a name outside `known`, or one without a value, is a ConfigError.
+std::map<std::string, std::string> parse_options(const std::vector<std::string>& args,
+                                                 const std::string& command,
+                                                 const std::vector<std::string>& known) {
+  std::map<std::string, std::string> out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (std::find(known.begin(), known.end(), a) == known.end())
+      throw ConfigError("train " + command + ": unknown option '" + a + "'");
+    if (i + 1 >= args.size()) throw ConfigError("train " + command + ": " + a + " needs a value");
+    out[a] = args[++i];
+  }
+  return out;
+}
+
+template <class T>
+T number(const std::map<std::string, std::string>& o, const std::string& key, T fallback) {
+  auto it = o.find(key);
+  if (it == o.end()) return fallback;
+  try {
+    size_t used = 0;
+    const double v = std::stod(it->second, &used);
+    if (used != it->second.size()) throw std::invalid_argument("trailing text");
+    if constexpr (std::is_integral_v<T>) {
+      if (v != double(T(v))) throw std::invalid_argument("not an integer");
+    }
+    return T(v);
+  } catch (const std::exception&) {
+    throw ConfigError(key + ": expected a number, got '" + it->second + "'");
+  }
+}
+
+std::string text_of(const std::map<std::string, std::string>& o, const std::string& key,
+                    const std::string& fallback) {
+  auto it = o.find(key);
+  return it == o.end() ? fallback : it->second;
+}
+
+template <class T> T yaml_value(const YAML::Node& section, const char* key, T fallback) {
+  return section && section[key] ? section[key].as<T>() : fallback;
+}
+
+}  // namespace
+
+nn::GPTConfig gpt_config_from_yaml(const std::string& yaml, const std::string& where) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml);
+  } catch (const YAML::Exception& e) {
+    throw InferenceError(where + ": its config is not YAML: " + e.what());
+  }
+  const YAML::Node m = root["model"];
+  const std::string kind = yaml_value<std::string>(m, "kind", "mlp");
+  if (kind != "gpt")
+    throw InferenceError(where + ": model.kind is '" + kind + "', not gpt: only a GPT samples text");
+  nn::GPTConfig c;
+  c.n_layer = yaml_value<int64_t>(m, "n_layer", c.n_layer);
+  c.n_head = yaml_value<int64_t>(m, "n_head", c.n_head);
+  c.n_embd = yaml_value<int64_t>(m, "n_embd", c.n_embd);
+  c.block_size = yaml_value<int64_t>(m, "block_size", c.block_size);
+  c.vocab_size = yaml_value<int64_t>(m, "vocab_size", c.vocab_size);
+  c.padded_vocab_size = yaml_value<int64_t>(m, "padded_vocab_size", c.padded_vocab_size);
+  c.dropout = yaml_value<double>(m, "dropout", c.dropout);
+  c.bias = yaml_value<bool>(m, "bias", c.bias);
+  return c;
+}
+
+int sample_command(const std::vector<std::string>& args) {
+  const auto o = parse_options(args, "sample", {"--checkpoint", "--prompt", "--tokens",
+                                                "--temperature", "--top-k", "--seed", "--device"});
+  if (!o.contains("--checkpoint")) throw ConfigError("train sample: --checkpoint FILE|DIR is required");
+  std::string path = o.at("--checkpoint");
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    try {
+      path = train::load_checkpoint(path).path;
+    } catch (const train::CheckpointError& e) {
+      throw InferenceError(e.what());
+    }
+  }
+  nn::TensorFile file;
+  try {
+    file = nn::load_tensors(path);
+  } catch (const Error& e) {
+    throw InferenceError(e.what());
+  }
+  auto config = file.metadata.find("config");
+  if (config == file.metadata.end())
+    throw InferenceError(path + ": has no 'config' in its metadata: not a model file `train` saved");
+  const nn::GPTConfig c = gpt_config_from_yaml(config->second, path);
+  const YAML::Node data = YAML::Load(config->second)["data"];
+  const auto tokenizer = make_tokenizer(yaml_value<std::string>(data, "tokenizer", "bytes"),
+                                        yaml_value<std::string>(data, "gpt2_dir", "assets/gpt2"));
+  if (tokenizer->vocab_size() > c.vocab_size)
+    throw InferenceError(path + ": the " + tokenizer->name() + " tokenizer has " +
+                                std::to_string(tokenizer->vocab_size()) + " ids, more than the "
+                                "model's vocab_size " + std::to_string(c.vocab_size));
+  const Device device = train::resolve_device(text_of(o, "--device", "cpu"));
+
+  nn::GPT model(c);
+  try {
+    model.load_state_dict(file.tensors);
+  } catch (const Error& e) {
+    throw InferenceError(path + ": does not fit the GPT its config describes: " + e.what());
+  }
+  model.to(device);
+  train::SampleOptions so{.tokens = number<int64_t>(o, "--tokens", 200),
+                          .temperature = number<double>(o, "--temperature", 1.0),
+                          .top_k = number<int64_t>(o, "--top-k", 0),
+                          .seed = number<uint64_t>(o, "--seed", 0)};
+  const std::string prompt = text_of(o, "--prompt", "\n");
+  std::vector<int32_t> ids;
+  try {
+    ids = tokenizer->encode(prompt);
+  } catch (const Error& e) {
+    throw data::DataError(std::string("--prompt: ") + e.what());
+  }
+  std::vector<int32_t> out;
+  try {
+    out = train::sample(model, ids, c.vocab_size, c.block_size, so, device);
+  } catch (const Error& e) {
+    throw ConfigError(e.what());  // the options: an empty prompt, temperature, top-k
+  }
+  const std::string text = prompt + tokenizer->decode(out);
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fputc('\n', stdout);
+  return 0;
+}
+
+int tokenize_command(const std::vector<std::string>& args) {
+  const auto o = parse_options(args, "tokenize", {"--input", "--output", "--tokenizer", "--gpt2-dir"});
+  if (!o.contains("--input") || !o.contains("--output"))
+    throw ConfigError("train tokenize: --input TEXT_FILE and --output SHARD.bin are required");
+  std::unique_ptr<Tokenizer> tokenizer;
+  try {
+    tokenizer = make_tokenizer(text_of(o, "--tokenizer", "gpt2"), text_of(o, "--gpt2-dir", "assets/gpt2"));
+  } catch (const Error& e) {
+    throw ConfigError(std::string("--tokenizer: ") + e.what());
+  }
+  data::TokenStream s;
+  try {
+    s = data::tokenize_text_file(o.at("--input"), *tokenizer);
+  } catch (const Error& e) {
+    throw data::DataError(e.what());
+  }
+  write_token_shard(o.at("--output"), to_shard_tokens(s.tokens));
+  std::printf("tokenize: %lld bytes -> %lld %s tokens -> %s\n", (long long)s.text_bytes,
+              (long long)s.tokens.size(), tokenizer->name().c_str(), o.at("--output").c_str());
+  return 0;
+}
+
+}  // namespace mt::app

@@ -1,0 +1,160 @@
+// The GPT model: GPT-2's architecture in nanoGPT's shape and names. nn/gpt.h says what each part
+// computes; this file is the whole model.
+#include "nn/gpt.h"
+
+#include <cmath>
+#include <sstream>
+
+#include "core/autograd.h"
+#include "nn/init.h"
+#include "ops/attention/attention.h"
+#include "ops/elementwise/elementwise.h"
+#include "ops/linear/linear.h"
+
+namespace mt::nn {
+
+namespace {
+
+void check_config(const GPTConfig& c) {
+  MT_CHECK(c.n_layer > 0 && c.n_head > 0 && c.n_embd > 0 && c.block_size > 0 && c.vocab_size > 0,
+           "GPT: n_layer, n_head, n_embd, block_size and vocab_size must be positive, got ",
+           c.n_layer, ", ", c.n_head, ", ", c.n_embd, ", ", c.block_size, ", ", c.vocab_size);
+  MT_CHECK(c.n_embd % c.n_head == 0, "GPT: n_embd ", c.n_embd, " is not divisible by n_head ",
+           c.n_head);
+  MT_CHECK(c.padded_vocab() >= c.vocab_size, "GPT: padded_vocab_size ", c.padded_vocab_size,
+           " is smaller than vocab_size ", c.vocab_size);
+  MT_CHECK(c.dropout >= 0 && c.dropout < 1, "GPT: dropout must be in [0, 1), got ", c.dropout);
+}
+
+}  // namespace
+
+// ---- attention ------------------------------------------------------------------------------
+
+CausalSelfAttention::CausalSelfAttention(const GPTConfig& c) : n_head(c.n_head) {
+  c_attn = register_module("c_attn", Linear(c.n_embd, 3 * c.n_embd, c.bias));
+  c_proj = register_module("c_proj", Linear(c.n_embd, c.n_embd, c.bias));
+  resid_dropout = register_module("resid_dropout", Dropout(c.dropout));
+}
+
+Tensor CausalSelfAttention::forward(const Tensor& x) {
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), H = n_head, d = C / n_head;
+  // [B, T, 3C] → [3, B, H, T, d] in one copy: q, k and v, each cut into H heads of d.
+  Tensor qkv = (*c_attn)(x).view({B, T, 3, H, d}).permute({2, 0, 3, 1, 4}).contiguous();
+  auto part = [&](int64_t i) { return qkv.slice_rows(i, i + 1).view({B, H, T, d}); };
+  Tensor y = attention(part(0), part(1), part(2));              // [B, H, T, d]
+  y = y.transpose(1, 2).contiguous().view({B, T, C});           // the heads side by side again
+  return (*resid_dropout)((*c_proj)(y));
+}
+
+// ---- MLP and Block --------------------------------------------------------------------------
+
+GPTMLP::GPTMLP(const GPTConfig& c) {
+  c_fc = register_module("c_fc", Linear(c.n_embd, 4 * c.n_embd, c.bias));
+  gelu = register_module("gelu", GELU());
+  c_proj = register_module("c_proj", Linear(4 * c.n_embd, c.n_embd, c.bias));
+  dropout = register_module("dropout", Dropout(c.dropout));
+}
+
+Tensor GPTMLP::forward(const Tensor& x) {
+  return (*dropout)((*c_proj)((*gelu)((*c_fc)(x))));
+}
+
+Block::Block(const GPTConfig& c) {
+  ln_1 = register_module("ln_1", LayerNorm(c.n_embd, 1e-5, c.bias));
+  attn = register_module("attn", CausalSelfAttention(c));
+  ln_2 = register_module("ln_2", LayerNorm(c.n_embd, 1e-5, c.bias));
+  mlp = register_module("mlp", GPTMLP(c));
+}
+
+Tensor Block::forward(const Tensor& x) {
+  Tensor h = add(x, (*attn)((*ln_1)(x)));
+  return add(h, (*mlp)((*ln_2)(h)));
+}
+
+// ---- the trunk and the model ----------------------------------------------------------------
+
+GPTTrunk::GPTTrunk(const GPTConfig& c) {
+  wte = register_module("wte", Embedding(c.padded_vocab(), c.n_embd));
+  wpe = register_module("wpe", Embedding(c.block_size, c.n_embd));
+  drop = register_module("drop", Dropout(c.dropout));
+  h = register_module("h", Sequential());
+  for (int64_t i = 0; i < c.n_layer; ++i) h->push_back(Block(c));
+  ln_f = register_module("ln_f", LayerNorm(c.n_embd, 1e-5, c.bias));
+}
+
+Tensor GPTTrunk::forward(const Tensor& ids) {
+  const int64_t B = ids.size(0), T = ids.size(1);
+  if (!positions_.defined() || positions_.shape() != ids.shape() ||
+      positions_.device() != ids.device()) {
+    std::vector<int64_t> pos(size_t(B * T));
+    for (size_t i = 0; i < pos.size(); ++i) pos[i] = int64_t(i) % T;
+    positions_ = from_vector(pos, {B, T}, DType::i64, ids.device());
+  }
+  // The embeddings are fp32 tables; the residual stream is in the compute dtype (a
+  // differentiable cast, so the gradient flows back to the tables in fp32).
+  const DType compute = wte->weight.compute_copy().defined() ? wte->weight.compute_copy().dtype()
+                                                             : wte->weight.dtype();
+  Tensor x = add((*wte)(ids), (*wpe)(positions_)).to(compute);
+  return (*ln_f)((*h)((*drop)(x)));
+}
+
+GPT::GPT(const GPTConfig& c) : config(c) {
+  check_config(c);
+  transformer = register_module("transformer", GPTTrunk(c));
+  // GPT-2's initialization (nn/gpt.h), drawn in parameter order from the default generator.
+  const double residual_std = 0.02 / std::sqrt(2.0 * double(c.n_layer));
+  for (const auto& [name, p] : named_parameters()) {
+    const bool projection = name.ends_with("c_proj.weight");
+    if (name.ends_with("ln_1.weight") || name.ends_with("ln_2.weight") || name.ends_with("ln_f.weight")) {
+      continue;  // LayerNorm: ones, zeros
+    } else if (name.ends_with(".bias")) {
+      p.fill_(0.0);
+    } else {
+      init::normal_(p, 0.0, projection ? residual_std : 0.02);
+    }
+  }
+  NoGradGuard no_grad;
+  transformer->wte->weight.slice_rows(c.vocab_size, c.padded_vocab()).fill_(0.0);
+}
+
+Tensor GPT::forward(const Tensor& ids) {
+  MT_CHECK(ids.dim() == 2 && ids.dtype() == DType::i64, "GPT: ids must be [B, T] int64, got ",
+           shape_str(ids.shape()), " ", dtype_name(ids.dtype()));
+  MT_CHECK(ids.size(1) >= 1 && ids.size(1) <= config.block_size, "GPT: a sequence of ",
+           ids.size(1), " tokens, but the model's block_size is ", config.block_size);
+  const Tensor& w = transformer->wte->weight;
+  return linear((*transformer)(ids), w, Tensor(), w.compute_copy());  // the head, tied to wte
+}
+
+void GPT::set_dropout_key(uint64_t seed, uint64_t call) {
+  std::vector<Dropout*> dropouts;
+  for (const auto& [name, m] : named_modules())
+    if (auto* d = dynamic_cast<Dropout*>(m.get())) dropouts.push_back(d);
+  for (size_t i = 0; i < dropouts.size(); ++i) {
+    dropouts[i]->seed = seed;
+    dropouts[i]->offset = call * dropouts.size() + i;
+  }
+}
+
+void GPT::set_compute_dtype(DType dtype) {
+  Module::set_compute_dtype(dtype);  // the Linears' copies
+  NoGradGuard no_grad;              // and the head's: wte's weight in the compute dtype
+  Tensor& w = transformer->wte->weight;
+  w.set_compute_copy(dtype == DType::f32 || dtype == DType::f64 ? Tensor() : w.to(dtype));
+}
+
+int64_t GPT::num_parameters(bool non_embedding) const {
+  int64_t n = 0;
+  for (const Tensor& p : parameters()) n += p.numel();
+  return non_embedding ? n - transformer->wpe->weight.numel() : n;
+}
+
+std::string GPT::repr() const {
+  std::ostringstream os;
+  os << "GPT(n_layer=" << config.n_layer << ", n_head=" << config.n_head << ", n_embd="
+     << config.n_embd << ", block_size=" << config.block_size << ", vocab_size="
+     << config.vocab_size << ", padded_vocab_size=" << config.padded_vocab() << ")";
+  return os.str();
+}
+
+}  // namespace mt::nn

@@ -1,0 +1,93 @@
+// A tiny GPT trained through the `train` program's trainer (model.kind gpt, data.kind text): two
+// runs bitwise equal, a stopped and resumed run bitwise equal to an uninterrupted one (dropout on:
+// its masks follow the step), validation loss and bits per byte reported, and the config's bad
+// values named.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+
+#include "app/config.h"
+#include "app/config_trainer.h"
+#include "tests/expect_error.h"
+#include "tests/temp_dir.h"
+
+using namespace mt;
+using mt::test::TempDir;
+
+namespace {
+
+Config tiny_gpt_config(const TempDir& dir) {
+  const auto text = dir.path / "text.txt";
+  std::ofstream out(text);
+  for (int i = 0; i < 40; ++i) out << "To be, or not to be, that is the question " << i << ".\n";
+  out.close();
+  return parse_config(
+      "model: {kind: gpt, n_layer: 2, n_head: 2, n_embd: 16, block_size: 16, vocab_size: 256, "
+      "dropout: 0.1}\n"
+      "data: {kind: text, path: " + text.string() + ", val_fraction: 0.2, eval_windows: 8}\n"
+      "optim: {lr: 0.01, steps: 8, warmup_steps: 2, batch_size: 6, microbatches: 2}\n"
+      "eval: {every: 4, batch_size: 4}\n"
+      "checkpoint: {dir: " + (dir.path / "ckpt").string() + ", every: 4, keep_last: 2}\n"
+      "logging: {every: 2}\n",
+      "tiny-gpt");
+}
+
+std::vector<std::vector<double>> params_of(train::Trainer& t) {
+  std::vector<std::vector<double>> out;
+  for (const Tensor& p : t.model().parameters()) out.push_back(p.to_vector());
+  return out;
+}
+
+TEST(GptTraining, TwoRunsAndAResumedRunAreBitwiseEqual) {
+  TempDir a, b, c;
+  app::ConfigTrainer first(tiny_gpt_config(a), kCPU);
+  const train::RunSummary s = first.run();
+  const auto expected = params_of(first);
+  app::ConfigTrainer second(tiny_gpt_config(b), kCPU);
+  second.run();
+  EXPECT_EQ(params_of(second), expected);
+
+  app::ConfigTrainer resumed(tiny_gpt_config(c), kCPU);
+  resumed.resume((a.path / "ckpt/step-000004.safetensors").string());
+  EXPECT_EQ(resumed.step(), 4);
+  resumed.run();
+  EXPECT_EQ(params_of(resumed), expected);
+
+  // Validation on the held-out tail: a loss below the uniform ln 256 = 5.55 after 8 steps, and
+  // bits per byte = loss / ln 2 for bytes.
+  EXPECT_GT(s.val_loss, 0);
+  EXPECT_LT(s.val_loss, 5.5);
+  ASSERT_TRUE(s.val_metrics.contains("bpb"));
+  EXPECT_NEAR(s.val_metrics.at("bpb"), s.val_loss / std::log(2.0), 1e-9);
+}
+
+TEST(GptTraining, BadConfigsAreNamed) {
+  TempDir d;
+  const Config good = tiny_gpt_config(d);
+  const std::string text = good.data.path;
+  test::expect_error([&] { parse_config("model: {kind: gpt, block_size: 16}\ndata: {kind: text, path: " + text + ", block_size: 32}\n", "bad"); },
+                     {"data.block_size", "larger than the model's block_size 16"});
+  test::expect_error([&] { parse_config("model: {kind: gpt, n_embd: 30, n_head: 4}\ndata: {kind: text, path: " + text + "}\n", "bad"); },
+                     {"model.n_embd", "divisible by model.n_head = 4"});
+  test::expect_error([&] { parse_config("model: {kind: mlp}\ndata: {kind: text, path: " + text + "}\n", "bad"); },
+                     {"data.kind", "model.kind gpt"});
+  test::expect_error([&] {
+    app::ConfigTrainer t(parse_config("model: {kind: gpt}\ndata: {kind: synthetic}\ncheckpoint: {dir: " +
+                                          (d.path / "c").string() + "}\n", "bad"), kCPU);
+  }, {"gpt trains on token data", "data.kind synthetic"});
+  test::expect_error([&] { parse_config("model: {kind: gpt, dropout: 1.5}\ndata: {kind: text, path: " + text + "}\n", "bad"); },
+                     {"model.dropout", "[0, 1)"});
+  // A corpus shorter than T + 1 tokens for the held-out part: named when the trainer is built.
+  const auto small = d.path / "small.txt";
+  std::ofstream(small) << "short text";
+  Config tiny = good;
+  tiny.data.path = small.string();
+  test::expect_error([&] { app::ConfigTrainer t(tiny, kCPU); }, {"small.txt", "fewer than T + 1 = 17"});
+  // Token ids at or above the vocabulary: a byte tokenizer for a model of 100 ids.
+  const Config narrow = parse_config("model: {kind: gpt, block_size: 16, vocab_size: 100}\n"
+                                     "data: {kind: text, path: " + text + "}\n", "narrow");
+  test::expect_error([&] { app::ConfigTrainer t(narrow, kCPU); }, {"model.vocab_size", "256 ids"});
+}
+
+}  // namespace

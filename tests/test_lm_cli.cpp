@@ -1,0 +1,90 @@
+// `train sample` and `train tokenize` end to end (app/lm_commands.h): same seed, same text; bad
+// options, prompts, inputs and vocabulary files give a clear message and the documented exit code.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "core/rng.h"
+#include "data/token_shards.h"
+#include "nn/gpt.h"
+#include "nn/serialize.h"
+#include "tests/run_train.h"
+#include "tests/temp_dir.h"
+
+using namespace mt;
+
+namespace {
+
+// A small byte-level GPT saved as `train` saves a model file: its weights and its config.
+std::string save_tiny_gpt(const std::filesystem::path& dir) {
+  manual_seed(0);
+  nn::GPT model({.n_layer = 1, .n_head = 2, .n_embd = 16, .block_size = 8, .vocab_size = 256});
+  const std::string path = (dir / "gpt.safetensors").string();
+  nn::save(model, path,
+           {{"config", "model: {kind: gpt, n_layer: 1, n_head: 2, n_embd: 16, block_size: 8, "
+                       "vocab_size: 256}\ndata: {kind: text, tokenizer: bytes}\n"}});
+  return path;
+}
+
+void expect_fails(const std::string& args, int code, const std::string& words) {
+  std::string out;
+  EXPECT_EQ(test::run_train(args, &out), code) << args << "\n" << out;
+  EXPECT_NE(out.find(words), std::string::npos) << args << ": output lacks '" << words << "':\n" << out;
+}
+
+TEST(SampleCli, SameSeedSameTextAndBadOptions) {
+  test::TempDir t;
+  const std::string ckpt = save_tiny_gpt(t.path);
+  std::string a, b, c;
+  const std::string base = "sample --checkpoint " + ckpt + " --prompt 'To be' --tokens 40 --top-k 20";
+  ASSERT_EQ(test::run_train(base + " --seed 5", &a, false), 0) << a;
+  ASSERT_EQ(test::run_train(base + " --seed 5", &b, false), 0);
+  ASSERT_EQ(test::run_train(base + " --seed 6", &c, false), 0);
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+  EXPECT_EQ(a.rfind("To be", 0), 0u) << "the output starts with the prompt";
+  // A prompt longer than block_size (8) is fine: the model sees its last 8 tokens.
+  EXPECT_EQ(test::run_train("sample --checkpoint " + ckpt + " --prompt 'a much longer prompt' --tokens 5", nullptr), 0);
+
+  expect_fails("sample --checkpoint " + ckpt + " --prompt ''", 2, "prompt is empty");
+  expect_fails("sample --checkpoint " + ckpt + " --temperature 0", 2, "temperature must be a positive number, got 0");
+  expect_fails("sample --checkpoint " + ckpt + " --temperature -1", 2, "temperature");
+  expect_fails("sample --checkpoint " + ckpt + " --top-k 257", 2, "top_k must be in [0, 256]");
+  expect_fails("sample --checkpoint " + ckpt + " --tokens many", 2, "--tokens: expected a number, got 'many'");
+  expect_fails("sample --checkpoint " + ckpt + " --bogus 1", 2, "unknown option '--bogus'");
+  expect_fails("sample --prompt x", 2, "--checkpoint FILE|DIR is required");
+  expect_fails("sample --checkpoint " + (t.path / "missing.safetensors").string(), 2, "missing.safetensors");
+}
+
+TEST(TokenizeCli, WritesAShardTheReaderTakesAndRefusesBadInput) {
+  test::TempDir t;
+  const std::filesystem::path text = t.path / "a.txt", shard = t.path / "a.bin";
+  std::ofstream(text) << "Hello world";
+  std::string out;
+  ASSERT_EQ(test::run_train("tokenize --input " + text.string() + " --output " + shard.string() +
+                            " --gpt2-dir " MT_SOURCE_DIR "/assets/gpt2", &out), 0) << out;
+  EXPECT_EQ(read_token_shard(shard.string()), (std::vector<uint16_t>{15496, 995}));
+  ASSERT_EQ(test::run_train("tokenize --tokenizer bytes --input " + text.string() + " --output " +
+                            shard.string(), &out), 0) << out;
+  EXPECT_EQ(read_token_shard(shard.string()).size(), 11u);
+
+  // Text that is not UTF-8 is refused by the GPT-2 tokenizer, naming the file and the offset.
+  const std::filesystem::path bad = t.path / "bad.txt";
+  std::ofstream(bad, std::ios::binary) << "ok \xff\xfe";
+  expect_fails("tokenize --input " + bad.string() + " --output " + shard.string() +
+                   " --gpt2-dir " MT_SOURCE_DIR "/assets/gpt2", 4, "bad.txt");
+  // A vocabulary file that does not parse.
+  const std::filesystem::path vocab = t.path / "vocab";
+  std::filesystem::create_directories(vocab);
+  std::ofstream(vocab / "encoder.json") << "{not json";
+  std::ofstream(vocab / "vocab.bpe") << "#version: 0.2\n";
+  expect_fails("tokenize --input " + text.string() + " --output " + shard.string() +
+                   " --gpt2-dir " + vocab.string(), 2, "encoder.json");
+  expect_fails("tokenize --input " + (t.path / "none.txt").string() + " --output " + shard.string() +
+                   " --tokenizer bytes", 4, "none.txt");
+  expect_fails("tokenize --input " + text.string() + " --output " + shard.string() +
+                   " --tokenizer words", 2, "words");
+}
+
+}  // namespace

@@ -1,0 +1,103 @@
+// Language-model data (train/token_windows.h) and sampling (train/sample.h): windows of T + 1
+// tokens, batches as a pure function of (seed, step), the split by position, bad input.
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "core/rng.h"
+#include "nn/gpt.h"
+#include "tests/expect_error.h"
+#include "train/sample.h"
+#include "data/token_windows.h"
+
+using namespace mt;
+
+namespace {
+
+data::TokenStream counting(int64_t n, int64_t vocab = 1000) {
+  data::TokenStream s;
+  s.vocab_size = vocab;
+  s.source = "counting";
+  for (int64_t i = 0; i < n; ++i) s.tokens.push_back(int32_t(i % vocab));
+  return s;
+}
+
+TEST(TokenWindows, TargetsAreTheNextTokens) {
+  data::TokenStream s = counting(100);
+  data::TokenWindows w(s, 10, 50, 8, "train");
+  EXPECT_EQ(w.windows(), 32);  // starts 10 .. 41: the last window ends at token 49
+  auto [x, y] = w.gather({0, 31}, kCPU);
+  ASSERT_EQ(x.shape(), (Shape{2, 8}));
+  std::vector<double> xv = x.to_vector(), yv = y.to_vector();
+  for (int64_t j = 0; j < 8; ++j) {
+    EXPECT_EQ(xv[size_t(j)], 10 + j);
+    EXPECT_EQ(yv[size_t(j)], 11 + j);
+    EXPECT_EQ(xv[size_t(8 + j)], 41 + j);
+    EXPECT_EQ(yv[size_t(8 + j)], 42 + j);
+  }
+  test::expect_error([&] { w.gather({32}, kCPU); }, {"start 32"});
+}
+
+TEST(TokenWindows, StepBatchesArePureFunctionsOfSeedAndStep) {
+  auto a = data::step_window_starts(1000, 16, 7, 3);
+  EXPECT_EQ(a, data::step_window_starts(1000, 16, 7, 3));
+  EXPECT_NE(a, data::step_window_starts(1000, 16, 7, 4));
+  EXPECT_NE(a, data::step_window_starts(1000, 16, 8, 3));
+  std::set<int64_t> seen;
+  for (int64_t step = 0; step < 200; ++step)
+    for (int64_t s : data::step_window_starts(50, 8, 1, step)) {
+      ASSERT_TRUE(s >= 0 && s < 50);
+      seen.insert(s);
+    }
+  EXPECT_EQ(seen.size(), 50u);  // every window is drawn sooner or later
+}
+
+TEST(TokenWindows, ValidationSplitIsHeldOutByPosition) {
+  EXPECT_EQ(data::validation_begin(1000, 0.1), 900);
+  data::TokenStream s = counting(1000);
+  data::TokenWindows val(s, data::validation_begin(1000, 0.1), 1000, 16, "validation");
+  std::vector<int64_t> starts = val.evenly_spaced(5);
+  EXPECT_EQ(starts, (std::vector<int64_t>{0, 20, 41, 62, 83}));
+  auto [x, y] = val.gather(starts, kCPU);
+  for (double v : x.to_vector()) EXPECT_GE(v, 900);  // no validation window reaches into training
+  EXPECT_EQ(val.evenly_spaced(1000).size(), 84u);
+}
+
+TEST(TokenWindows, BadInput) {
+  data::TokenStream s = counting(10);
+  test::expect_error([&] { data::TokenWindows(s, 0, 10, 10, "train"); },
+                     {"train", "counting", "10 tokens", "T + 1 = 11"});
+}
+
+TEST(Sample, SameSeedSameTokens) {
+  manual_seed(0);
+  nn::GPT model({.n_layer = 1, .n_head = 2, .n_embd = 16, .block_size = 8, .vocab_size = 20});
+  train::SampleOptions o{.tokens = 30, .temperature = 1.0, .top_k = 5, .seed = 11};
+  auto a = train::sample(model, {1, 2, 3}, 20, 8, o, kCPU);  // longer than block_size: cropped
+  EXPECT_EQ(a.size(), 30u);
+  EXPECT_EQ(a, train::sample(model, {1, 2, 3}, 20, 8, o, kCPU));
+  o.seed = 12;
+  EXPECT_NE(a, train::sample(model, {1, 2, 3}, 20, 8, o, kCPU));
+  for (int32_t t : a) EXPECT_TRUE(t >= 0 && t < 20);
+  // top_k = 1 is greedy: the argmax of the logits every time, whatever the seed.
+  o.top_k = 1;
+  auto g1 = train::sample(model, {1}, 20, 8, o, kCPU);
+  o.seed = 99;
+  EXPECT_EQ(g1, train::sample(model, {1}, 20, 8, o, kCPU));
+  EXPECT_TRUE(model.is_training());  // the mode is restored
+}
+
+TEST(Sample, BadOptions) {
+  manual_seed(0);
+  nn::GPT model({.n_layer = 1, .n_head = 1, .n_embd = 8, .block_size = 4, .vocab_size = 10});
+  auto run = [&](std::vector<int32_t> prompt, train::SampleOptions o) {
+    return [&model, prompt, o] { train::sample(model, prompt, 10, 4, o, kCPU); };
+  };
+  test::expect_error(run({}, {}), {"prompt is empty"});
+  test::expect_error(run({1}, {.temperature = 0}), {"temperature", "positive", "0"});
+  test::expect_error(run({1}, {.temperature = -1}), {"temperature"});
+  test::expect_error(run({1}, {.top_k = 11}), {"top_k", "[0, 10]", "11"});
+  test::expect_error(run({10}, {}), {"prompt token 10", "[0, 10)"});
+}
+
+}  // namespace

@@ -1,0 +1,63 @@
+#include "train/lm_task.h"
+
+#include <cmath>
+#include <numbers>
+
+#include "nn/gpt.h"
+#include "ops/cross_entropy/cross_entropy.h"
+
+namespace mt::train {
+
+Tensor next_token_loss(const Tensor& logits, const Tensor& targets, int64_t vocab_size,
+                       double normalizer) {
+  MT_CHECK(logits.dim() == 3 && targets.dim() == 2 && logits.size(0) == targets.size(0) &&
+               logits.size(1) == targets.size(1) && logits.size(2) >= vocab_size,
+           "next_token_loss: logits ", shape_str(logits.shape()), " do not fit targets ",
+           shape_str(targets.shape()), " and a vocabulary of ", vocab_size);
+  const int64_t rows = targets.numel();
+  return cross_entropy(logits.reshape({rows, logits.size(2)}), targets.reshape({rows}), -100,
+                       normalizer, /*valid_classes=*/vocab_size);
+}
+
+namespace {
+
+class LanguageModeling : public Task {
+ public:
+  LanguageModeling(int64_t vocab_size, double tokens_per_byte, DropoutKey key)
+      : vocab_size_(vocab_size), tokens_per_byte_(tokens_per_byte), key_(std::move(key)) {}
+
+  Tensor loss(nn::Module& model, const Batch& batch, double normalizer, Metrics* metrics) override {
+    const int64_t T = batch.x.size(1);
+    auto* gpt = dynamic_cast<nn::GPT*>(&model);
+    if (gpt != nullptr && key_.step && model.is_training()) {
+      // Microbatch m of step s draws its masks from call s · 2^20 + m: a pure function of the
+      // step, so a resumed run draws what an uninterrupted one did.
+      const int64_t step = key_.step();
+      microbatch_ = step == step_ ? microbatch_ + 1 : 0;
+      step_ = step;
+      gpt->set_dropout_key(key_.seed, (uint64_t(step) << 20) + uint64_t(microbatch_));
+    }
+    Tensor loss = next_token_loss(model(batch.x), batch.y, vocab_size_, normalizer * double(T));
+    if (metrics != nullptr && tokens_per_byte_ > 0) {
+      // Per window: its mean loss in bits per byte; the trainer divides the sum by the windows.
+      const double window_sum = loss.item() * normalizer;
+      (*metrics)["bpb"] += window_sum * tokens_per_byte_ / std::numbers::ln2;
+    }
+    return loss;
+  }
+
+ private:
+  int64_t vocab_size_;
+  double tokens_per_byte_;
+  DropoutKey key_;
+  int64_t step_ = -1, microbatch_ = 0;
+};
+
+}  // namespace
+
+std::shared_ptr<Task> language_modeling(int64_t vocab_size, double tokens_per_byte,
+                                        DropoutKey key) {
+  return std::make_shared<LanguageModeling>(vocab_size, tokens_per_byte, std::move(key));
+}
+
+}  // namespace mt::train
