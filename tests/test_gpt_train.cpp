@@ -88,6 +88,10 @@ TEST(GptTraining, BadConfigsAreNamed) {
   const Config narrow = parse_config("model: {kind: gpt, block_size: 16, vocab_size: 100}\n"
                                      "data: {kind: text, path: " + text + "}\n", "narrow");
   test::expect_error([&] { app::ConfigTrainer t(narrow, kCPU); }, {"model.vocab_size", "256 ids"});
+  // A CUDA graph would replay one step's dropout masks (their keys are host values).
+  Config graphed = good;
+  graphed.cuda_graph = true;
+  test::expect_error([&] { app::ConfigTrainer t(graphed, kCPU); }, {"cuda_graph: true with model.dropout", "would replay"});
 }
 
 }  // namespace
