@@ -175,9 +175,11 @@ TEST(MultiProcess, NprocAndTorchrunStyleRanksTrainLikeOneRank) {
       EXPECT_EQ(wait_for(spawn_train(zero_args, {}, zero + ".log")), 0) << read_file(zero + ".log");
     }
     EXPECT_LE(max_weight_diff(zero, one), 1e-10) << "ZeRO-1, " << n << " ranks";
-    if (n > 1)  // the log says how the ranks met
-      EXPECT_NE(read_file(dir / "rank0.log").find("data parallel: " + std::to_string(n) + " ranks"),
-                std::string::npos);
+    if (n > 1) {  // the log says how the ranks met, and counts its one bucket in the singular
+      const std::string log = read_file(dir / "rank0.log");
+      EXPECT_NE(log.find("data parallel: " + std::to_string(n) + " ranks"), std::string::npos) << log;
+      EXPECT_NE(log.find("gradients in 1 bucket:"), std::string::npos) << log;
+    }
   }
 }
 

@@ -416,8 +416,9 @@ void Trainer::begin_run(RunState& r) {
   }
   if (reducer_) {
     if (lead())
-      spdlog::info("data parallel: {} ranks, {} samples per rank per step; gradients in {} buckets{}:\n{}",
+      spdlog::info("data parallel: {} ranks, {} samples per rank per step; gradients in {} bucket{}{}:\n{}",
                    comm_->size(), data_->shard_size(), reducer_->num_buckets(),
+                   reducer_->num_buckets() == 1 ? "" : "s",
                    zero_ ? ", reduce-scattered (ZeRO-1: AdamW's state sharded over the ranks)" : "",
                    reducer_->layout_str());
     parallel::JobEntries job = options_.job_keys;  // one config, one model
@@ -578,8 +579,8 @@ RunSummary Trainer::end_run(RunState& r) {
   RunSummary& summary = r.summary;
   summary.steps = step_;
   if (reducer_ && lead() && !zero_)
-    spdlog::info("data parallel: {} gradient all-reduces in {} steps ({} buckets)", gradient_all_reduces_,
-                 step_ - r.first_step, reducer_->num_buckets());
+    spdlog::info("data parallel: {} gradient all-reduces in {} steps ({} bucket{})", gradient_all_reduces_,
+                 step_ - r.first_step, reducer_->num_buckets(), reducer_->num_buckets() == 1 ? "" : "s");
   if (zero_ && lead())
     spdlog::info("ZeRO-1: {} bytes of AdamW state on rank 0 of {}; per step {} reduce-scatters, 1 "
                  "all-reduce (the gradient norm) and {} all-gathers", zero_->state_bytes(),
