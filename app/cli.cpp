@@ -254,7 +254,8 @@ int mt::app::run_cli(int argc, char** argv, const std::string& version) {
     trainer.run();
     return 0;
   } catch (const UsageError& e) {
-    std::fprintf(stderr, "train: %s\n\n%s", e.what(), kUsage);
+    // One line that says what to fix; the whole usage only on request (it would bury that line).
+    std::fprintf(stderr, "train: %s\n(train --help prints the usage)\n", e.what());
     return 2;
   } catch (const mt::ConfigError& e) {
     std::fprintf(stderr, "train: config error: %s\n", e.what());

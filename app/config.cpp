@@ -133,9 +133,17 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   return row[b.size()];
 }
 
-// "; did you mean 'optim.lr'?" when a known key is within two edits of `key`.
+// "; did you mean 'optim.lr'?" when a known key is within two edits of `key`, or is the name
+// PyTorch, Hugging Face or Keras users reach for (learning_rate, optimizer, ...).
 std::string suggestion(const std::string& key, const std::vector<std::string>& known,
                        const std::string& prefix) {
+  static const std::pair<const char*, const char*> kOtherNames[] = {
+      {"learning_rate", "lr"}, {"optimizer", "optim"},   {"weight_decay_rate", "weight_decay"},
+      {"max_steps", "steps"},  {"num_steps", "steps"},   {"warmup", "warmup_steps"},
+      {"grad_clip", "clip_norm"}, {"max_grad_norm", "clip_norm"}, {"gradient_accumulation_steps", "microbatches"}};
+  for (const auto& [other, ours] : kOtherNames)
+    if (key == other && std::find(known.begin(), known.end(), ours) != known.end())
+      return "; did you mean '" + prefix + ours + "'?";
   const std::string* best = nullptr;
   size_t best_d = 3;
   for (const std::string& k : known) {
@@ -555,7 +563,11 @@ const std::vector<Row>& rows() {
      "`auto`, `cpu`, `cuda`, `cuda:N`",
      [](Section& s, Config& c) {
       s.get("device", c.device);
-      s.require("device", c.device, valid_device(c.device), "expected auto, cpu, cuda or cuda:N");
+      if (!valid_device(c.device))
+        s.fail("device", "expected auto, cpu, cuda or cuda:N, got '" + c.device + "'",
+               c.device == "gpu" || c.device.starts_with("gpu:")
+                   ? "; did you mean 'cuda" + c.device.substr(3) + "'?"
+                   : "");
      },
      [](const Config& c) -> std::string { return quote(c.device); }},
     {"model", "kind", "string",

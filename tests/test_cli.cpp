@@ -92,6 +92,24 @@ TEST(Cli, HelpListsEveryFlagTheExitCodesAndTheFilesARunWrites) {
     EXPECT_TRUE(contains(help, part)) << "--help lacks '" << part << "'";
 }
 
+// A mistyped value or key gets one line that names the fix, with the names users of other
+// frameworks reach for (gpu, optimizer, learning_rate) pointed at ours, and not the whole usage.
+TEST(Cli, OtherFrameworksNamesGetADidYouMeanAndNoWallOfHelp) {
+  const std::string config = "--config " + std::string(MT_SOURCE_DIR) + "/configs/mlp.yaml ";
+  const std::pair<std::string, std::string> cases[] = {
+      {"--device gpu", "did you mean 'cuda'?"},
+      {"--set device=gpu", "did you mean 'cuda'?"},
+      {"--set optimizer.lr=1", "did you mean 'optim'?"},
+      {"--set optim.learning_rate=1", "did you mean 'optim.lr'?"},
+  };
+  for (const auto& [args, says] : cases) {
+    std::string out;
+    EXPECT_EQ(run_train(config + args, &out), 2) << args;
+    EXPECT_TRUE(contains(out, says)) << args << ": " << out;
+    EXPECT_FALSE(contains(out, "Exit codes")) << args << ": the whole usage was printed\n" << out;
+  }
+}
+
 TEST(Cli, VersionNamesCommitBuildTypeAndCuda) {
   std::string v;
   ASSERT_EQ(run_train("--version", &v), 0);
