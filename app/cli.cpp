@@ -1,4 +1,6 @@
 // The `train` program (app/cli.h).
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -72,6 +74,10 @@ const char* kUsage =
 struct UsageError : mt::Error {
   using mt::Error::Error;
 };
+
+// On a terminal the live progress line may still hold the cursor: an error starts on a line of
+// its own there. Into a file or a pipe there is no such line, so no blank line either.
+const char* fresh_line() { return ::isatty(2) ? "\n" : ""; }
 
 // --device is checked here, so that its error names --device rather than the --set it becomes.
 void check_device_flag(const std::string& d) {
@@ -267,13 +273,13 @@ int mt::app::run_cli(int argc, char** argv, const std::string& version) {
     std::fprintf(stderr, "train: cannot resume: %s\n", e.what());
     return 2;
   } catch (const mt::train::NonFiniteError& e) {
-    std::fprintf(stderr, "\ntrain: %s\n", e.what());
+    std::fprintf(stderr, "%strain: %s\n", fresh_line(), e.what());
     return 3;
   } catch (const mt::data::DataError& e) {
-    std::fprintf(stderr, "\ntrain: data error: %s\n", e.what());
+    std::fprintf(stderr, "%strain: data error: %s\n", fresh_line(), e.what());
     return 4;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "\ntrain: error: %s\n", e.what());
+    std::fprintf(stderr, "%strain: error: %s\n", fresh_line(), e.what());
     return 1;
   }
 }

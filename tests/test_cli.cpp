@@ -110,6 +110,18 @@ TEST(Cli, OtherFrameworksNamesGetADidYouMeanAndNoWallOfHelp) {
   }
 }
 
+// Into a pipe an error is one line, with no blank line before it (that one is for a terminal's
+// live progress line); data errors exit 4.
+TEST(Cli, ADataErrorIsOneLineWithNoBlankLineBefore) {
+  TempDir dir;
+  std::string out;
+  EXPECT_EQ(run_train("--config " + std::string(MT_SOURCE_DIR) + "/configs/mlp.yaml --set data.noise=1e39 "
+                      "--set checkpoint.dir=" + (dir / "ck"), &out), 4);
+  EXPECT_TRUE(contains(out, "train: data error: the synthetic data: sample 0, feature 1 is inf")) << out;
+  EXPECT_FALSE(contains(out, "\n\ntrain:")) << out;
+  EXPECT_FALSE(out.starts_with("\n")) << out;
+}
+
 TEST(Cli, VersionNamesCommitBuildTypeAndCuda) {
   std::string v;
   ASSERT_EQ(run_train("--version", &v), 0);
