@@ -232,6 +232,10 @@ TEST(MultiProcess, AKilledRankEndsTheJobWithAMessage) {
 // under a 3 GiB address-space limit, so a store that believes a length fails instead of
 // swapping; the job must train as if nobody were there, well within its 20 s timeout.
 TEST(MultiProcess, StrangersAtTheStoreNeitherStallNorBloatTheJob) {
+  // AddressSanitizer reserves terabytes of shadow memory: it cannot start under ulimit -v.
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "an address-space limit and AddressSanitizer do not mix";
+#endif
   MT_NEEDS_GLOO();
   TempDir dir;
   const int port = free_port();
@@ -308,6 +312,10 @@ TEST(MultiProcess, RanksWithDifferentConfigsNameTheFirstDifferingKey) {
 // must end at once, with nothing written and no worker's output: a launcher that spawned first
 // started up to 100,000 processes. So must a worker told WORLD_SIZE=2000000000.
 TEST(MultiProcess, NprocIsCheckedBeforeAnyWorkerStarts) {
+  // AddressSanitizer reserves terabytes of shadow memory: it cannot start under ulimit -v.
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "an address-space limit and AddressSanitizer do not mix";
+#endif
   TempDir dir;
   struct Case {
     std::string nproc, limits, set;
