@@ -57,6 +57,7 @@
 #include <cuda_runtime.h>
 #include <nlohmann/json.hpp>
 
+#include "bench/bench_common.h"
 #include "core/accumulate.h"
 #include "core/autograd.h"
 #include "core/cuda/check.h"
@@ -80,6 +81,8 @@
 namespace {
 
 using namespace mt;
+using bench::EventPair, bench::median, bench::num, bench::time_each, bench::write_text;
+using bench::copy_tbps, bench::cublas_bf16_tflops;
 
 // ---- the run's settings, all here: bench/torch_reference.py repeats them and must match --------
 constexpr uint64_t kSeed = 1234;      // the model's initialization, then the batch
@@ -103,93 +106,9 @@ constexpr Size kSizes[] = {{"small", 784, 1024, 10, 128, 50},
 // The reference GEMM: bf16 inputs and output, fp32 compute, square, median of kGemmReps.
 constexpr int kGemmN = 8192;
 constexpr int kGemmReps = 10;
-constexpr int64_t kCopyFloats = int64_t(1) << 28;  // 1 GiB each way for the copy bandwidth
-constexpr int kCopyReps = 10;
+constexpr int kCopyReps = 10;  // 1 GiB device-to-device copies
 
 constexpr int kDevice = 0;
-
-// ---- timing ----------------------------------------------------------------------------------
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-// A start/stop pair of CUDA events, destroyed with the object.
-class EventPair {
- public:
-  EventPair() {
-    MT_CUDA_CHECK(cudaEventCreate(&start_));
-    MT_CUDA_CHECK(cudaEventCreate(&stop_));
-  }
-  ~EventPair() {
-    // Destructors must not throw; a failure here would be reported by the next checked call.
-    (void)cudaEventDestroy(start_);
-    (void)cudaEventDestroy(stop_);
-  }
-  EventPair(const EventPair&) = delete;
-  EventPair& operator=(const EventPair&) = delete;
-
-  // Milliseconds between the events recorded around f() on stream s. The host waits for the
-  // stop event, so the next call starts from an idle GPU.
-  double time_ms(cudaStream_t s, const std::function<void()>& f) {
-    MT_CUDA_CHECK(cudaEventRecord(start_, s));
-    f();
-    MT_CUDA_CHECK(cudaEventRecord(stop_, s));
-    MT_CUDA_CHECK(cudaEventSynchronize(stop_));
-    float ms = 0;
-    MT_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
-    return ms;
-  }
-
- private:
-  cudaEvent_t start_ = nullptr, stop_ = nullptr;
-};
-
-// f() run `warmup` times untimed, then `reps` times timed one by one: the times in ms.
-std::vector<double> time_each(int warmup, int reps, const std::function<void()>& f) {
-  cudaStream_t s = cuda::stream(kDevice);
-  for (int i = 0; i < warmup; ++i) f();
-  cuda::synchronize(kDevice);
-  EventPair events;
-  std::vector<double> times;
-  for (int i = 0; i < reps; ++i) times.push_back(events.time_ms(s, f));
-  return times;
-}
-
-// ---- the device's own rates, measured in this run --------------------------------------------
-
-// TFLOP/s of one 8192³ cublasGemmEx (bf16 A, B, C; fp32 compute) through the framework's
-// handle, on N(0, 1) data as gemm_floor_ms uses (constant or all-positive data toggles fewer bits,
-// draws less power and would flatter the rate at the card's power limit).
-double cublas_bf16_tflops() {
-  const int64_t n = kGemmN;
-  const Tensor a = mt::randn({n, n}, DType::bf16, cuda_device(kDevice));
-  const Tensor c = mt::empty({n, n}, DType::bf16, cuda_device(kDevice));
-  cublasHandle_t h = cuda::cublas(kDevice);
-  const float alpha = 1.f, beta = 0.f;
-  // C = Aᵀ·A in cuBLAS's column-major view; the operands' values do not change the work.
-  const double ms = median(time_each(3, kGemmReps, [&] {
-    MT_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, kGemmN, kGemmN, kGemmN, &alpha,
-                                 a.data_ptr(), CUDA_R_16BF, kGemmN, a.data_ptr(), CUDA_R_16BF,
-                                 kGemmN, &beta, c.data_ptr(), CUDA_R_16BF, kGemmN,
-                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  }));
-  return 2.0 * double(n) * double(n) * double(n) / (ms * 1e-3) / 1e12;
-}
-
-// TB/s of a device-to-device cudaMemcpy, counting its read and its write (2 bytes moved per byte
-// copied), the yardstick of every memory-bound op.
-double copy_tbps() {
-  const Tensor src = zeros({kCopyFloats}, DType::f32, cuda_device(kDevice));
-  const Tensor dst = mt::empty({kCopyFloats}, DType::f32, cuda_device(kDevice));
-  const size_t bytes = src.nbytes();
-  cudaStream_t s = cuda::stream(kDevice);
-  const double ms = median(time_each(3, kCopyReps, [&] {
-    MT_CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), bytes, cudaMemcpyDeviceToDevice, s));
-  }));
-  return 2.0 * double(bytes) / (ms * 1e-3) / 1e12;
-}
 
 // ---- the model, the batch, one step ------------------------------------------------------------
 
@@ -379,20 +298,6 @@ void print_breakdown(nn::Sequential& model, optim::AdamW& optimizer, const Clip&
 
 // ---- export ------------------------------------------------------------------------------------
 
-void write_text(const std::string& path, const std::string& text) {
-  FILE* f = std::fopen(path.c_str(), "w");
-  MT_CHECK(f != nullptr, "train_step: cannot open '", path, "' for writing: ", std::strerror(errno));
-  const bool ok = std::fputs(text.c_str(), f) >= 0;
-  const bool closed = std::fclose(f) == 0;
-  MT_CHECK(ok && closed, "train_step: could not write '", path, "'");
-}
-
-std::string num(const char* format, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, format, v);
-  return buf;
-}
-
 // ---- the floor ---------------------------------------------------------------------------------
 
 // What one step must do at the least; docs/perf.md derives each term.
@@ -465,7 +370,7 @@ double gemm_floor_ms(const Size& s, int reps) {
   };
   gemm_set();  // eager first: a shape the step did not plan is planned (and timed) outside capture
   cuda::Graph gemms = cuda::Graph::capture(kDevice, gemm_set);
-  return median(time_each(3, reps, [&] { gemms.replay(); }));
+  return median(time_each(kDevice, 3, reps, [&] { gemms.replay(); }));
 }
 
 // ---- one size ----------------------------------------------------------------------------------
@@ -535,7 +440,7 @@ bool run_size(const Size& s, const std::string& export_dir, double gemm_tflops, 
   print_breakdown(model, *optimizer, clip, params, batch, s.microbatch, 3);
   restart();
   Tensor last_loss;
-  const std::vector<double> times = time_each(kWarmupSteps, s.timed_steps, [&] {
+  const std::vector<double> times = time_each(kDevice, kWarmupSteps, s.timed_steps, [&] {
     last_loss = train_step(model, *optimizer, clip, params, batch, s.microbatch);
   });
   const double loss = last_loss.item();  // after the timed region
@@ -555,7 +460,7 @@ bool run_size(const Size& s, const std::string& export_dir, double gemm_tflops, 
     same += graph_losses[i] == eager_losses[i];
     worst = std::max(worst, std::abs(graph_losses[i] - eager_losses[i]) / std::abs(eager_losses[i]));
   }
-  const std::vector<double> graph_times = time_each(0, s.timed_steps, [&] { graph.step(); });
+  const std::vector<double> graph_times = time_each(kDevice, 0, s.timed_steps, [&] { graph.step(); });
   const double graph_loss = graph.loss().item();
 
   const double ms = median(times), graph_ms = median(graph_times);
@@ -854,8 +759,8 @@ int main(int argc, char** argv) {
     cuda::set_device(kDevice);
     cudaDeviceProp prop{};
     MT_CUDA_CHECK(cudaGetDeviceProperties(&prop, kDevice));
-    const double gemm_tflops = cublas_bf16_tflops();
-    const double copy_tb_s = copy_tbps();
+    const double gemm_tflops = cublas_bf16_tflops(kDevice, kGemmN, kGemmReps);
+    const double copy_tb_s = copy_tbps(kDevice, kCopyReps);
     std::printf("device: %s (%d SMs)\n", prop.name, prop.multiProcessorCount);
     std::printf("cuBLAS bf16 GEMM %dx%dx%d (fp32 compute), median of %d: %.1f TFLOP/s\n", kGemmN,
                 kGemmN, kGemmN, kGemmReps, gemm_tflops);

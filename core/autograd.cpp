@@ -18,6 +18,10 @@ static thread_local bool grad_mode_enabled = true;
 bool GradMode::is_enabled() { return grad_mode_enabled; }
 void GradMode::set_enabled(bool enabled) { grad_mode_enabled = enabled; }
 
+static OpObserver* the_op_observer = nullptr;
+void set_op_observer(OpObserver* observer) { the_op_observer = observer; }
+OpObserver* op_observer() { return the_op_observer; }
+
 uint64_t detail::next_sequence_nr() {
   static std::atomic<uint64_t> counter{0};
   return ++counter;
@@ -266,7 +270,12 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
     ready.pop();
     GradList g = std::move(slots_of(node.get()));
     buffer.erase(node.get());
-    GradList grads = node->apply(g);
+    GradList grads;
+    {
+      const std::string name = op_observer() ? node->name() : std::string();
+      detail::ObservedOp observed(name.c_str(), /*backward=*/true);
+      grads = node->apply(g);
+    }
     if (!retain_graph) node->release();
     for (size_t i = 0; i < node->next_edges.size(); ++i) {
       const Edge& edge = node->next_edges[i];

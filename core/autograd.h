@@ -62,6 +62,43 @@ class NoGradGuard {
   bool prev_;
 };
 
+// ---- watching the ops run ---------------------------------------------------------------------
+
+// An OpObserver hears when each op's forward (Function::apply) and each node's backward (run by
+// the engine) begins and ends, on the thread that runs it: the place for a profiler's CUDA events
+// (bench/gpt_step.cpp splits a GPT step's GPU time by op this way). An op whose forward calls
+// other ops is heard around each of them too, nested. One observer for the process, none by
+// default (then each op pays one pointer test); set it before the ops run, not while they do.
+struct OpObserver {
+  virtual ~OpObserver() = default;
+  virtual void begin(const char* op, bool backward) = 0;
+  virtual void end(const char* op, bool backward) = 0;
+};
+void set_op_observer(OpObserver* observer);  // nullptr: none
+OpObserver* op_observer();
+
+namespace detail {
+// Tells the observer, if there is one, of the op's begin now and of its end when the scope ends
+// (also by an exception).
+class ObservedOp {
+ public:
+  ObservedOp(const char* op, bool backward)
+      : observer_(op_observer()), op_(op), backward_(backward) {
+    if (observer_) observer_->begin(op_, backward_);
+  }
+  ~ObservedOp() {
+    if (observer_) observer_->end(op_, backward_);
+  }
+  ObservedOp(const ObservedOp&) = delete;
+  ObservedOp& operator=(const ObservedOp&) = delete;
+
+ private:
+  OpObserver* observer_;
+  const char* op_;
+  bool backward_;
+};
+}  // namespace detail
+
 // ---- graph --------------------------------------------------------------------------------
 
 struct Node;
@@ -251,6 +288,7 @@ struct Function {
     Out out;
     {
       NoGradGuard no_grad;  // the forward's inner work is not recorded
+      detail::ObservedOp observed(Derived::name, /*backward=*/false);
       out = Derived::forward(ctx, args...);
     }
     if (any_needs) {

@@ -9,6 +9,7 @@
 #include "nn/init.h"
 #include "ops/attention/attention.h"
 #include "ops/elementwise/elementwise.h"
+#include "ops/heads/heads.h"
 #include "ops/linear/linear.h"
 
 namespace mt::nn {
@@ -37,12 +38,9 @@ CausalSelfAttention::CausalSelfAttention(const GPTConfig& c) : n_head(c.n_head) 
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x) {
-  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), H = n_head, d = C / n_head;
-  // [B, T, 3C] → [3, B, H, T, d] in one copy: q, k and v, each cut into H heads of d.
-  Tensor qkv = (*c_attn)(x).view({B, T, 3, H, d}).permute({2, 0, 3, 1, 4}).contiguous();
-  auto part = [&](int64_t i) { return qkv.slice_rows(i, i + 1).view({B, H, T, d}); };
-  Tensor y = attention(part(0), part(1), part(2));              // [B, H, T, d]
-  y = y.transpose(1, 2).contiguous().view({B, T, C});           // the heads side by side again
+  // [B, T, 3C] → q, k, v, each [B, H, T, d]; attention; the heads side by side again [B, T, C].
+  std::vector<Tensor> qkv = split_heads((*c_attn)(x), n_head);
+  Tensor y = merge_heads(attention(qkv[0], qkv[1], qkv[2]));
   return (*resid_dropout)((*c_proj)(y));
 }
 

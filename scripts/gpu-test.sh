@@ -5,7 +5,12 @@
 # then the train-step benchmark beside PyTorch, and print a short summary last. The summary is
 # also written as it grows to $MT_LOG_DIR/summary.txt (default build-gpu/logs), with every log.
 #
-#   scripts/gpu-test.sh [PHASE...]     PHASE: tests, bench, train, step (default: all four)
+#   scripts/gpu-test.sh [PHASE...]     PHASE: tests, bench, train, step, gpt (default: all five)
+#
+# gpt: the GPT-2 124M step (bench/gpt_step.cpp) beside PyTorch eager, torch.compile and
+# max-autotune (bench/gpt_torch.py); MT_GPT_BATCH=16|64|all (default all), MT_GPT_MICROBATCH
+# (16, 32 or 64: sequences per microbatch, default 16) and MT_TORCH_VARIANTS
+# choose a part of it where a command's time is short (max-autotune compiles for minutes).
 #
 # The whole run takes about ten minutes on an H200; each phase alone fits well inside that, so a
 # machine that gives commands a time limit runs it one phase per command (each builds first; the
@@ -51,9 +56,9 @@ finish() {
 trap finish EXIT
 
 phases=("$@")
-(( ${#phases[@]} )) || phases=(tests bench train step)
+(( ${#phases[@]} )) || phases=(tests bench train step gpt)
 for p in "${phases[@]}"; do
-  [[ $p =~ ^(tests|bench|train|step)$ ]] || { echo "gpu-test.sh: unknown phase '$p' (tests, bench, train, step)" >&2; exit 2; }
+  [[ $p =~ ^(tests|bench|train|step|gpt)$ ]] || { echo "gpu-test.sh: unknown phase '$p' (tests, bench, train, step, gpt)" >&2; exit 2; }
 done
 want() { [[ " ${phases[*]} " == *" $1 "* ]]; }
 note "phases: ${phases[*]}"
@@ -256,8 +261,28 @@ if [[ -x $build/train_step ]]; then
 fi
 }
 
+run_gpt() {
+local batch=${MT_GPT_BATCH:-all} dir=$build/gpt-step
+mkdir -p "$dir"
+timeout 900 "$build/gpt_step" --batch "$batch" --microbatch "${MT_GPT_MICROBATCH:-16}" --export "$dir" >"$logs/gpt_step.log" 2>&1
+rc=$?
+note "gpt_step B=$batch (rc $rc):"
+grep -E '^gpt_step ' "$logs/gpt_step.log" | while IFS= read -r l; do note "  $l"; done
+if (( rc != 0 )); then
+  tail -5 "$logs/gpt_step.log" | while IFS= read -r l; do note "  $l"; done
+  fail "gpt_step (rc $rc, see $logs/gpt_step.log)"
+  return
+fi
+timeout 1500 python3 bench/gpt_torch.py --dir "$dir" --batch "$batch" >"$logs/gpt_torch.log" 2>&1
+rc=$?
+note "gpt_torch.py (rc $rc):"
+grep -E '^gpt_torch ' "$logs/gpt_torch.log" | while IFS= read -r l; do note "  $l"; done
+(( rc == 0 )) || { tail -5 "$logs/gpt_torch.log" | while IFS= read -r l; do note "  $l"; done; fail "gpt_torch.py (rc $rc)"; }
+}
+
 want tests && run_tests
 want bench && run_bench
 want train && run_train
 want step && run_step
+want gpt && run_gpt
 exit 0  # the summary (trap finish) decides the status

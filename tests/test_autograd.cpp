@@ -471,3 +471,26 @@ TEST(AutogradContext, MistypedOrMissingValueNamesTheOpTheKeyAndTheTypes) {
   for (const char* part : {"reads_value", "'missing'", "never set"})
     EXPECT_NE(msg.find(part), std::string::npos) << msg << " lacks " << part;
 }
+
+TEST(Autograd, AnOpObserverHearsEachForwardAndEachBackwardNodeInOrder) {
+  struct Log : OpObserver {
+    std::vector<std::string> events;
+    void begin(const char* op, bool backward) override {
+      events.push_back(std::string(backward ? "backward " : "forward ") + op + " {");
+    }
+    void end(const char* op, bool backward) override {
+      events.push_back(std::string(backward ? "backward " : "forward ") + op + " }");
+    }
+  } log;
+  Tensor x = random_leaf({4});
+  set_op_observer(&log);
+  Tensor s = sum(mul(x, x));
+  s.backward();
+  set_op_observer(nullptr);
+  sum(x).backward();  // after it is removed, nothing more is heard
+  const std::vector<std::string> expected = {
+      "forward mul {", "forward mul }", "forward sum {", "forward sum }",
+      "backward sum {", "backward sum }", "backward mul {", "backward mul }",
+      "backward AccumulateGrad {", "backward AccumulateGrad }"};
+  EXPECT_EQ(log.events, expected);
+}

@@ -336,7 +336,7 @@ TEST(OpRegistry, EveryOpHasItsKernelsWithTheDeclaredSignatures) {
   EXPECT_NO_THROW(verify_ops());
   for (const std::string& op : {"scaled_silu", "rms_norm", "rms_norm_scaled_silu", "linear",
                                 "cross_entropy", "relu", "sum", "layer_norm", "gelu", "dropout",
-                                "embedding"})
+                                "embedding", "attention", "split_heads", "merge_heads"})
     EXPECT_NE(OpRegistry::instance().find(op, Phase::Backward, DeviceType::CPU), nullptr) << op;
 }
 

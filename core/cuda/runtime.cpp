@@ -269,6 +269,17 @@ size_t pool_used_bytes(int device) {
   return size_t(used);
 }
 
+size_t pool_peak_bytes(int device) {
+  uint64_t high = 0;
+  MT_CUDA_CHECK(cudaMemPoolGetAttribute(pool(device), cudaMemPoolAttrUsedMemHigh, &high));
+  return size_t(high);
+}
+
+void reset_pool_peak(int device) {
+  uint64_t reset = 0;
+  MT_CUDA_CHECK(cudaMemPoolSetAttribute(pool(device), cudaMemPoolAttrUsedMemHigh, &reset));
+}
+
 void* alloc_pinned(size_t nbytes) {
   if (nbytes == 0) return nullptr;
   void* ptr = nullptr;

@@ -25,6 +25,11 @@ void* alloc(size_t nbytes, int device);
 void free(void* ptr, int device);
 // Bytes the pool currently holds for live allocations (cudaMemPoolAttrUsedMemCurrent).
 size_t pool_used_bytes(int device);
+// The most bytes it has held for live allocations since reset_pool_peak() (or since the last
+// capture's graph_memory_hint(), which resets it too): torch.cuda.max_memory_allocated's
+// counterpart. A graph's carved block is one allocation of the pool, so it counts in full.
+size_t pool_peak_bytes(int device);
+void reset_pool_peak(int device);
 // The same pool, ordered on a caller's stream `s` of `device`: a kernel launcher's scratch buffer
 // lives on the stream its kernels run on, which need not be the framework's.
 void* alloc_on(cudaStream_t s, size_t nbytes, int device);
