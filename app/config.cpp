@@ -1190,16 +1190,28 @@ std::string reference_table() {
       if (k->documented) list += (list.empty() ? "`" : ", `") + k->name + "`";
     return list;
   };
+  // A kind's keys, each row led by the kinds that have it: kinds with the same key (type,
+  // default, meaning and constraints alike) share one row.
   auto kind_rows = [&](const std::string& section, const auto& all) {
-    std::string out;
+    std::vector<std::pair<std::string, std::string>> rows;  // (kinds, the row after the meaning's kinds)
     for (const auto* k : all) {
       if (!k->documented) continue;
       for (const app::ParamKey& key : k->keys) {
         const Params p{{{key.name, key.default_value}}};
-        out += "| `" + section + "." + key.name + "` | " + type_name(key.type) + " | " +
-               shown(param_yaml(key, p)) + " | " + k->name + ": " + key.meaning + " | " +
-               cell(key.constraints) + "|\n";
+        const std::string lead = "| `" + section + "." + key.name + "` | " + type_name(key.type) +
+                                 " | " + shown(param_yaml(key, p)) + " | ";
+        const std::string rest = key.meaning + " | " + cell(key.constraints) + "|\n";
+        auto same = std::find_if(rows.begin(), rows.end(), [&](const auto& r) {
+          return r.second == lead + "\x01" + rest;
+        });
+        if (same != rows.end()) same->first += ", " + k->name;
+        else rows.emplace_back(k->name, lead + "\x01" + rest);
       }
+    }
+    std::string out;
+    for (const auto& [kinds, row] : rows) {
+      const size_t at = row.find('\x01');
+      out += row.substr(0, at) + kinds + ": " + row.substr(at + 1);
     }
     return out;
   };

@@ -103,7 +103,7 @@ struct OptimConfig {
 struct PrecisionConfig {
   DType compute_dtype = DType::f32;    // f64 | f32 | bf16 | f16
   bool deterministic = true;           // deterministic reductions
-  bool gemm_autotune = false;          // CUDA GEMM algorithms chosen by timing (core/registry.h)
+  bool gemm_autotune = false;          // CUDA GEMM algorithms chosen by timing (core/switches.h)
   std::string loss_scale = "dynamic";  // dynamic | none | fixed (YAML: a positive number)
   double fixed_loss_scale = 0.0;       // the scale when loss_scale == "fixed"
   double initial_scale = 65536.0;      // dynamic: where the scale starts (2^16)

@@ -11,7 +11,7 @@
 #include "app/registry.h"
 #include "core/atomic_file.h"
 #include "core/autograd.h"
-#include "core/registry.h"
+#include "core/switches.h"
 #include "data/csv.h"
 #include "data/data.h"
 #include "nn/serialize.h"

@@ -15,7 +15,7 @@
 //     large   in 4096, h 8192, C 4096, microbatch 8192   (134M params, ~26.4 TFLOP per step)
 //     all     both (the default)
 //   --gemm-algo measured (the default) times cuBLASLt's first candidates for each GEMM shape once
-//     and keeps the fastest (set_gemm_autotune, core/registry.h); heuristic takes the first.
+//     and keeps the fastest (set_gemm_autotune, core/switches.h); heuristic takes the first.
 //
 // The batch is fixed (the same 4·microbatch samples every step; x ~ N(0, 1), targets uniform
 // over the classes), drawn from a seeded generator after the model's initialization, and handed
@@ -63,7 +63,7 @@
 #include "core/cuda/check.h"
 #include "core/cuda/graph.h"
 #include "core/cuda/runtime.h"
-#include "core/registry.h"
+#include "core/switches.h"
 #include "parallel/launch.h"
 #ifdef MT_WITH_NCCL
 #include "parallel/nccl.h"

@@ -13,6 +13,7 @@
 #include "core/autograd.h"
 #include "core/error.h"
 #include "core/registry.h"
+#include "core/switches.h"
 #include "ops/elementwise/elementwise.h"
 #ifdef MT_WITH_CUDA
 #include "core/cuda/graph.h"

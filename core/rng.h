@@ -1,7 +1,8 @@
 #pragma once
 // The random number generator behind rand/randn and data shuffling: xoshiro256** seeded through
 // splitmix64, the generator recommended by its authors for this use. Its state is four 64-bit
-// words, saved in checkpoints so a resumed run draws the same numbers as an uninterrupted one.
+// words. No checkpoint saves it: what a resumed run draws (shuffles, token windows) comes from a
+// generator seeded afresh from the run's seed and the epoch or step.
 //
 // Uniform floats take the top 24 (float) or 53 (double) bits; normals use Box-Muller on two
 // uniforms. The sequence is part of the project's contract: tests and seeds depend on it.
@@ -19,9 +20,6 @@ class Generator {
   double uniform();                          // [0, 1), 53 random bits
   double normal();                           // N(0, 1)
   uint64_t below(uint64_t n);                // uniform integer in [0, n), unbiased
-
-  std::array<uint64_t, 4> state() const { return s_; }
-  void set_state(const std::array<uint64_t, 4>& s) { s_ = s; }
 
  private:
   std::array<uint64_t, 4> s_{};

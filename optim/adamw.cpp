@@ -4,11 +4,9 @@
 #include <map>
 
 #include "core/autograd.h"
+#include "core/registry.h"
 #include "nn/module.h"
-#ifdef MT_WITH_CUDA
-#include "core/cuda/runtime.h"
-#include "optim/adamw_cuda.h"
-#endif
+#include "optim/kernels.h"
 
 namespace mt::optim {
 namespace {
@@ -34,7 +32,27 @@ void adamw_cpu(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, c
   }
 }
 
+// The registered CPU kernel: the reference for each parameter, the factor read once as a host
+// value.
+void adamw_step_cpu(const std::vector<AdamWParam>& params, double b1, double b2, double eps,
+                    const Tensor& grad_scale) {
+  const double scale = grad_scale.defined() ? grad_scale.item() : 1.0;
+  for (const AdamWParam& u : params) {
+    auto update = u.param.dtype() == DType::f64 ? adamw_cpu<double> : adamw_cpu<float>;
+    update(u.param, u.grad, u.exp_avg, u.exp_avg_sq, u.lr, u.weight_decay, b1, b2, eps, u.bc1,
+           u.bc2, scale);
+    nn::refresh_compute_copies({u.param});
+  }
+}
+
 }  // namespace
+
+MT_DEFINE_OP(adamw_step, "AdamW: m, v = moments of g; p = p(1 - lr wd) - lr m^/(sqrt(v^) + eps)",
+             AdamWStepFn, void);
+MT_REGISTER_KERNEL(adamw_step, Forward, CPU, adamw_step_cpu);
+MT_DEFINE_OP(adamw_hyper, "hyper[i] = {lr, 1 - b1^t, 1 - b2^t} of parameter i, on the device",
+             AdamWHyperFn, void);
+MT_OP_BACKENDS(adamw_hyper, CUDA);
 
 AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions options)
     : Optimizer(std::move(groups), options.lr, options.weight_decay, {"exp_avg", "exp_avg_sq"}),
@@ -63,9 +81,7 @@ void AdamW::prepare_step() {
   pending_.clear();
   size_t index = 0, num_params = 0;
   for (const ParamGroup& group : groups_) num_params += group.params.size();
-#ifdef MT_WITH_CUDA
-  std::map<int, std::vector<float>> hyper;  // per device, indexed like hyper_
-#endif
+  std::map<int, std::vector<float>> hyper;  // per CUDA device, indexed like hyper_
   for (const ParamGroup& group : groups_) {
     for (const Tensor& p : group.params) {
       const size_t i = index++;
@@ -77,7 +93,6 @@ void AdamW::prepare_step() {
       const int64_t t = ++state(i).step;
       pending_.push_back({i, p, *group.lr, *group.weight_decay, 1 - std::pow(b1, double(t)),
                           1 - std::pow(b2, double(t))});
-#ifdef MT_WITH_CUDA
       if (p.device().is_cuda()) {
         MT_CHECK(p.dtype() == DType::f32, "AdamW: CUDA parameters must be f32, got ", dtype_name(p.dtype()));
         std::vector<float>& h = hyper[p.device().index];
@@ -85,30 +100,22 @@ void AdamW::prepare_step() {
         const Pending& u = pending_.back();
         h[3 * i] = float(u.lr), h[3 * i + 1] = float(u.bc1), h[3 * i + 2] = float(u.bc2);
       }
-#endif
     }
   }
-#ifdef MT_WITH_CUDA
   for (const auto& [device, values] : hyper) {
     Tensor& buf = hyper_[device];
     if (!buf.defined() || buf.numel() != int64_t(values.size()))
       buf = zeros({int64_t(values.size())}, DType::f32, cuda_device(device));
-    cuda::write_floats(buf.data<float>(), values.data(), int(values.size()), cuda::stream(device));
+    kernel<AdamWHyperFn>("adamw_hyper", Phase::Forward, buf.device())(buf, values);
   }
-#endif
   ++steps_;
 }
 
 void AdamW::apply_step() {
   NoGradGuard no_grad;
   const auto [b1, b2] = options_.betas;
-  // Read once: a CPU factor is a host value (a CUDA one is read by the kernel).
-  const double cpu_grad_scale =
-      grad_scale_.defined() && grad_scale_.device().is_cpu() ? grad_scale_.item() : 1.0;
-#ifdef MT_WITH_CUDA
-  // Per device, the tensors by their compute copy's dtype (f32: no copy).
-  std::map<int, std::map<DType, std::vector<cuda::AdamWTensor>>> launches;
-#endif
+  // The parameters by device type: one kernel call each (the CUDA one launches per device).
+  std::map<DeviceType, std::vector<AdamWParam>> by_type;
   for (const Pending& u : pending_) {
     const Tensor& p = u.param;
     const Tensor g = p.grad();
@@ -118,38 +125,13 @@ void AdamW::apply_step() {
              "scale is on ", grad_scale_.device().str(), ", parameter ", u.index, " on ", p.device().str());
     const Tensor m = buffer(u.index, "exp_avg", p, p.dtype());
     const Tensor v = buffer(u.index, "exp_avg_sq", p, p.dtype());
-    if (p.device().is_cpu()) {
-      auto update = p.dtype() == DType::f64 ? adamw_cpu<double> : adamw_cpu<float>;
-      update(p, g, m, v, u.lr, u.weight_decay, b1, b2, options_.eps, u.bc1, u.bc2, cpu_grad_scale);
-      nn::refresh_compute_copies({p});
-    } else {
-#ifdef MT_WITH_CUDA
-      const Tensor lowp = p.compute_copy();
-      launches[p.device().index][lowp.defined() ? lowp.dtype() : DType::f32].push_back(
-          {p.data<float>(), g.data<float>(), m.data<float>(), v.data<float>(),
-           lowp.defined() ? lowp.data_ptr() : nullptr,
-           hyper_.at(p.device().index).data<float>() + 3 * u.index, p.numel(),
-           float(u.weight_decay)});
-#endif
-    }
-    p.bump_version();
+    const Tensor hyper = p.device().is_cuda() ? hyper_.at(p.device().index) : Tensor();
+    by_type[p.device().type].push_back({p, g, m, v, u.lr, u.weight_decay, u.bc1, u.bc2, hyper, u.index});
   }
-#ifdef MT_WITH_CUDA
-  const float* grad_scale = grad_scale_.defined() && grad_scale_.device().is_cuda()
-                               ? grad_scale_.data<float>() : nullptr;
-  for (auto& [device, by_dtype] : launches) {
-    // The tensors without a copy join a launch with copies: the kernel skips a null copy's store.
-    if (by_dtype.size() > 1) {
-      if (auto plain = by_dtype.extract(DType::f32)) {
-        std::vector<cuda::AdamWTensor>& into = by_dtype.begin()->second;
-        into.insert(into.end(), plain.mapped().begin(), plain.mapped().end());
-      }
-    }
-    for (const auto& [lowp_dt, tensors] : by_dtype)
-      cuda::adamw_step(tensors.data(), int(tensors.size()), float(b1), float(b2), float(options_.eps),
-                       grad_scale, /*skip_step=*/nullptr, lowp_dt, cuda::stream(device));
-  }
-#endif
+  for (const auto& [type, params] : by_type)
+    kernel<AdamWStepFn>("adamw_step", Phase::Forward, params[0].param.device())(
+        params, b1, b2, options_.eps, grad_scale_);
+  for (const Pending& u : pending_) u.param.bump_version();
 }
 
 }  // namespace mt::optim

@@ -27,11 +27,15 @@
 
 #include <cmath>
 #include <cstdint>
+#include <map>
+#include <vector>
 
 #include "core/cuda/check.h"
 #include "core/cuda/reduce.cuh"
 #include "core/cuda/runtime.h"
 #include "core/cuda/vec.cuh"
+#include "core/registry.h"
+#include "optim/kernels.h"
 
 namespace mt::cuda {
 namespace {
@@ -293,3 +297,46 @@ void clip_factor(const float* norm_sq, float max_norm, float* factor, cudaStream
 }
 
 }  // namespace mt::cuda
+
+// ---- Tensor-level kernels registered for adamw_step and adamw_hyper on CUDA (optim/kernels.h) --
+namespace mt::optim {
+namespace {
+
+// Per device, the tensors by their compute copy's dtype (f32: no copy); those without a copy join
+// a launch with copies (the kernel skips a null copy's store).
+void adamw_step_cuda(const std::vector<AdamWParam>& params, double b1, double b2, double eps,
+                     const Tensor& grad_scale) {
+  std::map<int, std::map<DType, std::vector<cuda::AdamWTensor>>> launches;
+  for (const AdamWParam& u : params) {
+    const Tensor& p = u.param;
+    const Tensor lowp = p.compute_copy();
+    launches[p.device().index][lowp.defined() ? lowp.dtype() : DType::f32].push_back(
+        {p.data<float>(), u.grad.data<float>(), u.exp_avg.data<float>(), u.exp_avg_sq.data<float>(),
+         lowp.defined() ? lowp.data_ptr() : nullptr, u.hyper.data<float>() + 3 * u.index, p.numel(),
+         float(u.weight_decay)});
+  }
+  const float* scale = grad_scale.defined() ? grad_scale.data<float>() : nullptr;
+  for (auto& [device, by_dtype] : launches) {
+    if (by_dtype.size() > 1) {
+      if (auto plain = by_dtype.extract(DType::f32)) {
+        std::vector<cuda::AdamWTensor>& into = by_dtype.begin()->second;
+        into.insert(into.end(), plain.mapped().begin(), plain.mapped().end());
+      }
+    }
+    for (const auto& [lowp_dt, tensors] : by_dtype)
+      cuda::adamw_step(tensors.data(), int(tensors.size()), float(b1), float(b2), float(eps), scale,
+                       /*skip_step=*/nullptr, lowp_dt, cuda::stream(device));
+  }
+}
+
+void adamw_hyper_cuda(const Tensor& hyper, const std::vector<float>& values) {
+  cuda::write_floats(hyper.data<float>(), values.data(), int(values.size()),
+                     cuda::stream(hyper.device().index));
+}
+
+}  // namespace
+
+MT_REGISTER_KERNEL(adamw_step, Forward, CUDA, adamw_step_cuda);
+MT_REGISTER_KERNEL(adamw_hyper, Forward, CUDA, adamw_hyper_cuda);
+
+}  // namespace mt::optim

@@ -4,11 +4,8 @@
 #include <utility>
 
 #include "core/autograd.h"
-#ifdef MT_WITH_CUDA
-#include "core/cuda/runtime.h"
-#include "optim/adamw_cuda.h"
-#include "optim/clip_cuda.h"
-#endif
+#include "core/registry.h"
+#include "optim/kernels.h"
 
 namespace mt::optim {
 namespace {
@@ -54,11 +51,7 @@ Grads gather(const std::vector<Tensor>& params, double max_norm, const SumOverRa
              op, ": every .grad must be contiguous and share one device and dtype; got ",
              dtype_name(g.dtype()), " on ", g.device().str(), " beside ", dtype_name(grads[0].dtype()),
              " on ", grads[0].device().str());
-#ifdef MT_WITH_CUDA
   MT_CHECK(out.device.is_cpu() || !out.f64, op, ": CUDA gradients must be f32, got f64");
-#else
-  MT_CHECK(out.device.is_cpu(), op, ": gradients on ", out.device.str(), " in a build without CUDA");
-#endif
   return out;
 }
 
@@ -90,57 +83,31 @@ Tensor clip_cpu(const Grads& g, double max_norm, const SumOverRanks& sum_over_ra
   return full({}, norm, g.f64 ? DType::f64 : DType::f32);
 }
 
-#ifdef MT_WITH_CUDA
-// The gradients' device pointers and sizes, as the multi-tensor kernels take them.
-struct DevicePtrs {
-  std::vector<float*> ptrs;
-  std::vector<int64_t> sizes;
-};
-
-DevicePtrs device_ptrs(const Grads& g) {
-  DevicePtrs out;
-  for (const Tensor& t : g.grads) {
-    out.ptrs.push_back(t.data<float>());
-    out.sizes.push_back(t.numel());
-  }
-  return out;
-}
-
-// *norm = sqrt(Σ g²) (summed over the ranks) and *factor = min(1, max_norm / (norm + 1e-6)), f32
-// device scalars, without waiting for the device.
-void norm_and_factor_cuda(const DevicePtrs& d, double max_norm, const SumOverRanks& sum_over_ranks,
-                          const Tensor& norm, const Tensor& factor) {
-  cudaStream_t s = cuda::stream(norm.device().index);
-  if (d.ptrs.empty()) norm.fill_(0.0);
-  else cuda::grad_norm_sq(d.ptrs.data(), d.sizes.data(), int(d.ptrs.size()), norm.data<float>(), s);
-  if (sum_over_ranks) sum_over_ranks(norm);
-  cuda::clip_factor(norm.data<float>(), float(max_norm), factor.data<float>(), s);
-  cuda::sqrt_scalar(norm.data<float>(), s);
-  norm.bump_version();
-  factor.bump_version();
-}
-
+// CUDA: the norm and the factor as f32 device scalars, then every gradient scaled by the factor,
+// without waiting for the device.
 Tensor clip_cuda(const Grads& g, double max_norm, const SumOverRanks& sum_over_ranks) {
-  const DevicePtrs d = device_ptrs(g);
   Tensor norm = empty({}, DType::f32, g.device), factor = empty({}, DType::f32, g.device);
-  norm_and_factor_cuda(d, max_norm, sum_over_ranks, norm, factor);
-  cuda::scale_by_device_scalar(d.ptrs.data(), d.sizes.data(), int(d.ptrs.size()), factor.data<float>(),
-                               cuda::stream(g.device.index));
+  kernel<GradNormAndClipFactorFn>("grad_norm_and_clip_factor", Phase::Forward, g.device)(
+      g.grads, max_norm, sum_over_ranks, norm, factor);
+  kernel<ScaleGradsFn>("scale_grads", Phase::Forward, g.device)(g.grads, factor);
   for (const Tensor& t : g.grads) t.bump_version();
   return norm;
 }
-#endif
 
 }  // namespace
+
+MT_DEFINE_OP(grad_norm_and_clip_factor, "norm = sqrt(sum g^2); factor = min(1, max_norm/(norm + 1e-6))",
+             GradNormAndClipFactorFn, void);
+MT_OP_BACKENDS(grad_norm_and_clip_factor, CUDA);
+MT_DEFINE_OP(scale_grads, "g *= factor (a device scalar) for every gradient", ScaleGradsFn, void);
+MT_OP_BACKENDS(scale_grads, CUDA);
 
 Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm,
                        const SumOverRanks& sum_over_ranks) {
   const Grads g = gather(params, max_norm, sum_over_ranks, "clip_grad_norm_");
   if (g.none) return zeros({}, DType::f32, g.device);
   NoGradGuard no_grad;
-#ifdef MT_WITH_CUDA
-  if (g.device.is_cuda()) return clip_cuda(g, max_norm, sum_over_ranks);
-#endif
+  if (!g.device.is_cpu()) return clip_cuda(g, max_norm, sum_over_ranks);
   return clip_cpu(g, max_norm, sum_over_ranks);
 }
 
@@ -164,9 +131,9 @@ void grad_norm_and_clip_factor(const std::vector<Tensor>& params, double max_nor
     factor_out.fill_(1.0);
     return;
   }
-#ifdef MT_WITH_CUDA
-  if (!cpu) return norm_and_factor_cuda(device_ptrs(g), max_norm, sum_over_ranks, norm_out, factor_out);
-#endif
+  if (!cpu)
+    return kernel<GradNormAndClipFactorFn>("grad_norm_and_clip_factor", Phase::Forward, g.device)(
+        g.grads, max_norm, sum_over_ranks, norm_out, factor_out);
   const auto [norm, factor] = norm_and_factor_cpu(g, max_norm, sum_over_ranks);
   norm_out.fill_(norm);
   factor_out.fill_(factor);

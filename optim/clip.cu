@@ -3,9 +3,15 @@
 
 #include <climits>
 #include <cstdint>
+#include <map>
+#include <vector>
 
 #include "core/cuda/check.h"
+#include "core/cuda/runtime.h"
 #include "core/error.h"
+#include "core/registry.h"
+#include "optim/adamw_cuda.h"
+#include "optim/kernels.h"
 
 namespace mt::cuda {
 namespace {
@@ -92,3 +98,63 @@ void sqrt_scalar(float* x, cudaStream_t s) {
 }
 
 }  // namespace mt::cuda
+
+// ---- Tensor-level kernels registered on CUDA (optim/kernels.h): grad_norm_and_clip_factor and
+// scale_grads for clip.cpp, zero_grads for Optimizer::zero_grad ---------------------------------
+namespace mt::optim {
+namespace {
+
+// The gradients' device pointers and sizes, as the multi-tensor kernels take them.
+struct DevicePtrs {
+  std::vector<float*> ptrs;
+  std::vector<int64_t> sizes;
+};
+
+DevicePtrs device_ptrs(const std::vector<Tensor>& grads) {
+  DevicePtrs out;
+  for (const Tensor& t : grads) {
+    out.ptrs.push_back(t.data<float>());
+    out.sizes.push_back(t.numel());
+  }
+  return out;
+}
+
+void grad_norm_and_clip_factor_cuda(const std::vector<Tensor>& grads, double max_norm,
+                                    const SumOverRanks& sum_over_ranks, const Tensor& norm,
+                                    const Tensor& factor) {
+  const DevicePtrs d = device_ptrs(grads);
+  cudaStream_t s = cuda::stream(norm.device().index);
+  if (d.ptrs.empty()) norm.fill_(0.0);
+  else cuda::grad_norm_sq(d.ptrs.data(), d.sizes.data(), int(d.ptrs.size()), norm.data<float>(), s);
+  if (sum_over_ranks) sum_over_ranks(norm);
+  cuda::clip_factor(norm.data<float>(), float(max_norm), factor.data<float>(), s);
+  cuda::sqrt_scalar(norm.data<float>(), s);
+  norm.bump_version();
+  factor.bump_version();
+}
+
+void scale_grads_cuda(const std::vector<Tensor>& grads, const Tensor& factor) {
+  const DevicePtrs d = device_ptrs(grads);
+  cuda::scale_by_device_scalar(d.ptrs.data(), d.sizes.data(), int(d.ptrs.size()),
+                               factor.data<float>(), cuda::stream(factor.device().index));
+}
+
+// One launch per device; versions bumped as fill_ does.
+void zero_grads_cuda(const std::vector<Tensor>& grads) {
+  std::map<int, std::vector<Tensor>> on_device;
+  for (const Tensor& g : grads) on_device[g.device().index].push_back(g);
+  for (const auto& [device, of_device] : on_device) {
+    const DevicePtrs d = device_ptrs(of_device);
+    cuda::set_device(device);
+    cuda::zero_many(d.ptrs.data(), d.sizes.data(), int(d.ptrs.size()), cuda::stream(device));
+    for (const Tensor& g : of_device) g.bump_version();
+  }
+}
+
+}  // namespace
+
+MT_REGISTER_KERNEL(grad_norm_and_clip_factor, Forward, CUDA, grad_norm_and_clip_factor_cuda);
+MT_REGISTER_KERNEL(scale_grads, Forward, CUDA, scale_grads_cuda);
+MT_REGISTER_KERNEL(zero_grads, Forward, CUDA, zero_grads_cuda);
+
+}  // namespace mt::optim

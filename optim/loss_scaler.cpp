@@ -5,10 +5,8 @@
 #include <string>
 
 #include "core/autograd.h"
-#ifdef MT_WITH_CUDA
-#include "core/cuda/runtime.h"
-#include "ops/elementwise/elementwise_cuda.h"
-#endif
+#include "core/registry.h"
+#include "optim/kernels.h"
 
 namespace mt::optim {
 namespace {
@@ -32,6 +30,14 @@ bool unscale_cpu(const Tensor& grad, double scale) {
   return found_inf;
 }
 
+// The registered CPU kernel.
+bool unscale_grads_cpu(const std::vector<Tensor>& grads, double scale) {
+  bool found_inf = false;
+  for (const Tensor& g : grads)
+    found_inf |= g.dtype() == DType::f64 ? unscale_cpu<double>(g, scale) : unscale_cpu<float>(g, scale);
+  return found_inf;
+}
+
 const Tensor& entry(const nn::StateDict& dict, const std::string& key, DType dtype) {
   auto it = std::find_if(dict.begin(), dict.end(), [&](const auto& e) { return e.first == key; });
   MT_CHECK(it != dict.end(), "LossScaler::load_state_dict: no '", key, "' entry (was the state "
@@ -43,6 +49,10 @@ const Tensor& entry(const nn::StateDict& dict, const std::string& key, DType dty
 }
 
 }  // namespace
+
+MT_DEFINE_OP(unscale_grads, "g *= 1/scale for every gradient; whether any is inf or NaN",
+             UnscaleGradsFn, void);
+MT_REGISTER_KERNEL(unscale_grads, Forward, CPU, unscale_grads_cpu);
 
 LossScaler::LossScaler(LossScalerOptions options)
     : options_(options), scale_(options.mode == LossScaleMode::none ? 1.0 : options.init_scale) {
@@ -71,27 +81,8 @@ bool LossScaler::unscale_and_check(const std::vector<Tensor>& params) {
              "one device; got ", dtype_name(g.dtype()), " on ", g.device().str(), " beside ",
              grads[0].device().str());
   NoGradGuard no_grad;
-  bool found_inf = false;
-  if (grads[0].device().is_cpu()) {
-    for (const Tensor& g : grads)
-      found_inf |= g.dtype() == DType::f64 ? unscale_cpu<double>(g, scale_)
-                                           : unscale_cpu<float>(g, scale_);
-  } else {
-#ifdef MT_WITH_CUDA
-    const int device = grads[0].device().index;
-    cuda::set_device(device);
-    cudaStream_t s = cuda::stream(device);
-    // One flag for all gradients: the kernels only ever set it, so it is zeroed once here.
-    Tensor flag = zeros({}, DType::i32, grads[0].device());
-    for (const Tensor& g : grads) {
-      cuda::count_nonfinite(g.data_ptr(), g.numel(), g.dtype(), flag.data<int32_t>(), s);
-      cuda::scale(g.data_ptr(), float(1.0 / scale_), g.data_ptr(), g.numel(), g.dtype(), s);
-    }
-    found_inf = flag.item() != 0;  // the step's one host synchronization
-#else
-    MT_THROW("LossScaler: gradients on ", grads[0].device().str(), " in a build without CUDA");
-#endif
-  }
+  const bool found_inf =
+      kernel<UnscaleGradsFn>("unscale_grads", Phase::Forward, grads[0].device())(grads, scale_);
   for (const Tensor& g : grads) g.bump_version();
   return found_inf;
 }

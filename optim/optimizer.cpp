@@ -1,16 +1,13 @@
 #include "optim/optimizer.h"
 
 #include <charconv>
-#include <map>
 #include <set>
 #include <vector>
 
 #include "core/autograd.h"
 #include "core/error.h"
-#ifdef MT_WITH_CUDA
-#include "core/cuda/runtime.h"
-#include "optim/clip_cuda.h"
-#endif
+#include "core/registry.h"
+#include "optim/kernels.h"
 
 namespace mt::optim {
 
@@ -34,42 +31,25 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups, double lr, double weight_de
   state_.resize(seen.size());
 }
 
+MT_DEFINE_OP(zero_grads, "g = 0 for every gradient, one launch per device", ZeroGradsFn, void);
+MT_OP_BACKENDS(zero_grads, CUDA);
+
 void Optimizer::zero_grad(bool set_to_none) {
-#ifdef MT_WITH_CUDA
-  if (!set_to_none) {
-    // The contiguous fp32 CUDA gradients of each device are zeroed in one launch (one node of a
-    // CUDA graph instead of one per parameter); any other gradient by its own fill below.
-    std::map<int, std::vector<Tensor>> on_device;
-    for (ParamGroup& g : groups_)
-      for (Tensor& p : g.params) {
-        const Tensor grad = p.grad();
-        if (grad.defined() && grad.device().is_cuda() && grad.dtype() == DType::f32 &&
-            grad.is_contiguous())
-          on_device[grad.device().index].push_back(grad);
-      }
-    for (const auto& [device, grads] : on_device) {
-      std::vector<float*> ptrs;
-      std::vector<int64_t> sizes;
-      for (const Tensor& grad : grads) {
-        ptrs.push_back(grad.data<float>());
-        sizes.push_back(grad.numel());
-      }
-      cuda::set_device(device);
-      cuda::zero_many(ptrs.data(), sizes.data(), int(ptrs.size()), cuda::stream(device));
-      for (const Tensor& grad : grads) grad.bump_version();  // as fill_ does
-    }
-    for (ParamGroup& g : groups_)
-      for (Tensor& p : g.params) {
-        const Tensor grad = p.grad();
-        if (grad.defined() && !(grad.device().is_cuda() && grad.dtype() == DType::f32 &&
-                                grad.is_contiguous()))
-          p.zero_grad(false);
-      }
-    return;
-  }
-#endif
+  // The contiguous fp32 CUDA gradients are zeroed in one launch per device (one node of a CUDA
+  // graph instead of one per parameter); any other gradient by its own fill.
+  auto batched = [&](const Tensor& grad) {
+    return !set_to_none && grad.defined() && grad.device().is_cuda() && grad.dtype() == DType::f32 &&
+           grad.is_contiguous();
+  };
+  std::vector<Tensor> on_device;
   for (ParamGroup& g : groups_)
-    for (Tensor& p : g.params) p.zero_grad(set_to_none);
+    for (Tensor& p : g.params)
+      if (batched(p.grad())) on_device.push_back(p.grad());
+  if (!on_device.empty())
+    kernel<ZeroGradsFn>("zero_grads", Phase::Forward, on_device[0].device())(on_device);
+  for (ParamGroup& g : groups_)
+    for (Tensor& p : g.params)
+      if (!batched(p.grad())) p.zero_grad(set_to_none);
 }
 
 [[noreturn]] static void not_capturable(const char* call) {

@@ -1,12 +1,9 @@
 #include "optim/sgd.h"
 
 #include "core/autograd.h"
+#include "core/registry.h"
 #include "nn/module.h"
-#ifdef MT_WITH_CUDA
-#include "core/cuda/runtime.h"
-#include "core/cuda/tensor_ops.h"
-#include "ops/elementwise/elementwise_cuda.h"
-#endif
+#include "optim/kernels.h"
 
 namespace mt::optim {
 namespace {
@@ -28,27 +25,17 @@ void sgd_cpu(const Tensor& param, const Tensor& grad, const Tensor& buffer, doub
   }
 }
 
-#ifdef MT_WITH_CUDA
-// The same steps with the elementwise launchers, fp32, on the framework stream.
-void sgd_cuda(const Tensor& p, const Tensor& g, const Tensor& buf, double lr, double weight_decay,
-              double momentum, bool nesterov) {
-  cudaStream_t s = cuda::stream(p.device().index);
-  const int64_t n = p.numel();
-  const DType f32 = DType::f32;
-  // d starts as the gradient itself; it is copied before anything writes to it (never to .grad).
-  Tensor d = (weight_decay != 0 || nesterov) ? g.clone() : g;
-  if (weight_decay != 0) cuda::axpy(float(weight_decay), p.data_ptr(), d.data_ptr(), n, f32, s);
-  if (buf.defined()) {
-    cuda::scale(buf.data_ptr(), float(momentum), buf.data_ptr(), n, f32, s);
-    cuda::axpy(1.0f, d.data_ptr(), buf.data_ptr(), n, f32, s);
-    if (nesterov) cuda::axpy(float(momentum), buf.data_ptr(), d.data_ptr(), n, f32, s);
-    else d = buf;
-  }
-  cuda::axpy(float(-lr), d.data_ptr(), p.data_ptr(), n, f32, s);
+// The registered CPU kernel: the reference in the parameter's dtype.
+void sgd_step_cpu(const Tensor& p, const Tensor& g, const Tensor& buffer, double lr,
+                  double weight_decay, double momentum, bool nesterov) {
+  auto update = p.dtype() == DType::f64 ? sgd_cpu<double> : sgd_cpu<float>;
+  update(p, g, buffer, lr, weight_decay, momentum, nesterov);
 }
-#endif
 
 }  // namespace
+
+MT_DEFINE_OP(sgd_step, "SGD: d = g + wd p (through the momentum buffer); p -= lr d", SGDStepFn, void);
+MT_REGISTER_KERNEL(sgd_step, Forward, CPU, sgd_step_cpu);
 
 SGD::SGD(std::vector<ParamGroup> groups, SGDOptions options)
     : Optimizer(std::move(groups), options.lr, options.weight_decay,
@@ -71,15 +58,8 @@ void SGD::step() {
                " and its .grad must be contiguous and of one dtype, got ", dtype_name(p.dtype()),
                " and ", dtype_name(g.dtype()));
       const Tensor buf = options_.momentum != 0 ? buffer(i, "momentum_buffer", p, p.dtype()) : Tensor();
-      if (p.device().is_cpu()) {
-        auto update = p.dtype() == DType::f64 ? sgd_cpu<double> : sgd_cpu<float>;
-        update(p, g, buf, *group.lr, *group.weight_decay, options_.momentum, options_.nesterov);
-      } else {
-#ifdef MT_WITH_CUDA
-        MT_CHECK(p.dtype() == DType::f32, "SGD: CUDA parameters must be f32, got ", dtype_name(p.dtype()));
-        sgd_cuda(p, g, buf, *group.lr, *group.weight_decay, options_.momentum, options_.nesterov);
-#endif
-      }
+      kernel<SGDStepFn>("sgd_step", Phase::Forward, p.device())(
+          p, g, buf, *group.lr, *group.weight_decay, options_.momentum, options_.nesterov);
       p.bump_version();
       nn::refresh_compute_copies({p});
       ++state(i).step;

@@ -25,6 +25,7 @@
 #include "check/op_check_gtest.h"
 #include "core/autograd.h"
 #include "core/registry.h"
+#include "core/switches.h"
 #include "core/rng.h"
 #include "core/storage.h"
 #include "ops/attention/attention.h"

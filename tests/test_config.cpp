@@ -240,7 +240,7 @@ TEST(Config, BadConfigsNameTheKeyAndThePlace) {
       {"seed: -1\n", {}, "seed: expected a non-negative integer, got '-1' at mlp.yaml:1:7"},
       {"model:\n  kind: transformer\n",
        {},
-       "model.kind: expected one of mlp, got 'transformer' at mlp.yaml:2:9"},
+       "model.kind: expected one of gpt, mlp, got 'transformer' at mlp.yaml:2:9"},
       {"model:\n  bias: maybe\n",
        {},
        "model.bias: expected true or false, got 'maybe' at mlp.yaml:2:9"},

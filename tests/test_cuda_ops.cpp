@@ -11,7 +11,7 @@
 #include <cmath>
 
 #include "core/autograd.h"
-#include "core/registry.h"
+#include "core/switches.h"
 #include "core/rng.h"
 #include "ops/cross_entropy/cross_entropy.h"
 #include "ops/elementwise/elementwise.h"

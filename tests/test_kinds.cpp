@@ -113,7 +113,7 @@ TEST(Kinds, AKindsOwnKeysAreParsedCheckedAndPrinted) {
   EXPECT_EQ(error_of({"model.gain=2"}), "model.gain: unknown key (from --set model.gain=2)");
   // An unknown kind: the documented kinds are offered, and the nearest registered one.
   EXPECT_EQ(error_of({"model.kind=toy_linaer"}),
-            "model.kind: expected one of mlp, got 'toy_linaer' (from --set model.kind=toy_linaer); "
+            "model.kind: expected one of gpt, mlp, got 'toy_linaer' (from --set model.kind=toy_linaer); "
             "did you mean 'toy_linear'?");
 }
 

@@ -15,6 +15,7 @@
 #include "core/accumulate.h"
 #include "core/autograd.h"
 #include "core/registry.h"
+#include "core/switches.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"
 #include "optim/sgd.h"

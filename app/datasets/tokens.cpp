@@ -86,7 +86,6 @@ const RegisterData text({
     .keys = token_keys(true),
     .source = token_source,
     .check = check_tokens,
-    .documented = false,  // as model.kind gpt (app/models/gpt.cpp)
 });
 
 const RegisterData tokens({
@@ -95,7 +94,6 @@ const RegisterData tokens({
     .keys = token_keys(false),
     .source = token_source,
     .check = check_tokens,
-    .documented = false,  // as model.kind gpt (app/models/gpt.cpp)
 });
 
 }  // namespace

@@ -1,5 +1,5 @@
-// RMSNorm backward, v5: the production kernel (ops/rms_norm/rms_norm.cu), called as the framework
-// calls it, in its deterministic mode. Whatever that kernel becomes, this row of the table follows.
+// RMSNorm backward, v5: the production kernel (ops/rms_norm/rms_norm_kernels.cuh), called as the
+// framework calls it, in its deterministic mode. Whatever that kernel becomes, this row of the table follows.
 //
 // What it adds to v4 (at the time of writing): each thread keeps its share of the row in
 // registers (16 elements a thread for long rows, 32 while a row fits a warp, two rows at once for

@@ -49,6 +49,7 @@
 #include "core/cuda/runtime.h"
 #include "core/cuda/vec.cuh"
 #include "core/registry.h"
+#include "core/switches.h"
 #include "ops/attention/attention.h"
 
 namespace mt::cuda {

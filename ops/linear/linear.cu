@@ -46,6 +46,7 @@
 #include "core/cuda/runtime.h"
 #include "core/cuda/vec.cuh"
 #include "core/registry.h"
+#include "core/switches.h"
 #include "ops/linear/linear.h"
 
 namespace mt::cuda {

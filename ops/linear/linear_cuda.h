@@ -11,7 +11,7 @@
 // GEMMs run in cuBLASLt with fp32 accumulation (CUBLAS_COMPUTE_32F), on the current device.
 // Plans (descriptors, layouts, chosen algorithm) are built on the first call for a shape and
 // reused, so a training step never re-plans. Nothing here waits for the device, except a plan
-// built with gemm_autotune() on (core/registry.h), which times cuBLASLt's candidates once.
+// built with gemm_autotune() on (core/switches.h), which times cuBLASLt's candidates once.
 #include <cstdint>
 
 #include <cuda_runtime.h>

@@ -1,7 +1,8 @@
 #pragma once
 // CUDA launchers of the RMSNorm op on raw, contiguous device buffers, x viewed as [rows, d]. The
 // op's Function (rms_norm.cpp) checks shapes, dtypes and devices and calls these; the math, the
-// grids and the accumulation rules are written out at the top of rms_norm.cu. Rows up to
+// grids and the accumulation rules are written out at the top of rms_norm.cu and
+// rms_norm_kernels.cuh (the fused op's launchers: rms_norm_scaled_silu.cu). Rows up to
 // kRmsNormMaxD elements are supported (a longer d is an mt::Error).
 #include <cstdint>
 

@@ -25,7 +25,7 @@
 // paths agree to a few ulp; in bf16 the fused one is the more accurate (docs/kernels.md gives
 // the measured difference).
 //
-// Grids: rms_norm's kernels (rms_norm.cu) with the ScaledSiLU epilogue; the backward's block
+// Grids: rms_norm's kernels (rms_norm_kernels.cuh) with the ScaledSiLU epilogue; the backward's block
 // partials carry one more column, w's, and the column reduce adds it into w's .grad. Its block
 // teams hold 32 elements a thread (the plain backward 16), enough registers to keep g = dh·weight
 // from the first pass to the second, so σ(h) is computed once per element (as in the warp teams

@@ -49,6 +49,7 @@
 #include "core/cuda/runtime.h"
 #include "core/cuda/vec.cuh"
 #include "core/registry.h"
+#include "core/switches.h"
 #include "ops/scaled_silu/scaled_silu.h"
 #include "ops/scaled_silu/silu.cuh"
 
