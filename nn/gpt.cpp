@@ -124,15 +124,25 @@ Tensor GPT::forward(const Tensor& ids) {
   return linear((*transformer)(ids), w, Tensor(), w.compute_copy());  // the head, tied to wte
 }
 
-void GPT::set_dropout_key(uint64_t seed, uint64_t call) {
+namespace {
+std::vector<Dropout*> dropouts_of(const Module& model) {
   std::vector<Dropout*> dropouts;
-  for (const auto& [name, m] : named_modules())
+  for (const auto& [name, m] : model.named_modules())
     if (auto* d = dynamic_cast<Dropout*>(m.get())) dropouts.push_back(d);
+  return dropouts;
+}
+}  // namespace
+
+void GPT::set_dropout_key(uint64_t seed, uint64_t call, const Tensor& base) {
+  const std::vector<Dropout*> dropouts = dropouts_of(*this);
   for (size_t i = 0; i < dropouts.size(); ++i) {
     dropouts[i]->seed = seed;
     dropouts[i]->offset = call * dropouts.size() + i;
+    dropouts[i]->base = base;
   }
 }
+
+size_t GPT::num_dropouts() const { return dropouts_of(*this).size(); }
 
 void GPT::set_compute_dtype(DType dtype) {
   Module::set_compute_dtype(dtype);  // the Linears' copies

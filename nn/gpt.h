@@ -110,7 +110,12 @@ class GPT : public Module {
   // Keys every dropout of the model for the next forward: the masks are a pure function of
   // (seed, call), so give each microbatch of a run its own call number (the LM task uses
   // step · microbatches + microbatch) and a resumed run draws the masks it would have drawn.
-  void set_dropout_key(uint64_t seed, uint64_t call);
+  // Dropout i of n draws from offset call · n + i, plus base[0] on the device when `base` is
+  // defined (an i64 [1] tensor on the model's device, ops/dropout/dropout.h): the step's part of
+  // the key, which a CUDA graph replay reads from device memory.
+  void set_dropout_key(uint64_t seed, uint64_t call, const Tensor& base = Tensor());
+  // The model's Dropout modules: n above.
+  size_t num_dropouts() const;
 
   // Parameters, leaving out the position embedding when `non_embedding` (GPT-2's count).
   int64_t num_parameters(bool non_embedding = false) const;

@@ -106,7 +106,9 @@ Dropout::Dropout(double prob) : p(prob) {
   MT_CHECK(p >= 0 && p < 1, "Dropout(", p, "): p must be in [0, 1)");
 }
 
-Tensor Dropout::forward(const Tensor& x) { return dropout(x, p, seed, offset, is_training()); }
+Tensor Dropout::forward(const Tensor& x) {
+  return dropout(x, p, seed, offset, is_training(), base);
+}
 
 std::string Dropout::repr() const {
   std::ostringstream os;

@@ -98,7 +98,9 @@ class GELU : public Module {
 // Zeroes each element with probability p and scales the rest by 1/(1 − p), in training mode only
 // (ops/dropout/dropout.h). The mask is a pure function of (seed, offset, position): whoever runs
 // the model sets `seed` and, before each forward, `offset` (a number no other call of the run
-// uses), so a resumed run draws the same masks. nn::GPT does that for its dropouts.
+// uses), so a resumed run draws the same masks. nn::GPT does that for its dropouts. `base`, when
+// defined, is the device word added to `offset` when the kernels run (dropout.h: how a CUDA graph
+// replay draws a new mask each step).
 class Dropout : public Module {
  public:
   explicit Dropout(double p);
@@ -107,6 +109,7 @@ class Dropout : public Module {
 
   double p;
   uint64_t seed = 0, offset = 0;
+  Tensor base;
 };
 
 // A handle to any module, so that containers can take a brace list of different layer types.

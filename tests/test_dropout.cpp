@@ -11,6 +11,9 @@
 #include "ops/elementwise/elementwise.h"
 #include "tests/expect_error.h"
 #include "tests/gradcheck.h"
+#ifdef MT_WITH_CUDA
+#include "core/cuda/graph.h"
+#endif
 
 using namespace mt;
 using mt::test::expect_error;
@@ -106,6 +109,33 @@ TEST(Dropout, BadArgumentsAreClearErrors) {
   expect_error([] { dropout(ones({3}, DType::i64), 0.1, 1, 1); }, {"dropout", "i64"});
 }
 
+// The offset base (dropout.h): the call's offset plus the word's value, read when the kernels
+// run, forward and backward; advance_dropout_base sets it when run eagerly (the CPU always is).
+TEST(Dropout, AnOffsetBaseAddsItsWordToTheOffset) {
+  const int64_t n = 1003;
+  Tensor base = zeros({1}, DType::i64);
+  advance_dropout_base(base, 40, /*stride=*/1000);
+  EXPECT_EQ(base.to_vector(), std::vector<double>{40});  // eagerly: set, the stride unused
+  Tensor x = ones({n}, DType::f32);
+  EXPECT_EQ(dropout(x, 0.3, 5, 2, true, base).to_vector(), mask_of(n, 0.3, 5, 42));
+  EXPECT_NE(dropout(x, 0.3, 5, 2, true, base).to_vector(), mask_of(n, 0.3, 5, 2));
+  // The backward reads the word again: the forward's mask while the word is unchanged.
+  manual_seed(3);
+  Tensor leaf = random_leaf({n});
+  Tensor y = dropout(leaf, 0.3, 5, 2, true, base);
+  y.backward(ones({n}, DType::f64));
+  const auto gv = leaf.grad().to_vector(), m = mask_of(n, 0.3, 5, 42);
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(gv[size_t(i)] != 0, m[size_t(i)] != 0) << i;
+  expect_gradcheck([&](auto& in) { return dropout(in[0], 0.3, 5, 2, true, base); },
+                   {random_leaf({3, 7})}, "dropout with a base");
+  expect_error([&] { dropout(x, 0.3, 5, 2, true, zeros({2}, DType::i64)); },
+               {"dropout", "offset base", "one i64 element", "[2]"});
+  expect_error([&] { dropout(x, 0.3, 5, 2, true, zeros({1}, DType::f32)); },
+               {"dropout", "offset base", "f32"});
+  expect_error([&] { advance_dropout_base(zeros({1}, DType::f64), 1, 1); },
+               {"advance_dropout_base", "offset base", "f64"});
+}
+
 TEST(CudaDropout, MasksEqualTheCpusBitForBit) {
   MT_REQUIRE_CUDA();
   // An odd n (the scalar tail), and a buffer one element off alignment (the one-at-a-time path).
@@ -135,3 +165,48 @@ TEST(CudaDropout, MasksEqualTheCpusBitForBit) {
     EXPECT_EQ(leaf.grad().to_vector(), cleaf.grad().to_vector()) << dtype_name(dt);
   }
 }
+
+#ifdef MT_WITH_CUDA
+// A captured dropout replays with the word the device holds at that moment: advance_dropout_base
+// records `base += stride` in the graph, so two replays draw two different masks, each the mask
+// an eager call of that step draws (on the GPU and on the CPU), and the backward recorded beside
+// the forward applies that replay's mask.
+TEST(CudaDropout, EachGraphReplayDrawsTheNextStepsMaskAsEagerDoes) {
+  MT_REQUIRE_CUDA();
+  const Device dev = cuda_device(0);
+  const int64_t n = 4099;  // 512 packs of 8 and a tail of 3
+  const uint64_t stride = 1000;
+  for (DType dt : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    Tensor base = zeros({1}, DType::i64, dev);
+    Tensor x = ones({n}, dt, dev).detach();
+    x.set_requires_grad();
+    const Tensor out = empty({n}, dt, dev);  // outlive the replays: made before the capture
+    out.fill_(-1.0);
+    advance_dropout_base(base, 4 * stride, stride);  // eagerly: step 4's word
+    // An eager step first: the .grad the captured backward adds into exists before the capture.
+    dropout(x, 0.2, 9, 3, true, base).backward(ones({n}, dt, dev));
+    cuda::Graph g = cuda::Graph::capture(0, [&] {
+      advance_dropout_base(base, 0, stride);  // captured: += stride (the 0 is never used)
+      Tensor y = dropout(x, 0.2, 9, 3, true, base);
+      out.copy_(y);
+      y.backward(ones({n}, dt, dev));
+    });
+    std::vector<std::vector<double>> masks;
+    for (int step = 5; step <= 6; ++step) {
+      x.grad().fill_(0.0);
+      g.replay();
+      const auto replayed = out.to_vector();
+      EXPECT_EQ(base.to_vector(), std::vector<double>{double(step * stride)});
+      // The eager call of this step, on the GPU and on the CPU (host offset, no base).
+      Tensor eager_base = zeros({1}, DType::i64, dev);
+      advance_dropout_base(eager_base, step * stride, stride);
+      EXPECT_EQ(replayed, dropout(ones({n}, dt, dev), 0.2, 9, 3, true, eager_base).to_vector());
+      EXPECT_EQ(replayed, dropout(ones({n}, dt), 0.2, 9, 3 + step * stride).to_vector());
+      EXPECT_EQ(x.grad().to_vector(), replayed);  // dx = dy · mask · s with dy = 1: y itself
+      masks.push_back(replayed);
+    }
+    EXPECT_NE(masks[0], masks[1]);
+  }
+}
+#endif

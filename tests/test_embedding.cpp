@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "core/autograd.h"
 #include "core/rng.h"
@@ -145,6 +147,54 @@ TEST(CudaEmbedding, HeavyRepeatsMatchTheCpuAndAreBitwiseRepeatable) {
     embedding(idg, Wg).backward(up.to(cuda_device(0)));
     EXPECT_EQ(Wg.grad().to_vector(), gg) << dtype_name(dt) << ": not bitwise repeatable";
   }
+}
+
+// The backward's chunk sum and combine (embedding.h) on every kind of run: one id over the whole
+// batch (a run across 125 chunks of 32, its partials split among the combine's warps), GPT-2's
+// position ids (each id 64 times: runs that begin and end exactly on chunk boundaries), and
+// random ids over a small table (runs that cross boundaries anywhere); widths of several column
+// slabs (768), and odd ones that take the one-column path (37). Against the CPU, added into an
+// existing .grad, and bitwise equal run to run.
+TEST(CudaEmbedding, ChunkedSumsMatchTheCpuForEveryKindOfRun) {
+  MT_REQUIRE_CUDA();
+  struct Case {
+    const char* what;
+    std::vector<int64_t> ids;
+    int64_t V, C;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"one id 4000 times", std::vector<int64_t>(4000, 3), 5, 768});
+  std::vector<int64_t> positions(64 * 100), random(3001);
+  for (size_t i = 0; i < positions.size(); ++i) positions[i] = int64_t(i % 100);
+  cases.push_back({"position ids", positions, 100, 768});
+  uint64_t state = 12345;
+  for (int64_t& id : random) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    id = int64_t((state >> 33) % 50);
+  }
+  cases.push_back({"random ids, C = 37", random, 50, 37});
+  cases.push_back({"random ids, C = 768", random, 50, 768});
+  for (const Case& c : cases)
+    for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+      SCOPED_TRACE(std::string(c.what) + " " + dtype_name(dt));
+      const int64_t n = int64_t(c.ids.size());
+      Tensor ids = ids_of(c.ids, {n});
+      manual_seed(6);
+      Tensor W = randn({c.V, c.C}).to(dt), up = randn({n, c.C}).to(dt);
+      Tensor Wc = W.detach(), Wg = W.to(cuda_device(0));
+      Wc.set_requires_grad();
+      Wg.set_requires_grad();
+      Wc.set_grad(full({c.V, c.C}, 0.25));
+      Wg.set_grad(full({c.V, c.C}, 0.25, DType::f32, cuda_device(0)));
+      Tensor idg = ids.to(cuda_device(0));
+      embedding(idg, Wg).backward(up.to(cuda_device(0)));
+      embedding(ids, Wc).backward(up);
+      const auto gg = Wg.grad().to_vector();
+      EXPECT_LT(max_abs_rel(gg, Wc.grad().to_vector()), 1e-5);
+      Wg.set_grad(full({c.V, c.C}, 0.25, DType::f32, cuda_device(0)));
+      embedding(idg, Wg).backward(up.to(cuda_device(0)));
+      EXPECT_EQ(Wg.grad().to_vector(), gg) << "not bitwise repeatable";
+    }
 }
 
 TEST(CudaEmbedding, BadIdIsAnErrorAtTheNextSynchronization) {

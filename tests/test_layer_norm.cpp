@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "core/autograd.h"
 #include "ops/elementwise/elementwise.h"
@@ -165,4 +167,46 @@ TEST(CudaLayerNorm, ManyRowsBothLayoutsMatchTheCpuAndRepeatBitwise) {
             << names[k] << " d=" << d << " " << dtype_name(dt);
       }
     }
+}
+
+// Every warp-row build (1, 2, 3, 4 packs a lane, and 6, 8 for f32; full and partial last packs),
+// with fewer rows than a block has warps and with rows left over after whole strides of the grid,
+// and a backward that wants only dweight and dbias (x does not require grad): CUDA against the
+// CPU, and bitwise equal run to run.
+TEST(CudaLayerNorm, EveryWarpRowWidthMatchesTheCpu) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device: CUDA tests skipped";
+  const Device gpu = cuda_device(0);
+  for (int64_t d : {int64_t(8), int64_t(40), int64_t(264), int64_t(520), int64_t(1000), int64_t(1024)})
+    for (int64_t rows : {int64_t(3), int64_t(1001)})
+      for (DType dt : {DType::f32, DType::bf16, DType::f16})
+        for (bool want_dx : {true, false}) {
+          SCOPED_TRACE("d=" + std::to_string(d) + " rows=" + std::to_string(rows) + " " +
+                       dtype_name(dt) + (want_dx ? "" : " without dx"));
+          manual_seed(8);
+          Tensor x = randn({rows, d}).to(dt), up = randn({rows, d}).to(dt);
+          Tensor w = rand({d}), b = randn({d});
+          auto run = [&](Device dev) {
+            Tensor xl = x.to(dev).detach(), wl = w.to(dev).detach(), bl = b.to(dev).detach();
+            xl.set_requires_grad(want_dx);
+            wl.set_requires_grad();
+            bl.set_requires_grad();
+            Tensor y = layer_norm(xl, wl, bl);
+            y.backward(up.to(dev));
+            std::vector<std::vector<double>> out{y.to_vector(), wl.grad().to_vector(),
+                                                 bl.grad().to_vector()};
+            if (want_dx) out.push_back(xl.grad().to_vector());
+            return out;
+          };
+          const auto cpu = run(kCPU), g1 = run(gpu), g2 = run(gpu);
+          ASSERT_EQ(g1.size(), cpu.size());
+          for (size_t k = 0; k < cpu.size(); ++k) {
+            EXPECT_EQ(g1[k], g2[k]) << "output " << k << ": not bitwise repeatable";
+            double err = 0, scale = 0;
+            for (size_t i = 0; i < cpu[k].size(); ++i) {
+              err = std::max(err, std::abs(g1[k][i] - cpu[k][i]));
+              scale = std::max(scale, std::abs(cpu[k][i]));
+            }
+            EXPECT_LE(err, (dt == DType::f32 ? 1e-4 : 2e-2) * scale) << "output " << k;
+          }
+        }
 }

@@ -5,6 +5,7 @@
 
 #include "nn/gpt.h"
 #include "ops/cross_entropy/cross_entropy.h"
+#include "ops/dropout/dropout.h"
 
 namespace mt::train {
 
@@ -31,11 +32,20 @@ class LanguageModeling : public Task {
     auto* gpt = dynamic_cast<nn::GPT*>(&model);
     if (gpt != nullptr && key_.step && model.is_training()) {
       // Microbatch m of step s draws its masks from call s · 2^20 + m: a pure function of the
-      // step, so a resumed run draws what an uninterrupted one did.
+      // step, so a resumed run draws what an uninterrupted one did. The step's part, s · 2^20
+      // calls, is a device word the first microbatch moves: set from the host when run eagerly,
+      // advanced by one step on the device when recorded in a CUDA graph, so every replay draws
+      // the next step's masks, the ones an eager step would (ops/dropout/dropout.h).
       const int64_t step = key_.step();
       microbatch_ = step == step_ ? microbatch_ + 1 : 0;
       step_ = step;
-      gpt->set_dropout_key(key_.seed, (uint64_t(step) << 20) + uint64_t(microbatch_));
+      const uint64_t per_step = (uint64_t(1) << 20) * gpt->num_dropouts();  // offsets a step
+      if (microbatch_ == 0) {
+        if (!base_.defined() || base_.device() != batch.x.device())
+          base_ = zeros({1}, DType::i64, batch.x.device());
+        advance_dropout_base(base_, uint64_t(step) * per_step, per_step);
+      }
+      gpt->set_dropout_key(key_.seed, uint64_t(microbatch_), base_);
     }
     Tensor loss = next_token_loss(model(batch.x), batch.y, vocab_size_, normalizer * double(T));
     if (metrics != nullptr && tokens_per_byte_ > 0) {
@@ -51,6 +61,7 @@ class LanguageModeling : public Task {
   double tokens_per_byte_;
   DropoutKey key_;
   int64_t step_ = -1, microbatch_ = 0;
+  Tensor base_;  // the dropouts' device word: the current step's part of their offsets
 };
 
 }  // namespace

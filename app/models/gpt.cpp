@@ -58,13 +58,6 @@ const RegisterModel gpt({
       return std::make_shared<nn::GPT>(gpt_config(c));
     },
     .task = [](const Config& c, data::Source& source) -> std::shared_ptr<train::Task> {
-      // The dropout masks are keyed by (seed, step, microbatch) on the host: a captured graph
-      // would hold one step's keys and replay the same masks every step.
-      if (c.cuda_graph && c.model.params.number("dropout") > 0)
-        throw ConfigError("cuda_graph: true with model.dropout " +
-                          std::to_string(c.model.params.number("dropout")) +
-                          ": a captured step would replay one step's dropout masks; set "
-                          "cuda_graph: false or model.dropout: 0");
       auto* tokens = dynamic_cast<data::TokenSource*>(&source);
       if (tokens == nullptr)
         throw ConfigError("model.kind: gpt trains on token data (data.kind text or tokens), not "

@@ -14,16 +14,32 @@
 // two calls with different offsets never share a random word, whatever their sizes (the offset is
 // half of the counter, the element group the other half).
 //
+// The offset on the device (CUDA graphs). A captured graph replays its kernels with the
+// arguments they were recorded with, so a host offset would give every replay the first step's
+// mask. A call may therefore add a device word to its offset: offset = offset + base[0], base an
+// i64 [1] tensor on x's device, read by the kernels (forward and backward) when they run. The
+// word holds the step's part of the offset and the host argument the call's part within the step.
+// advance_dropout_base() moves it from step to step, on the device:
+//   run eagerly        base[0] = value               (the host knows the step: value = f(step))
+//   in a capture       base[0] += stride             (each replay moves to the next step)
+// so a step run eagerly and the same step replayed read the same word, as long as each replay
+// runs the step after the previous one (the trainer's loop) and value = first + step · stride.
+// The backward reads the word again instead of keeping a copy: advance it only before a step's
+// first forward, never between a forward and its backward.
+//
 // Saved vs recomputed: NOTHING tensor-sized is saved: the backward regenerates keep_i from
 // (seed, offset, i), 10 Philox rounds per 4 elements, arithmetic a memory-bound kernel hides. A
 // saved mask would cost a write in the forward and a read in the backward of at least 1 byte per
 // element (1 bit packed): 1/4 more traffic than the forward's 4 bytes per bf16 element, and the
 // memory held from forward to backward, for every dropout in the model.
 //
-// Grids (CUDA, dropout.cu): both passes are grid-stride maps, 256 threads a block, at most 2048
-// blocks, one 16-byte pack per thread per step (8 bf16/f16, 4 f32: two or one Philox call, each
-// giving four consecutive elements' words); unaligned buffers take the same kernel one element
-// at a time, which draws the same words. No reduction: nothing is added into.
+// Grids (CUDA, dropout.cu): both passes are one grid-stride map, 256 threads a block, a few waves
+// of blocks (what fits on the GPU at once, times 4; fewer for small n). Each thread loads 16
+// elements at a time as 16-byte packs (two packs of 8 bf16/f16, four of 4 f32), then draws their
+// words (one Philox call gives four consecutive elements' words), so loads stay in flight while
+// it computes; the leftover packs go one at a time and the n % pack elements one by one.
+// Unaligned buffers take the same kernel one element at a time, which draws the same words. The
+// base word is read once by each thread. No reduction: nothing is added into.
 //
 // p = 0, or training = false: the identity, x itself is returned (no node, no copy). p must be
 // in [0, 1).
@@ -33,12 +49,22 @@
 
 namespace mt {
 
-Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset, bool training = true);
+// base: undefined (the offset alone), or an i64 [1] tensor on x's device added to the offset
+// when the kernels run (above).
+Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset, bool training = true,
+               const Tensor& base = Tensor());
+
+// base[0] = value when run eagerly; recorded in a CUDA graph capture, base[0] += stride (above).
+// base: an i64 [1] tensor (its bits are the uint64 word). Not differentiable.
+void advance_dropout_base(const Tensor& base, uint64_t value, uint64_t stride);
 
 // y = x · mask · s (forward) or dx = dy · mask · s (backward: the same kernel on dy). in, out
-// contiguous, same shape and dtype; threshold and scale as above.
+// contiguous, same shape and dtype; threshold and scale as above; base undefined or i64 [1] on
+// in's device, its word added to offset.
 using DropoutFn = void(const Tensor& in, uint32_t threshold, double scale, uint64_t seed,
-                       uint64_t offset, const Tensor& out);
+                       uint64_t offset, const Tensor& base, const Tensor& out);
+// advance_dropout_base's kernel.
+using DropoutBaseFn = void(const Tensor& base, uint64_t value, uint64_t stride);
 
 // The threshold for drop probability p (p in [0, 1)).
 uint32_t dropout_threshold(double p);

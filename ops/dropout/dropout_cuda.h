@@ -1,6 +1,7 @@
 #pragma once
-// CUDA launcher of the dropout op on raw, contiguous device buffers (the math, the RNG and the
-// grids: dropout.h). The forward and the backward are this one map, on x and on dy.
+// CUDA launchers of the dropout op on raw, contiguous device buffers (the math, the RNG, the
+// device-side offset and the grids: dropout.h). The forward and the backward are this one map,
+// on x and on dy.
 #include <cstdint>
 
 #include <cuda_runtime.h>
@@ -9,9 +10,14 @@
 
 namespace mt::cuda {
 
-// out[i] = in[i] · scale where Philox word i of (seed, offset) >= threshold, else 0 ('=', dt).
-// scale is rounded to fp32 (f64 for f64), as on the CPU.
+// out[i] = in[i] · scale where Philox word i of (seed, offset + *base) >= threshold, else 0
+// ('=', dt). base: a device word read when the kernel runs (nullable: 0). scale is rounded to
+// fp32 (f64 for f64), as on the CPU.
 void dropout_apply(const void* in, void* out, int64_t n, uint32_t threshold, double scale,
-                   uint64_t seed, uint64_t offset, DType dt, cudaStream_t s);
+                   uint64_t seed, uint64_t offset, const uint64_t* base, DType dt,
+                   cudaStream_t s);
+
+// *base = value, or *base += stride when `s` is being captured into a CUDA graph (dropout.h).
+void dropout_advance_base(uint64_t* base, uint64_t value, uint64_t stride, cudaStream_t s);
 
 }  // namespace mt::cuda

@@ -81,49 +81,189 @@ __global__ void make_pairs_kernel(const int64_t* __restrict__ ids, uint32_t* __r
   }
 }
 
-constexpr int kSegWarps = 4;  // warps (sorted pairs) per block of the segmented sum
-constexpr int kUnroll = 8;    // positions of a run loaded at once
+// ---- the backward's sums ----------------------------------------------------------------------
+//
+// The sorted pairs are cut into chunks of kChunk = 32 (one key a lane). A warp sums one chunk for
+// one slab of columns (32 lanes × V: 256 columns in bf16), entry by entry in sorted order, and
+// flushes a run's sum when the key changes:
+//   a run inside the chunk         dW[key] += sum, by this warp alone (no other chunk has the key)
+//   the chunk's first run, begun   head[chunk] = sum (scratch)
+//   in an earlier chunk
+//   the chunk's last run, going    tail[chunk] = sum (scratch); this chunk is the run's owner
+//   on in the next chunk
+// Then one block of kCombineWarps warps per kCombineWarps chunks finds the owners among them and,
+// for each, adds tail[owner] and head[owner + 1 ..] of the chunks the run covers, in a fixed order
+// (warp w takes chunks owner + 1 + w, + kCombineWarps, ...; the warps' totals in warp order), into
+// dW[key]. Every element of dW is written by one thread, in an order that depends only on the ids:
+// the same bits on every run, with no float atomics. A token that fills the whole batch is summed
+// by n / 32 warps at once, and its partials by all warps of one block.
+constexpr int kChunk = 32;
+constexpr int kSumWarps = 4;       // chunks (warps) per block of the chunk sum
+constexpr int kUnroll = 8;         // dy rows loaded at once by a warp
+constexpr int kCombineWarps = 8;   // chunks per block of the combine, and warps per run
+constexpr uint32_t kNoKey = 0xffffffffu;  // beyond the pairs: never equal to a key (≤ V < 2^32 − 1)
 
-// Warp (blockIdx.x * kSegWarps + threadIdx.y) looks at sorted pair j; blockIdx.y picks 32 packs
-// of columns. Only the warp whose pair starts a run of equal ids works: it sums dy over the run,
-// in sorted order (increasing position: the sort is stable), and adds the total to dW's row.
-// Each (row, column) of dW is written by exactly one thread: no atomics, a fixed order.
+template <int V>
+__device__ __forceinline__ void load_f32(const float* p, float (&a)[V]) {
+  if constexpr (V % 4 == 0) {
+#pragma unroll
+    for (int h = 0; h < V / 4; ++h) {
+      const float4 f = reinterpret_cast<const float4*>(p)[h];
+      a[4 * h] = f.x, a[4 * h + 1] = f.y, a[4 * h + 2] = f.z, a[4 * h + 3] = f.w;
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < V; ++k) a[k] = p[k];
+  }
+}
+
+template <int V>
+__device__ __forceinline__ void store_f32(float* p, const float (&a)[V]) {
+  if constexpr (V % 4 == 0) {
+#pragma unroll
+    for (int h = 0; h < V / 4; ++h)
+      reinterpret_cast<float4*>(p)[h] = make_float4(a[4 * h], a[4 * h + 1], a[4 * h + 2], a[4 * h + 3]);
+  } else {
+#pragma unroll
+    for (int k = 0; k < V; ++k) p[k] = a[k];
+  }
+}
+
+// p[k] += a[k]: dW may hold earlier gradients.
+template <int V>
+__device__ __forceinline__ void add_f32(float* p, const float (&a)[V]) {
+  float old[V];
+  load_f32<V>(p, old);
+#pragma unroll
+  for (int k = 0; k < V; ++k) old[k] += a[k];
+  store_f32<V>(p, old);
+}
+
+// Warp (blockIdx.x · kSumWarps + threadIdx.y) sums chunk `chunk` for the columns of slab
+// blockIdx.y, V a lane (see above).
 template <class T, int V>
-__global__ void __launch_bounds__(32 * kSegWarps)
-    segment_sum_kernel(const uint32_t* __restrict__ keys, const uint32_t* __restrict__ positions,
-                       const T* __restrict__ dy, float* __restrict__ dW, int64_t n, int64_t V_rows,
-                       int64_t C) {
-  const int64_t j = int64_t(blockIdx.x) * kSegWarps + threadIdx.y;
-  if (j >= n) return;
-  const uint32_t key = keys[j];
-  if (key >= V_rows || (j > 0 && keys[j - 1] == key)) return;  // skipped, or not a run's start
-  const int64_t col = (int64_t(blockIdx.y) * 32 + threadIdx.x) * V;
-  if (col >= C) return;
+__global__ void __launch_bounds__(32 * kSumWarps)
+    chunk_sum_kernel(const uint32_t* __restrict__ keys, const uint32_t* __restrict__ positions,
+                     const T* __restrict__ dy, float* __restrict__ dW, float* __restrict__ head,
+                     float* __restrict__ tail, int64_t n, int64_t V_rows, int64_t C) {
+  const int64_t chunk = int64_t(blockIdx.x) * kSumWarps + threadIdx.y;
+  const int64_t first = chunk * kChunk;
+  if (first >= n) return;  // a whole warp
+  const int lane = threadIdx.x;
+  const int count = n - first < kChunk ? int(n - first) : kChunk;
+  const uint32_t my_key = lane < count ? keys[first + lane] : kNoKey;
+  const uint32_t my_pos = lane < count ? positions[first + lane] : 0;
+  const uint32_t before = chunk > 0 ? keys[first - 1] : kNoKey;                  // run entering
+  const uint32_t after = first + kChunk < n ? keys[first + kChunk] : kNoKey;    // run leaving
+  const int64_t col = (int64_t(blockIdx.y) * 32 + lane) * V;
+  const bool active = col < C;
+
   float acc[V];
+  uint32_t key = __shfl_sync(0xffffffffu, my_key, 0);
+  int start = 0;  // the entry that began the current run
 #pragma unroll
   for (int k = 0; k < V; ++k) acc[k] = 0.0f;
-  // kUnroll pairs a step: their keys, positions and dy packs are each loaded together, so a long
-  // run (a frequent token) waits for memory once per kUnroll positions, not once per position.
-  // The keys are sorted, so the run ends at the first key that differs.
-  for (int64_t r = j;; r += kUnroll) {
-    bool in_run[kUnroll];
+  // The current run's sum goes to dW, head or tail (the cases above); bad ids (key V) are skipped.
+  auto flush = [&](int end) {
+    if (key >= V_rows || !active) return;
+    if (start == 0 && before == key) store_f32<V>(head + chunk * C + col, acc);
+    else if (end == kChunk && after == key) store_f32<V>(tail + chunk * C + col, acc);
+    else add_f32<V>(dW + int64_t(key) * C + col, acc);
+  };
+  for (int e0 = 0; e0 < count; e0 += kUnroll) {
     Pack<T, V> g[kUnroll];
+    uint32_t k_e[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) in_run[u] = r + u < n && keys[r + u] == key;
+    for (int u = 0; u < kUnroll; ++u) {
+      k_e[u] = __shfl_sync(0xffffffffu, my_key, e0 + u);
+      const uint32_t p = __shfl_sync(0xffffffffu, my_pos, e0 + u);
+      if (e0 + u < count && k_e[u] < V_rows && active)
+        g[u] = *reinterpret_cast<const Pack<T, V>*>(dy + int64_t(p) * C + col);
+    }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-      if (in_run[u])
-        g[u] = *reinterpret_cast<const Pack<T, V>*>(dy + int64_t(positions[r + u]) * C + col);
+    for (int u = 0; u < kUnroll; ++u) {
+      const int e = e0 + u;
+      if (e >= count) break;
+      if (k_e[u] != key) {  // the same for the whole warp: the keys are broadcast
+        flush(e);
+        key = k_e[u];
+        start = e;
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-      if (in_run[u])
+        for (int k = 0; k < V; ++k) acc[k] = 0.0f;
+      }
+      if (key < V_rows && active)
 #pragma unroll
         for (int k = 0; k < V; ++k) acc[k] += to_float(g[u].v[k]);  // in sorted order
-    if (!in_run[kUnroll - 1]) break;
+    }
   }
-  float* out = dW + int64_t(key) * C + col;
+  flush(count);
+}
+
+// Block b looks at chunks b · kCombineWarps + w (w a warp) for the slab blockIdx.y. A chunk owns
+// the run it ends with when that run goes on in the next chunk and did not come from the
+// previous one. For each owner, in chunk order, all warps add the heads of the chunks the run
+// covers (warp w: chunks owner + 1 + w, + kCombineWarps, ..., kUnroll at a time), then thread
+// (lane) adds tail[owner] and the warps' totals in warp order into dW[key].
+template <int V>
+__global__ void __launch_bounds__(32 * kCombineWarps)
+    combine_kernel(const uint32_t* __restrict__ keys, float* __restrict__ dW,
+                   const float* __restrict__ head, const float* __restrict__ tail, int64_t n,
+                   int64_t V_rows, int64_t C) {
+  __shared__ uint32_t owner_key[kCombineWarps];
+  __shared__ float totals[kCombineWarps][32 * V];
+  const int lane = threadIdx.x, warp = threadIdx.y;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  {
+    const int64_t c = int64_t(blockIdx.x) * kCombineWarps + warp;
+    uint32_t owns = kNoKey;
+    if (lane == 0 && c < chunks && (c + 1) * kChunk < n) {
+      const uint32_t last = keys[(c + 1) * kChunk - 1];
+      if (last < V_rows && keys[(c + 1) * kChunk] == last && (c == 0 || keys[c * kChunk - 1] != last))
+        owns = last;
+    }
+    if (lane == 0) owner_key[warp] = owns;
+  }
+  __syncthreads();
+  const int64_t col = (int64_t(blockIdx.y) * 32 + lane) * V;
+  const bool active = col < C;
+  for (int o = 0; o < kCombineWarps; ++o) {
+    const uint32_t key = owner_key[o];
+    if (key == kNoKey) continue;  // the same for the whole block
+    const int64_t owner = int64_t(blockIdx.x) * kCombineWarps + o;
+    float acc[V];
 #pragma unroll
-  for (int k = 0; k < V; ++k) out[k] += acc[k];  // '+=': dW may hold earlier gradients
+    for (int k = 0; k < V; ++k) acc[k] = 0.0f;
+    // The run covers chunks owner + 1, ... as long as they start with its key (sorted keys).
+    bool more = true;
+    for (int64_t c0 = owner + 1 + warp; more; c0 += int64_t(kCombineWarps) * kUnroll) {
+      float h[kUnroll][V];
+      bool in_run[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t c = c0 + int64_t(u) * kCombineWarps;
+        in_run[u] = c < chunks && keys[c * kChunk] == key;
+        if (c < chunks && active) load_f32<V>(head + c * C + col, h[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+        if (in_run[u] && active)
+#pragma unroll
+          for (int k = 0; k < V; ++k) acc[k] += h[u][k];
+      more = in_run[kUnroll - 1];
+    }
+#pragma unroll
+    for (int k = 0; k < V; ++k) totals[warp][lane * V + k] = acc[k];
+    __syncthreads();
+    if (warp == 0 && active) {
+      float total[V];
+      load_f32<V>(tail + owner * C + col, total);
+      for (int w = 0; w < kCombineWarps; ++w)
+#pragma unroll
+        for (int k = 0; k < V; ++k) total[k] += totals[w][lane * V + k];
+      add_f32<V>(dW + int64_t(key) * C + col, total);
+    }
+    __syncthreads();  // totals is reused by the next owner
+  }
 }
 
 int bits_for(int64_t v) {
@@ -185,22 +325,35 @@ void embedding_backward(const int64_t* ids, const void* dy, float* dW, int64_t n
   MT_CUDA_CHECK_LAUNCH();
   MT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(sort_temp, sort_bytes, keys_in, keys, pos_in, pos,
                                                 n, 0, end_bit, s));
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  float* head = static_cast<float*>(alloc_on(s, 2 * size_t(chunks) * C * sizeof(float), device));
+  float* tail = head + chunks * C;
   dispatch_float</*kWithF64=*/false>(dt, "embedding_backward", [&](auto tag) {
     using T = decltype(tag);
     constexpr int kV = 16 / sizeof(T);
     const T* g = static_cast<const T*>(dy);
-    const unsigned blocks = unsigned((n + kSegWarps - 1) / kSegWarps);
-    const dim3 block(32, kSegWarps);
-    if (C % kV == 0 && aligned(dy, 16)) {
-      const dim3 grid(blocks, unsigned((C / kV + 31) / 32));
-      segment_sum_kernel<T, kV><<<grid, block, 0, s>>>(keys, pos, g, dW, n, V, C);
+    const bool vec = C % kV == 0 && aligned(dy, 16) && aligned(dW, 16);
+    const int64_t slabs = vec ? (C / kV + 31) / 32 : (C + 31) / 32;
+    MT_CHECK(slabs <= 65535, "embedding_backward: ", C, " columns are more than one launch takes");
+    const dim3 sum_grid(unsigned((chunks + kSumWarps - 1) / kSumWarps), unsigned(slabs));
+    const dim3 combine_grid(unsigned((chunks + kCombineWarps - 1) / kCombineWarps), unsigned(slabs));
+    if (vec) {
+      chunk_sum_kernel<T, kV><<<sum_grid, dim3(32, kSumWarps), 0, s>>>(keys, pos, g, dW, head,
+                                                                       tail, n, V, C);
+      MT_CUDA_CHECK_LAUNCH();
+      combine_kernel<kV><<<combine_grid, dim3(32, kCombineWarps), 0, s>>>(keys, dW, head, tail, n,
+                                                                          V, C);
     } else {
-      const dim3 grid(blocks, unsigned((C + 31) / 32));
-      segment_sum_kernel<T, 1><<<grid, block, 0, s>>>(keys, pos, g, dW, n, V, C);
+      chunk_sum_kernel<T, 1><<<sum_grid, dim3(32, kSumWarps), 0, s>>>(keys, pos, g, dW, head,
+                                                                      tail, n, V, C);
+      MT_CUDA_CHECK_LAUNCH();
+      combine_kernel<1><<<combine_grid, dim3(32, kCombineWarps), 0, s>>>(keys, dW, head, tail, n,
+                                                                         V, C);
     }
     MT_CUDA_CHECK_LAUNCH();
   });
-  free_on(s, scratch);  // stream-ordered: released after the sum has run
+  free_on(s, head);
+  free_on(s, scratch);  // stream-ordered: both released after the sums have run
 }
 
 }  // namespace mt::cuda

@@ -3,14 +3,15 @@
 //
 //   y[p, :] = W[ids[p], :]                    p over the positions of ids; y is ids.shape + [C]
 //   dW[v, :] += Σ_{p : ids[p] = v} dy[p, :]   '+=' into W's .grad (the grad sink; fp32, f64 for
-//                                             f64 W), in order of increasing p for every v
+//                                             f64 W), in a fixed order for every v (below)
 //
 // The backward is a scatter-add: one id may appear at many positions of a batch (a common token
 // thousands of times), and every one of those rows must be added into the same row of dW. Adding
 // them with float atomics would give bits that depend on the order in which threads arrive. Here
-// each row of dW is summed by one thread per column, over its positions in increasing order, so
-// the bits are the same on every run and on both devices' orders of summation (fp32 on CUDA,
-// double on the CPU, then rounded).
+// the positions are sorted by id (stably: each id's positions stay increasing), cut into chunks of
+// 32, and each chunk summed in order; a run of one id that spans several chunks is the sum of its
+// chunks' partials in chunk order. The order depends only on the ids, so the bits are the same on
+// every run (fp32 on CUDA; the CPU sums each row in double in increasing p, then rounds).
 //
 // Saved vs recomputed: ids only (8 bytes a position); W is not needed by the backward at all,
 // and dy is what arrives. Nothing is recomputed.
@@ -20,12 +21,17 @@
 //             below), then a grid-stride gather over 16-byte packs of the output (8 bf16/f16, 4
 //             f32) when C and the pointers allow, else elements; y '='.
 //   backward  (1) a map writes (key = id, value = position) pairs; (2) cub's radix sort orders
-//             them by id, stably, so each id's positions stay increasing; (3) a warp per sorted
-//             pair and per 32 packs of columns: the warp whose pair starts a run of equal ids sums
-//             dy over the run in order (fp32 registers) and adds the total into dW's row ('+=');
-//             the others return. No host round trip: the sort's scratch comes from the stream's
-//             pool and its size from the element count alone, so the backward can be captured in
-//             a CUDA graph.
+//             them by id, stably; (3) the chunk sum: a warp per chunk of 32 sorted pairs and per
+//             slab of 32 packs of columns (16-byte packs of dy, 256 columns in bf16) loads 8 dy
+//             rows at a time and adds each run of equal ids in order in fp32 registers; a run that
+//             stays inside its chunk goes straight into dW's row ('+=', float4 read-modify-write),
+//             one that crosses a chunk boundary leaves its chunk's part in a scratch row; (4) the
+//             combine: a block of 8 warps per 8 chunks, for each run that crosses, adds its
+//             partials in a fixed order (the 8 warps split a long run's chunks) and the total into
+//             dW ('+='). Every element of dW has one writer: no atomics. A token repeated over
+//             the whole batch is summed by every warp of the chunk sum at once. No host round
+//             trip: the scratch comes from the stream's pool, its size from the element count
+//             alone, so the backward can be captured in a CUDA graph.
 //
 // An id outside [0, V) is an mt::Error naming its position and value: at once on the CPU; on
 // CUDA at the next host synchronization with the device (the device-side record that

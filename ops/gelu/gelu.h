@@ -14,10 +14,11 @@
 // per element each in bf16), a third more traffic for both.
 //
 // Grids (CUDA, gelu.cu): both passes are the grid-stride map of core/cuda/map.cuh, 256 threads a
-// block, at most 2048 blocks, one 16-byte pack per thread per step (8 bf16/f16, 4 f32): the
-// forward reads x and writes y, the backward reads x and dy and writes dx. No reduction, so
-// nothing is added into: y and dx are written with '=', and the bits never depend on the grid.
-// Math in fp32 (f64 for f64), each result rounded once to the dtype.
+// block, a few waves of blocks (what fits on the GPU at once, times 4), each thread loading two
+// 16-byte packs (8 bf16/f16, 4 f32) of each input before it computes either, so loads stay in
+// flight under the tanh: the forward reads x and writes y, the backward reads x and dy and writes
+// dx. No reduction, so nothing is added into: y and dx are written with '=', and the bits never
+// depend on the grid. Math in fp32 (f64 for f64), each result rounded once to the dtype.
 #include <cstdint>
 
 #include "core/tensor.h"

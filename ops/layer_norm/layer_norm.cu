@@ -5,15 +5,20 @@
 //
 //   warp rows   d ≤ 1024, d a multiple of the 16-byte pack (8 bf16/f16, 4 f32), x, y (dy, dx)
 //               16-byte aligned: a warp owns a row and holds it in registers (lane `l` the packs
-//               l, l + 32, ...; kPPL packs a lane, the row's packs over 32 rounded up to a power
-//               of two), so each row is read from memory once although the forward uses it three
-//               times (mean, variance about the mean, output) and the backward twice. Sums are
-//               shuffle butterflies. Blocks of 8 warps. The forward: one block per 8 rows (the
-//               hardware starts blocks in order, so the rows in flight are neighbours). The
-//               backward: one wave of blocks (as many as fit on the GPU at once), each warp
-//               striding over rows and adding its columns' dy·x̂ and dy in fp32 registers, in row
-//               order; at the end the block adds its warps' sums in warp order in shared memory
-//               and writes one partial row [dweight | dbias] (2d floats).
+//               l, l + 32, ...; kPPL packs a lane, the row's packs over 32 rounded up to the next
+//               build: 3 for GPT-2's 768 in bf16), so each row is read from memory once although
+//               the forward uses it three times (mean, variance about the mean, output) and the
+//               backward twice. Sums are shuffle butterflies. Blocks of 8 warps, one wave of them
+//               (as many as fit on the GPU at once, fewer for few rows); each warp strides over
+//               rows, warp w of the grid taking rows w, w + all warps, ..., and loads its next
+//               row (x; dy too in the backward) before it works on the current one, so one row
+//               is always in flight. Each block first copies weight (and bias) into shared memory
+//               in the order the lanes read them (staged_index): 2·d floats a row read from global
+//               memory, 8 times the bytes of a bf16 row, were what held the first version of these
+//               kernels to 40% of copy bandwidth. The backward adds each lane's columns' dy·x̂
+//               and dy in fp32 registers, in row order; at the end the block adds its warps' sums
+//               in warp order in shared memory and writes one partial row [dweight | dbias]
+//               (2d floats).
 //   block rows  any other d: a block of 256 threads per row, which reads the row from memory once
 //               and again from cache for each further pass; the backward's dx the same way, and
 //               dweight, dbias from a separate pass over chunks of kChunkRows rows: thread (c, t)
@@ -63,6 +68,48 @@ __device__ float block_allreduce(float v) {
 
 // ---- warp rows ------------------------------------------------------------------------------
 
+// Lane `lane`'s columns of pack slot p are q·V .. q·V + V − 1, q = lane + 32p: 2V floats of weight
+// (and of bias) a lane needs for each of its packs, 8 times the bytes of the bf16 pack itself. Read
+// from global memory for every row they were the kernel's real traffic (each warp-wide load of
+// one float a lane touches 32 sectors). So each block stages them once in shared memory, laid out
+// so that the float4 h of slot p of lane l is float4 number (p·(V/4) + h)·32 + l: a warp's read of
+// one such float4 is 512 contiguous bytes, no bank conflict.
+template <int V>
+__device__ __forceinline__ int staged_index(int col) {
+  const int p = col / (32 * V), rem = col % (32 * V), lane = rem / V, k = rem % V;
+  return ((p * (V / 4) + k / 4) * 32 + lane) * 4 + k % 4;
+}
+
+// params[i] → staged[staged_index(i)] for i < d, zeros for the padding up to kPPL·32·V. Ends
+// with the block's barrier.
+template <int V, int kPPL>
+__device__ __forceinline__ void stage(const float* __restrict__ params, float* staged, int d) {
+  for (int c = threadIdx.x; c < kPPL * 32 * V; c += blockDim.x)
+    staged[staged_index<V>(c)] = c < d ? params[c] : 0.0f;
+  __syncthreads();
+}
+
+// The V staged floats of slot p of this lane.
+template <int V>
+__device__ __forceinline__ void load_staged(const float* staged, int p, int lane, float (&out)[V]) {
+#pragma unroll
+  for (int h = 0; h < V / 4; ++h) {
+    const float4 f = reinterpret_cast<const float4*>(staged)[(p * (V / 4) + h) * 32 + lane];
+    out[4 * h] = f.x, out[4 * h + 1] = f.y, out[4 * h + 2] = f.z, out[4 * h + 3] = f.w;
+  }
+}
+
+template <class T, int V, int kPPL>
+__device__ __forceinline__ void load_row(const T* __restrict__ base, int64_t row, int d, int lane,
+                                         Pack<T, V> (&v)[kPPL]) {
+  const int packs = d / V;
+#pragma unroll
+  for (int p = 0; p < kPPL; ++p)
+    if (lane + 32 * p < packs) v[p] = reinterpret_cast<const Pack<T, V>*>(base + row * d)[lane + 32 * p];
+}
+
+// Warps stride over rows (row = global warp, + all warps of the grid, ...), each loading its next
+// row before it works on the current one, so a row's load is always in flight.
 template <class T, int V, int kPPL>
 __global__ void __launch_bounds__(kWarpRowsBlock)
     forward_warp_kernel(const T* __restrict__ x, const float* __restrict__ weight,
@@ -70,54 +117,70 @@ __global__ void __launch_bounds__(kWarpRowsBlock)
                         float* __restrict__ mean, float* __restrict__ rstd, int64_t rows, int d,
                         float eps) {
   using P = Pack<T, V>;
+  __shared__ __align__(16) float sw[kPPL * 32 * V], sb[kPPL * 32 * V];
+  stage<V, kPPL>(weight, sw, d);
+  stage<V, kPPL>(bias, sb, d);
   const int lane = threadIdx.x % 32;
-  const int64_t row = int64_t(blockIdx.x) * (kWarpRowsBlock / 32) + threadIdx.x / 32;
-  if (row >= rows) return;  // a whole warp: it shares no barrier
   const int packs = d / V;
+  const int64_t stride = int64_t(gridDim.x) * (kWarpRowsBlock / 32);
+  int64_t row = int64_t(blockIdx.x) * (kWarpRowsBlock / 32) + threadIdx.x / 32;
   P xv[kPPL];
+  if (row < rows) load_row<T, V, kPPL>(x, row, d, lane, xv);
+  for (; row < rows; row += stride) {  // a whole warp: it shares no barrier
+    P next[kPPL];
+    if (row + stride < rows) load_row<T, V, kPPL>(x, row + stride, d, lane, next);
+    float sum = 0.0f;
 #pragma unroll
-  for (int p = 0; p < kPPL; ++p)
-    if (lane + 32 * p < packs) xv[p] = reinterpret_cast<const P*>(x + row * d)[lane + 32 * p];
-
-  float sum = 0.0f;
+    for (int p = 0; p < kPPL; ++p)
+      if (lane + 32 * p < packs)
 #pragma unroll
-  for (int p = 0; p < kPPL; ++p)
-    if (lane + 32 * p < packs)
+        for (int k = 0; k < V; ++k) sum += to_float(xv[p].v[k]);
+    const float mu = warp_sum(sum) / float(d);
+    float sq = 0.0f;  // the variance about the mean: no cancellation of E[x²] − E[x]²
 #pragma unroll
-      for (int k = 0; k < V; ++k) sum += to_float(xv[p].v[k]);
-  const float mu = warp_sum(sum) / float(d);
-  float sq = 0.0f;  // the variance about the mean: no cancellation of E[x²] − E[x]²
+    for (int p = 0; p < kPPL; ++p)
+      if (lane + 32 * p < packs)
 #pragma unroll
-  for (int p = 0; p < kPPL; ++p)
-    if (lane + 32 * p < packs)
+        for (int k = 0; k < V; ++k) {
+          const float c = to_float(xv[p].v[k]) - mu;
+          sq += c * c;
+        }
+    const float rs = 1.0f / sqrtf(warp_sum(sq) / float(d) + eps);
+    if (lane == 0) mean[row] = mu, rstd[row] = rs;
 #pragma unroll
-      for (int k = 0; k < V; ++k) {
-        const float c = to_float(xv[p].v[k]) - mu;
-        sq += c * c;
-      }
-  const float rs = 1.0f / sqrtf(warp_sum(sq) / float(d) + eps);
-  if (lane == 0) mean[row] = mu, rstd[row] = rs;
+    for (int p = 0; p < kPPL; ++p) {
+      const int q = lane + 32 * p;
+      if (q >= packs) break;
+      float w[V], b[V];
+      load_staged<V>(sw, p, lane, w);
+      load_staged<V>(sb, p, lane, b);
+      P out;
 #pragma unroll
-  for (int p = 0; p < kPPL; ++p) {
-    const int q = lane + 32 * p;
-    if (q >= packs) break;
-    P out;
+      for (int k = 0; k < V; ++k)
+        out.v[k] = from_float<T>((to_float(xv[p].v[k]) - mu) * rs * w[k] + b[k]);
+      reinterpret_cast<P*>(y + row * d)[q] = out;
+    }
 #pragma unroll
-    for (int k = 0; k < V; ++k)
-      out.v[k] = from_float<T>((to_float(xv[p].v[k]) - mu) * rs * weight[q * V + k] +
-                               bias[q * V + k]);
-    reinterpret_cast<P*>(y + row * d)[q] = out;
+    for (int p = 0; p < kPPL; ++p) xv[p] = next[p];
   }
 }
 
+// Rows of at most 16 registers a lane (x or dy) leave room for the next row's x and dy and two
+// blocks an SM; wider ones (f32 beyond d = 512) load one row at a time, one block an SM.
+template <int kPPL>
+constexpr int kBackwardMinBlocks = kPPL * 4 <= 16 ? 2 : 1;
+
 template <class T, int V, int kPPL>
-__global__ void __launch_bounds__(kWarpRowsBlock)
+__global__ void __launch_bounds__(kWarpRowsBlock, kBackwardMinBlocks<kPPL>)
     backward_warp_kernel(const T* __restrict__ x, const float* __restrict__ weight,
                          const float* __restrict__ mean, const float* __restrict__ rstd,
                          const T* __restrict__ dy, T* __restrict__ dx, float* __restrict__ partials,
                          int64_t rows, int d) {
   using P = Pack<T, V>;
   constexpr int kWarps = kWarpRowsBlock / 32;
+  constexpr bool kPrefetch = kBackwardMinBlocks<kPPL> == 2;
+  __shared__ __align__(16) float sw[kPPL * 32 * V];
+  stage<V, kPPL>(weight, sw, d);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int packs = d / V;
   float dw[kPPL][V], db[kPPL][V];  // this lane's columns: Σ dy·x̂ and Σ dy over its rows
@@ -126,45 +189,62 @@ __global__ void __launch_bounds__(kWarpRowsBlock)
 #pragma unroll
     for (int k = 0; k < V; ++k) dw[p][k] = 0.0f, db[p][k] = 0.0f;
 
-  for (int64_t row = int64_t(blockIdx.x) * kWarps + warp; row < rows;
-       row += int64_t(gridDim.x) * kWarps) {
-    P xv[kPPL], gv[kPPL];
-#pragma unroll
-    for (int p = 0; p < kPPL; ++p)
-      if (lane + 32 * p < packs) {
-        xv[p] = reinterpret_cast<const P*>(x + row * d)[lane + 32 * p];
-        gv[p] = reinterpret_cast<const P*>(dy + row * d)[lane + 32 * p];
+  const int64_t stride = int64_t(gridDim.x) * kWarps;
+  int64_t row = int64_t(blockIdx.x) * kWarps + warp;
+  P xv[kPPL], gv[kPPL];
+  if (kPrefetch && row < rows) {
+    load_row<T, V, kPPL>(x, row, d, lane, xv);
+    load_row<T, V, kPPL>(dy, row, d, lane, gv);
+  }
+  for (; row < rows; row += stride) {
+    P xn[kPPL], gn[kPPL];
+    if constexpr (kPrefetch) {
+      if (row + stride < rows) {
+        load_row<T, V, kPPL>(x, row + stride, d, lane, xn);
+        load_row<T, V, kPPL>(dy, row + stride, d, lane, gn);
       }
+    } else {
+      load_row<T, V, kPPL>(x, row, d, lane, xv);
+      load_row<T, V, kPPL>(dy, row, d, lane, gv);
+    }
     const float mu = mean[row], rs = rstd[row];
     float sum_g = 0.0f, sum_gx = 0.0f;
 #pragma unroll
     for (int p = 0; p < kPPL; ++p) {
-      const int q = lane + 32 * p;
-      if (q >= packs) break;
+      if (lane + 32 * p >= packs) break;
+      float w[V];
+      load_staged<V>(sw, p, lane, w);
 #pragma unroll
       for (int k = 0; k < V; ++k) {
         const float xhat = (to_float(xv[p].v[k]) - mu) * rs, g0 = to_float(gv[p].v[k]);
-        const float g = g0 * weight[q * V + k];  // dL/dx̂
+        const float g = g0 * w[k];  // dL/dx̂
         sum_g += g;
         sum_gx += g * xhat;
         dw[p][k] += g0 * xhat;
         db[p][k] += g0;
       }
     }
-    if (dx == nullptr) continue;
-    const float mg = warp_sum(sum_g) / float(d), mgx = warp_sum(sum_gx) / float(d);
+    if (dx != nullptr) {
+      const float mg = warp_sum(sum_g) / float(d), mgx = warp_sum(sum_gx) / float(d);
 #pragma unroll
-    for (int p = 0; p < kPPL; ++p) {
-      const int q = lane + 32 * p;
-      if (q >= packs) break;
-      P out;
+      for (int p = 0; p < kPPL; ++p) {
+        const int q = lane + 32 * p;
+        if (q >= packs) break;
+        float w[V];
+        load_staged<V>(sw, p, lane, w);
+        P out;
 #pragma unroll
-      for (int k = 0; k < V; ++k) {
-        const float xhat = (to_float(xv[p].v[k]) - mu) * rs;  // recomputed, not held
-        const float g = to_float(gv[p].v[k]) * weight[q * V + k];
-        out.v[k] = from_float<T>(rs * (g - mg - xhat * mgx));
+        for (int k = 0; k < V; ++k) {
+          const float xhat = (to_float(xv[p].v[k]) - mu) * rs;  // recomputed, not held
+          const float g = to_float(gv[p].v[k]) * w[k];
+          out.v[k] = from_float<T>(rs * (g - mg - xhat * mgx));
+        }
+        reinterpret_cast<P*>(dx + row * d)[q] = out;
       }
-      reinterpret_cast<P*>(dx + row * d)[q] = out;
+    }
+    if constexpr (kPrefetch) {
+#pragma unroll
+      for (int p = 0; p < kPPL; ++p) xv[p] = xn[p], gv[p] = gn[p];
     }
   }
 
@@ -287,18 +367,30 @@ __global__ void __launch_bounds__(kReduceCols * kReduceSlices)
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Calls f(std::integral_constant<int, kPPL>): the row's packs over 32, rounded up to a power of
-// two (at most 32 elements a lane).
+// Calls f(std::integral_constant<int, kPPL>): the row's packs over 32, rounded up to the next
+// build (1, 2, 3, 4 packs a lane; f32 also 6 and 8): at most 32 elements a lane. Exact for
+// GPT-2's widths (768 = 3 bf16 or 6 f32 packs a lane, 1024), so no register holds padding.
 template <int V, class F>
 void with_ppl(int d, F&& f) {
   const int64_t ppl = ceil_div(ceil_div(d, V), 32);
   if (ppl <= 1) return f(std::integral_constant<int, 1>{});
   if (ppl <= 2) return f(std::integral_constant<int, 2>{});
+  if (ppl <= 3) return f(std::integral_constant<int, 3>{});
   if (ppl <= 4) return f(std::integral_constant<int, 4>{});
   if constexpr (V == 4) {
+    if (ppl <= 6) return f(std::integral_constant<int, 6>{});
     if (ppl <= 8) return f(std::integral_constant<int, 8>{});
   }
   MT_THROW("layer_norm: no warp-row build for d = ", d);
+}
+
+// Blocks of `kernel` that fit on the GPU at once (one wave), at most `cap`.
+template <class K>
+int64_t resident_blocks(K kernel, int device, int64_t cap) {
+  int per_sm = 0;
+  MT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarpRowsBlock, 0));
+  MT_CHECK(per_sm > 0, "layer_norm: a block of the warp-row kernel does not fit on an SM");
+  return std::min<int64_t>(int64_t(per_sm) * sm_count(device), cap);
 }
 
 template <class T>
@@ -319,10 +411,10 @@ void forward_as(const void* x, const float* w, const float* b, void* y, float* m
     constexpr int V = 16 / sizeof(T);
     with_ppl<V>(d, [&](auto ppl) {
       constexpr int kPPL = decltype(ppl)::value;
-      const int64_t grid = ceil_div(rows, kWarpRowsBlock / 32);
-      MT_CHECK(grid <= INT32_MAX, "layer_norm: ", rows, " rows are more than one launch takes");
-      forward_warp_kernel<T, V, kPPL><<<unsigned(grid), kWarpRowsBlock, 0, s>>>(
-          xt, w, b, yt, mean, rstd, rows, d, eps);
+      auto kernel = forward_warp_kernel<T, V, kPPL>;
+      const int64_t grid =
+          resident_blocks(kernel, current_device(), ceil_div(rows, kWarpRowsBlock / 32));
+      kernel<<<unsigned(grid), kWarpRowsBlock, 0, s>>>(xt, w, b, yt, mean, rstd, rows, d, eps);
     });
   } else {
     MT_CHECK(rows <= INT32_MAX, "layer_norm: ", rows, " rows are more than one launch takes");
@@ -348,11 +440,7 @@ void backward_as(const void* x, const float* w, const float* mean, const float* 
     with_ppl<V>(d, [&](auto ppl) {
       constexpr int kPPL = decltype(ppl)::value;
       auto kernel = backward_warp_kernel<T, V, kPPL>;
-      int per_sm = 0;
-      MT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarpRowsBlock, 0));
-      MT_CHECK(per_sm > 0, "layer_norm: the backward's block does not fit on an SM");
-      parts = int(std::min<int64_t>(int64_t(per_sm) * sm_count(device),
-                                    ceil_div(rows, kWarpRowsBlock / 32)));
+      parts = int(resident_blocks(kernel, device, ceil_div(rows, kWarpRowsBlock / 32)));
       if (want_params)
         partials = static_cast<float*>(alloc_on(s, size_t(parts) * 2 * d * sizeof(float), device));
       kernel<<<parts, kWarpRowsBlock, 0, s>>>(xt, w, mean, rstd, gt, dxt, partials, rows, d);

@@ -21,14 +21,14 @@
 // backward reads anyway): saving it would cost a d-wide write and read.
 //
 // Grids (CUDA, layer_norm.cu). Rows of at most 32 elements a lane (d ≤ 1024) whose packs are
-// 16-byte aligned: one warp per row, the row in registers, reductions by shuffles. The forward
-// launches one block of 8 warps per 8 rows; the backward one wave of such blocks, each warp
-// striding over rows and keeping its columns' dweight and dbias sums in registers, combined per
-// block in warp order and written as one fp32 partial row per block. Any other d: a block of 256
-// threads per row re-reading the row from cache, and dweight/dbias from a separate pass over row
-// chunks, one partial row per chunk. Both then end in one column reduce that sums the partial
-// rows in index order and adds (+=) into dweight and dbias: deterministic, the same bits on every
-// run, no atomics. y, mean, rstd and dx are written with '='.
+// 16-byte aligned: one warp per row, the row in registers, reductions by shuffles, weight and bias
+// staged once per block in shared memory. Both passes launch one wave of blocks of 8 warps, each
+// warp striding over rows with the next row's load in flight; the backward keeps its columns'
+// dweight and dbias sums in registers, combined per block in warp order and written as one fp32
+// partial row per block. Any other d: a block of 256 threads per row re-reading the row from
+// cache, and dweight/dbias from a separate pass over row chunks, one partial row per chunk. Both
+// then end in one column reduce that sums the partial rows in index order and adds (+=) into
+// dweight and dbias: deterministic, the same bits on every run, no atomics. y, mean, rstd and dx are written with '='.
 #include "core/tensor.h"
 
 namespace mt {
