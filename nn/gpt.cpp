@@ -82,17 +82,17 @@ GPTTrunk::GPTTrunk(const GPTConfig& c) {
 
 Tensor GPTTrunk::forward(const Tensor& ids) {
   const int64_t B = ids.size(0), T = ids.size(1);
-  if (!positions_.defined() || positions_.shape() != ids.shape() ||
-      positions_.device() != ids.device()) {
+  Tensor& positions = positions_[shape_str(ids.shape()) + " " + ids.device().str()];
+  if (!positions.defined()) {
     std::vector<int64_t> pos(size_t(B * T));
     for (size_t i = 0; i < pos.size(); ++i) pos[i] = int64_t(i) % T;
-    positions_ = from_vector(pos, {B, T}, DType::i64, ids.device());
+    positions = from_vector(pos, {B, T}, DType::i64, ids.device());
   }
   // The embeddings are fp32 tables; the residual stream is in the compute dtype (a
   // differentiable cast, so the gradient flows back to the tables in fp32).
   const DType compute = wte->weight.compute_copy().defined() ? wte->weight.compute_copy().dtype()
                                                              : wte->weight.dtype();
-  Tensor x = add((*wte)(ids), (*wpe)(positions_)).to(compute);
+  Tensor x = add((*wte)(ids), (*wpe)(positions)).to(compute);
   return (*ln_f)((*h)((*drop)(x)));
 }
 

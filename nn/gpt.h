@@ -25,6 +25,7 @@
 // 0, and the two projections that end a residual branch (attn.c_proj, mlp.c_proj) ~ N(0,
 // 0.02/√(2·n_layer)), so the residual stream's variance does not grow with depth.
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -95,7 +96,10 @@ class GPTTrunk : public Module {
   std::shared_ptr<LayerNorm> ln_f;
 
  private:
-  Tensor positions_;  // [B, T] int64 ids 0..T-1 per row, kept while B, T and the device stay
+  // [B, T] int64 ids 0..T-1 per row, one per shape and device seen, kept for the model's life: a
+  // CUDA graph captured with one of them reads it on every replay, so an evaluation of another
+  // shape between replays must not free it (it did, and the replay read reused memory).
+  std::map<std::string, Tensor> positions_;
 };
 
 class GPT : public Module {

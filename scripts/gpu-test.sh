@@ -5,7 +5,13 @@
 # then the train-step benchmark beside PyTorch, and print a short summary last. The summary is
 # also written as it grows to $MT_LOG_DIR/summary.txt (default build-gpu/logs), with every log.
 #
-#   scripts/gpu-test.sh [PHASE...]     PHASE: tests, bench, train, step, gpt (default: all five)
+#   scripts/gpu-test.sh [PHASE...]     PHASE: tests, bench, train, step, gpt, lm (default: all six)
+#
+# lm: the GPT on text (docs/gpt.md): configs/shakespeare-gpu.yaml beside the same recipe in
+# PyTorch with torch.compile (scripts/shakespeare_reference.py), both timed wall clock, best
+# validation loss against 1.47; `train eval` and `train sample` on the best checkpoint, the
+# checkpoint loaded into PyTorch for the same validation loss (scripts/load_checkpoint_torch.py);
+# configs/gpt2-124m.yaml for 50 steps, as a CUDA graph and eager, with bitwise equal weights.
 #
 # gpt: the GPT-2 124M step (bench/gpt_step.cpp) beside PyTorch eager, torch.compile and
 # max-autotune (bench/gpt_torch.py); MT_GPT_BATCH=16|64|all (default all), MT_GPT_MICROBATCH
@@ -56,9 +62,9 @@ finish() {
 trap finish EXIT
 
 phases=("$@")
-(( ${#phases[@]} )) || phases=(tests bench train step gpt)
+(( ${#phases[@]} )) || phases=(tests bench train step gpt lm)
 for p in "${phases[@]}"; do
-  [[ $p =~ ^(tests|bench|train|step|gpt)$ ]] || { echo "gpu-test.sh: unknown phase '$p' (tests, bench, train, step, gpt)" >&2; exit 2; }
+  [[ $p =~ ^(tests|bench|train|step|gpt|lm)$ ]] || { echo "gpu-test.sh: unknown phase '$p' (tests, bench, train, step, gpt, lm)" >&2; exit 2; }
 done
 want() { [[ " ${phases[*]} " == *" $1 "* ]]; }
 note "phases: ${phases[*]}"
@@ -280,9 +286,49 @@ grep -E '^gpt_torch ' "$logs/gpt_torch.log" | while IFS= read -r l; do note "  $
 (( rc == 0 )) || { tail -5 "$logs/gpt_torch.log" | while IFS= read -r l; do note "  $l"; done; fail "gpt_torch.py (rc $rc)"; }
 }
 
+run_lm() {
+local runs=$build/runs-lm t0 rc
+rm -rf "$runs"; mkdir -p "$runs"
+best_of() {  # the lowest val_loss in a metrics.jsonl
+  python3 -c 'import json,sys; v=[json.loads(l)["val_loss"] for l in open(sys.argv[1]) if "\"val_loss\"" in l]; print(min(v) if v else "none")' "$1"
+}
+t0=$(date +%s)
+timeout 600 "$build/train" --config configs/shakespeare-gpu.yaml --set checkpoint.dir="$runs/shakespeare-gpu" \
+  >"$logs/shakespeare-gpu.log" 2>&1
+rc=$?
+local ours_s=$(( $(date +%s) - t0 )) ours_best
+ours_best=$(best_of "$runs/shakespeare-gpu/metrics.jsonl" 2>&1)
+note "shakespeare-gpu (rc $rc): best val_loss $ours_best in $ours_s s wall"
+(( rc == 0 )) || fail "train shakespeare-gpu (rc $rc, see $logs/shakespeare-gpu.log)"
+t0=$(date +%s)
+timeout 900 python3 scripts/shakespeare_reference.py --device cuda >"$logs/shakespeare_reference.log" 2>&1
+rc=$?
+local ref_s=$(( $(date +%s) - t0 ))
+note "shakespeare reference, PyTorch torch.compile (rc $rc, $ref_s s wall): $(tail -n 2 "$logs/shakespeare_reference.log" | tr '\n' ' ')"
+(( rc == 0 )) || fail "shakespeare_reference.py (rc $rc)"
+check "goal shakespeare-gpu best val_loss <= 1.47" python3 -c "import sys; b=float(sys.argv[1]); print(f'{b:.4f}', 'PASS' if b <= 1.47 else 'MISS'); sys.exit(0 if b <= 1.47 else 1)" "$ours_best"
+note "  goal shakespeare-gpu wall time below PyTorch's: $ours_s s vs $ref_s s: $( (( ours_s < ref_s )) && echo PASS || echo MISS)"
+local best=$runs/shakespeare-gpu/best.safetensors
+check "train eval on the best checkpoint" bash -c "'$build/train' eval --checkpoint '$best' 2>&1 | tail -2 | tr '\n' ' '"
+check "train sample (cuda)" bash -c "'$build/train' sample --checkpoint '$best' --prompt 'ROMEO:' --tokens 200 --seed 1 --device cuda 2>&1 | head -c 400"
+check "the checkpoint in PyTorch" python3 scripts/load_checkpoint_torch.py "$best" --device cuda
+# GPT-2 124M, 50 steps: a CUDA graph (the config) and eager must end with the same bits.
+for mode in graph eager; do
+  local g=true; [[ $mode == eager ]] && g=false
+  timeout 600 "$build/train" --config configs/gpt2-124m.yaml --set optim.steps=50 --set eval.every=50 \
+    --set checkpoint.every=50 --set cuda_graph=$g --set checkpoint.dir="$runs/gpt2-$mode" >"$logs/gpt2-$mode.log" 2>&1
+  rc=$?
+  note "gpt2-124m 50 steps, $mode (rc $rc): $(grep -E 'step +1/|step +50/' "$logs/gpt2-$mode.log" | cut -c1-160 | tr '\n' ' ')"
+  (( rc == 0 )) || fail "train gpt2-124m $mode (rc $rc, see $logs/gpt2-$mode.log)"
+done
+check "gpt2-124m graph vs eager, final weights" python3 scripts/same_weights.py \
+  "$runs/gpt2-graph/step-000050.safetensors" "$runs/gpt2-eager/step-000050.safetensors"
+}
+
 want tests && run_tests
 want bench && run_bench
 want train && run_train
 want step && run_step
 want gpt && run_gpt
+want lm && run_lm
 exit 0  # the summary (trap finish) decides the status
