@@ -152,7 +152,6 @@ int inference_command(int argc, char** argv) {
     }
   }
   if (checkpoint.empty()) throw UsageError(command + ": --checkpoint CKPT is required");
-  spdlog::set_pattern("[%H:%M:%S] %v");
   if (command == "eval") {
     std::puts(mt::app::format_evaluation(
                   mt::app::evaluate_checkpoint(checkpoint, overrides, split)).c_str());
@@ -230,7 +229,6 @@ int mt::app::run_cli(int argc, char** argv, const std::string& version) {
       std::fputs(mt::to_yaml(cfg).c_str(), stdout);
       return 0;
     }
-    spdlog::set_pattern("[%H:%M:%S] %v");
     const mt::parallel::World world = mt::parallel::world_from_env();
     // A launcher's job of one rank runs unlike a plain process only with ZeRO-1 (the sharded
     // path, over a communicator of one).

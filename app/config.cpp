@@ -661,6 +661,15 @@ const std::vector<Row>& rows() {
       s.get("test_path", c.data.test_path);
      },
      [](const Config& c) -> std::string { return quote(c.data.test_path); }},
+    {"data", "test_fraction", "number",
+     "mnist / csv: share of `data.path`'s samples held out as the test set (`round(test_fraction · size)`, a seeded draw by `data.seed`), for data that has no test file; `data.val_fraction` then splits the rest; `train eval` holds out the same rows",
+     "in [0, 1); 0 (none) with `data.test_path`, and for `synthetic`, which draws its own test set",
+     [](Section& s, Config& c) {
+      s.get("test_fraction", c.data.test_fraction);
+      s.require("test_fraction", c.data.test_fraction,
+                c.data.test_fraction >= 0 && c.data.test_fraction < 1, "must be in [0, 1)");
+     },
+     [](const Config& c) -> std::string { return format_number(c.data.test_fraction); }},
     {"data", "label_column", "int",
      "csv: column holding the label, from 0; `-1` = last",
      "-1 … 2^24",
@@ -1031,6 +1040,21 @@ const app::DataKind* data_kind_of(const Config& c) { return app::find_data_kind(
 
 // ---- reading --------------------------------------------------------------------------------------
 
+// data.test_fraction holds a test set out of a dataset that has none of its own.
+void check_test_fraction(Section& s, const DataConfig& d, const app::DataKind& kind) {
+  if (d.test_fraction == 0) return;
+  if (!kind.load)
+    s.fail("test_fraction", "data.kind " + d.kind + " serves batches of its own, with no test set "
+                            "to hold out, got " + format_number(d.test_fraction));
+  if (!d.test_path.empty())
+    s.fail("test_fraction", "data.test_path already gives the test set; set one of the two, got " +
+                                format_number(d.test_fraction));
+  if (kind.has_test && kind.has_test(d))
+    s.fail("test_fraction", "data.kind " + d.kind + " has a test set of its own" +
+                                (d.kind == "synthetic" ? " (a fifth of data.samples, drawn apart)" : "") +
+                                ", got " + format_number(d.test_fraction));
+}
+
 // The rows of `section`, in order.
 void read_rows(Section& s, Config& c, const std::string& section) {
   for (const Row& row : rows())
@@ -1052,6 +1076,7 @@ Config read_config(const Origin& origin, const YAML::Node& root) {
   const app::DataKind& data_kind = app::data_kind(c.data.kind);
   read_params(data, data_kind.keys, c.data.params);
   data.finish();
+  check_test_fraction(data, c.data, data_kind);
 
   Section optim = top.section("optim");
   read_rows(optim, c, "optim");

@@ -67,6 +67,7 @@ struct DataConfig {
   double noise = 0.1;              // synthetic only
   std::string path;                // mnist / csv: the training data
   std::string test_path;           // optional held-out test data
+  double test_fraction = 0;        // file data without test_path: share of `path` held out as the test set
   int64_t label_column = -1;       // csv: -1 = last
   std::string header = "auto";     // csv: auto (per file: a first line that is not all numbers) | true | false
   bool standardize = false;        // features to mean 0, std 1 by the training split's statistics
@@ -179,12 +180,16 @@ std::string curve_path(const Config& c);
 namespace mt::data {
 
 // The data a config's `data` section names: the training set, or with `test` the test set
-// (the synthetic task's is an independent draw from the same clusters; for files, data.test_path).
+// (the synthetic task's is an independent draw from the same clusters; for files, data.test_path
+// or data.test_fraction).
 // Whatever a loader applies (MNIST's normalization, say) is applied the same for every caller:
 // training, `train eval` and `train predict` see the same features. A file that cannot be read
 // or parsed is a DataError. data.header "auto" is decided for each file on its own.
 Dataset load_dataset(const DataConfig& d, const ModelConfig& m, bool test);
-// Whether there is a test set: always for the synthetic task, for files only with data.test_path.
+// With data.test_fraction, the test set is a seeded draw (data.seed) of that share of data.path's
+// rows, kept in file order, and the training set is the other rows.
+// Whether there is a test set: always for the synthetic task, for files with data.test_path or
+// data.test_fraction.
 bool has_test_set(const DataConfig& d);
 
 }  // namespace mt::data

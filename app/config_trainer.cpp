@@ -88,6 +88,10 @@ ConfigTrainer::Parts ConfigTrainer::build(Config config, std::shared_ptr<nn::Mod
   } else {
     Datasets sets;
     if (data) {
+      if (config.data.test_fraction > 0)
+        throw ConfigError("data.test_fraction: holds a test set out of the config's data, but this "
+                          "data is handed in (its test set is app::Datasets::test), got " +
+                          format_number(config.data.test_fraction));
       sets = std::move(*data);
     } else {
       sets.train = data::load_dataset(config.data, config.model, false);
@@ -109,6 +113,9 @@ ConfigTrainer::Parts ConfigTrainer::build(Config config, std::shared_ptr<nn::Mod
   if (saved.optim.epochs > 0) saved.optim.steps = saved.optim.epochs * source->steps_per_epoch();
   saved.optim.warmup_steps = std::min(saved.optim.warmup_steps, saved.optim.steps);
   options.checkpoint.metadata["config"] = to_yaml(saved);
+  // The config's model section did not build a model handed in, so `train eval` and `train
+  // predict` cannot rebuild it from the config: they refuse such a checkpoint by this key.
+  if (!config_model) options.checkpoint.metadata[kOwnModelKey] = model->repr();
   return {std::move(config), std::move(options), std::move(model), std::move(task),
           std::move(source), device, std::move(comm)};
 }

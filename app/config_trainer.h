@@ -31,6 +31,10 @@ struct Datasets {
   data::Dataset train, test;
 };
 
+// The checkpoint metadata key that marks a model of the caller's own (its value: the module's
+// repr()), which no model kind builds.
+inline constexpr const char* kOwnModelKey = "own_model";
+
 class ConfigTrainer : public train::Trainer {
  public:
   // The config's own model (initialized from config.seed) and the classification task:

@@ -7,7 +7,9 @@
 #include <filesystem>
 
 #include <spdlog/fmt/fmt.h>
+#include <yaml-cpp/yaml.h>
 
+#include "app/config_trainer.h"
 #include "app/registry.h"
 #include "core/atomic_file.h"
 #include "core/autograd.h"
@@ -36,6 +38,23 @@ void check_overrides(const std::vector<std::string>& overrides) {
       throw ConfigError("--set " + o + ": a saved model takes overrides of data.*, eval.* and " +
                         "device only (the model and its training are the checkpoint's)");
   }
+}
+
+// The model.kind a saved config names ("" when it names none or is not YAML: parse_config then
+// says what is wrong).
+std::string model_kind_of(const std::string& yaml) {
+  try {
+    const YAML::Node kind = YAML::Load(yaml)["model"]["kind"];
+    return kind && kind.IsScalar() ? kind.Scalar() : "";
+  } catch (const YAML::Exception&) {
+    return "";
+  }
+}
+
+std::string kind_names() {
+  std::string names;
+  for (const ModelKind* k : model_kinds()) names += (names.empty() ? "" : ", ") + k->name;
+  return names;
 }
 
 // The model file of `checkpoint`: itself, or a directory's newest intact checkpoint.
@@ -69,9 +88,21 @@ SavedModel load_saved_model(const std::string& checkpoint, const std::vector<std
   } catch (const Error& e) {
     throw InferenceError(e.what());
   }
+  // A model only the program that trained it can build: say so, and where that is written up.
+  const std::string own_inference = "docs/library.md, \"Inference for your own model\"";
   auto config = file.metadata.find("config");
   if (config == file.metadata.end())
-    throw InferenceError(m.path + ": has no 'config' in its metadata: not a model file `train` saved");
+    throw InferenceError(m.path + ": has no 'config' in its metadata: not a model file `train` "
+                         "saved (a program's own run loads its model itself: " + own_inference + ")");
+  if (auto own = file.metadata.find(kOwnModelKey); own != file.metadata.end())
+    throw InferenceError(m.path + ": holds " + own->second + ", a model of the program that "
+                         "trained it, not one its config's model section describes, so it cannot "
+                         "be rebuilt here; load it in that program (" + own_inference + ")");
+  if (const std::string kind = model_kind_of(config->second); !kind.empty() && !find_model_kind(kind))
+    throw InferenceError(m.path + ": its model.kind '" + kind + "' is not registered in this "
+                         "program (it has " + kind_names() + "); evaluate it with the program that "
+                         "registered it, which can call app::evaluate_checkpoint and "
+                         "app::predict_csv (" + own_inference + ")");
   m.config = parse_config(config->second, m.path + " (its config)", overrides);
   if (auto st = file.metadata.find("standardization"); st != file.metadata.end())
     m.standardization = data::standardization_from_text(st->second, m.path);

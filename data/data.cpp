@@ -208,6 +208,26 @@ static void shuffle(std::vector<int64_t>& v, Generator& g) {
   for (size_t i = v.size(); i > 1; --i) std::swap(v[i - 1], v[g.below(i)]);
 }
 
+Dataset take_rows(const Dataset& set, const std::vector<int64_t>& rows) {
+  Dataset out;
+  out.name = set.name;
+  out.file = set.file;
+  out.had_header = set.had_header;
+  out.dim = set.dim;
+  out.classes = set.classes;
+  out.size = int64_t(rows.size());
+  const size_t D = size_t(set.dim);
+  out.features.reserve(rows.size() * D);
+  out.labels.reserve(rows.size());
+  for (int64_t r : rows) {
+    MT_CHECK(r >= 0 && r < set.size, "take_rows: row ", r, " of a dataset of ", set.size);
+    out.features.insert(out.features.end(), set.features.begin() + long(size_t(r) * D),
+                        set.features.begin() + long((size_t(r) + 1) * D));
+    out.labels.push_back(set.labels[size_t(r)]);
+  }
+  return out;
+}
+
 Split split_indices(int64_t size, double val_fraction, uint64_t seed) {
   std::vector<int64_t> all(static_cast<size_t>(size));
   for (int64_t i = 0; i < size; ++i) all[size_t(i)] = i;

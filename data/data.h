@@ -72,6 +72,9 @@ inline int64_t validation_samples(int64_t size, double val_fraction) {
   return int64_t(std::llround(val_fraction * double(size)));
 }
 
+// The rows `rows` of `set`, in that order, as a dataset of their own (name, file, classes kept).
+Dataset take_rows(const Dataset& set, const std::vector<int64_t>& rows);
+
 // Splits [0, size) into a training and a held-out part, after a seeded shuffle.
 struct Split {
   std::vector<int64_t> train, val;

@@ -1,13 +1,19 @@
 // The `train` program as a user meets it: smoke runs, merged section overrides, --help,
 // --print-config, --version, --device, the exit-code table, per-file CSV headers, dataset sizes
-// in the log, optim.epochs and data.standardize carried from the run to eval and predict.
+// in the log, optim.epochs and data.standardize carried from the run to eval and predict,
+// data.test_fraction, the label column's hint, and the live line on a terminal.
 #include <gtest/gtest.h>
+
+#include <pty.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "app/config.h"
@@ -353,4 +359,150 @@ TEST(Progress, PlainLogLinesAndMetricsRecordsCarryTheTime) {
     if (j.contains("loss")) EXPECT_TRUE(j.contains("batch_loss")) << line;
   }
   EXPECT_EQ(records, 4 + 2 + 1);  // 4 logged steps, 2 evaluations, the test
+}
+
+// data.test_fraction: one file gives the test set, a seeded draw of that share of its rows (in
+// file order), and the training set, the rest; every caller gets the same rows, so `train eval`
+// prints the run's own test line. It is refused beside data.test_path and for synthetic data.
+TEST(Cli, TestFractionHoldsATestSetOutOfOneFile) {
+  TempDir dir;
+  dir.write("all.csv", csv_rows(250, 3, true));
+  const std::vector<std::string> sets = {"data.kind=csv", "data.path=" + (dir / "all.csv"),
+                                         "model.input=4", "model.classes=3"};
+  auto with = [&](const std::string& more) {
+    std::vector<std::string> s = sets;
+    s.push_back(more);
+    return load_config("", s);
+  };
+  const Config c = with("data.test_fraction=0.2");
+  ASSERT_TRUE(data::has_test_set(c.data));
+  const data::Dataset all = data::load_dataset(with("data.test_fraction=0").data, c.model, false);
+  const data::Dataset train = data::load_dataset(c.data, c.model, false);
+  const data::Dataset test = data::load_dataset(c.data, c.model, true);
+  EXPECT_EQ(test.size, 50);
+  EXPECT_EQ(train.size, 200);
+  // Each row of the file is in exactly one of the two, each part in file order.
+  auto rows_of = [](const data::Dataset& d) {
+    std::vector<std::vector<float>> rows;
+    for (int64_t r = 0; r < d.size; ++r)
+      rows.emplace_back(d.features.begin() + r * d.dim, d.features.begin() + (r + 1) * d.dim);
+    return rows;
+  };
+  const auto every = rows_of(all), held = rows_of(test), rest = rows_of(train);
+  std::set<size_t> seen;
+  for (const auto* part : {&held, &rest}) {
+    std::vector<size_t> at;
+    for (const auto& row : *part) {
+      at.push_back(size_t(std::find(every.begin(), every.end(), row) - every.begin()));
+      ASSERT_LT(at.back(), every.size());
+    }
+    EXPECT_TRUE(std::is_sorted(at.begin(), at.end()));
+    seen.insert(at.begin(), at.end());
+  }
+  EXPECT_EQ(seen.size(), 250u);
+  EXPECT_EQ(data::load_dataset(c.data, c.model, true).features, test.features);  // the same draw
+
+  // The run's test line, and `train eval` on its checkpoint: the same rows, the same line.
+  std::string log, eval;
+  ASSERT_EQ(run_train("--config " + kMlp + " --device cpu --set model.input=4 --set model.classes=3 "
+                      "--set model.hidden=[16] --set data.kind=csv --set data.path=" + (dir / "all.csv") +
+                      " --set data.test_fraction=0.2 --set data.standardize=true --set optim.steps=20 "
+                      "--set optim.batch_size=32 --set optim.microbatches=2 --set checkpoint.dir=" +
+                      (dir / "ck"), &log), 0) << log;
+  EXPECT_TRUE(contains(log, "180 training, 20 validation samples")) << log;
+  const size_t line = log.find("test: loss");
+  ASSERT_NE(line, std::string::npos) << log;
+  const std::string test_line = log.substr(line, log.find('\n', line) - line);
+  EXPECT_TRUE(contains(test_line, "(50 samples)")) << test_line;
+  ASSERT_EQ(run_train("eval --checkpoint " + (dir / "ck"), &eval, false), 0);
+  EXPECT_EQ(eval, test_line + "\n");
+
+  test::expect_error([&] { with("data.test_fraction=1"); }, {"data.test_fraction: must be in [0, 1), got 1"});
+  dir.write("t.csv", csv_rows(20, 4, false));
+  test::expect_error([&] {
+    load_config("", {"data.kind=csv", "data.path=" + (dir / "all.csv"), "data.test_path=" + (dir / "t.csv"),
+                     "data.test_fraction=0.2"});
+  }, {"data.test_fraction: data.test_path already gives the test set; set one of the two, got 0.2"});
+  test::expect_error([&] { load_config("", {"data.test_fraction=0.2"}); },
+                     {"data.test_fraction: data.kind synthetic has a test set of its own (a fifth of "
+                      "data.samples, drawn apart), got 0.2"});
+  test::expect_error([&] { data::load_dataset(with("data.test_fraction=0.001").data, c.model, true); },
+                     {"data.test_fraction: 0.001 holds out none of the 250 samples of " + (dir / "all.csv")});
+}
+
+// A label outside model.classes from a CSV names the column the labels were read from, and a
+// column that holds labels (whole numbers below model.classes) as the data.label_column meant.
+TEST(Cli, AWrongLabelColumnGetsAHint) {
+  TempDir dir;
+  std::string rows;
+  for (int i = 0; i < 120; ++i)  // the label first, then three features, the last of them whole
+    rows += std::to_string(i % 3) + "," + std::to_string(i % 7) + ".25," +
+            std::to_string(i % 5) + ".5," + std::to_string(10 + i % 4) + "\n";
+  dir.write("data.csv", rows);
+  const std::vector<std::string> sets = {"device=cpu", "data.kind=csv", "data.path=" + (dir / "data.csv"),
+                                         "model.input=3", "model.classes=3", "optim.batch_size=16",
+                                         "optim.microbatches=1", "checkpoint.dir=" + (dir / "ck")};
+  test::expect_error([&] { app::ConfigTrainer t(load_config("", sets), kCPU); },
+                     {"model.classes: is 3 but the csv file " + (dir / "data.csv") + " has label 10 "
+                      "(sample 0); the labels are read from column 3 (data.label_column = -1, the "
+                      "last); column 0 holds whole numbers 0 to 2: did you mean data.label_column=0?"});
+  // No column looks like labels: the message says what model.classes would have to be.
+  std::vector<std::string> more = sets;
+  more.push_back("model.classes=2");
+  test::expect_error([&] { app::ConfigTrainer t(load_config("", more), kCPU); },
+                     {"the labels are read from column 3 (data.label_column = -1, the last): if that is "
+                      "the label column, model.classes must be at least 14"});
+  more.back() = "data.label_column=0";
+  more.push_back("model.input=2");
+  test::expect_error([&] { app::ConfigTrainer t(load_config("", more), kCPU); },
+                     {"model.input: is 2 but the csv file " + (dir / "data.csv") + " has 3 features per "
+                      "sample; every column but the label column, column 0 (data.label_column = 0), is a feature"});
+}
+
+namespace {
+
+// Runs `train ARGS` on a pseudo-terminal, so that it draws its live line, and returns what it
+// wrote there. A per-call limit (coreutils' timeout, far beyond the seconds it takes) bounds a hang.
+std::string run_on_terminal(const std::string& args) {
+  int terminal = -1;
+  const pid_t pid = ::forkpty(&terminal, nullptr, nullptr, nullptr);
+  if (pid == 0) {
+    const std::string cmd = "exec timeout -k 5 120 " + std::string(MT_BINARY_DIR) + "/train " + args;
+    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  std::string out;
+  if (pid < 0) return out;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(terminal, buf, sizeof buf)) > 0;) out.append(buf, size_t(n));  // EIO: it ended
+  ::close(terminal);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return out;
+}
+
+// The number after `prefix` in `text`'s last occurrence of it, as printed ("" when absent).
+std::string value_after(const std::string& text, const std::string& prefix) {
+  const size_t at = text.rfind(prefix);
+  if (at == std::string::npos) return "";
+  const size_t from = at + prefix.size();
+  return text.substr(from, text.find_first_of(" |\r\n", from) - from);
+}
+
+}  // namespace
+
+// On a terminal the live line's loss is the logging window's so far: drawn on the first step
+// (always) it shows that step's loss, and drawn on the last step (always), just before the log
+// line of a window of one step, the loss that line prints: never the previous line's value.
+TEST(Cli, TheLiveLineShowsTheLatestLoss) {
+  TempDir dir;
+  const std::string out = run_on_terminal(
+      "--config " + kMlp + " --device cpu --set data.samples=2000 --set optim.steps=4 "
+      "--set logging.every=1 --set checkpoint.dir=" + (dir / "ck"));
+  const std::string last_logged = value_after(out, "step 4/4 | loss ");
+  const std::string before_it = value_after(out, "step 3/4 | loss ");
+  ASSERT_FALSE(last_logged.empty()) << out;
+  ASSERT_NE(last_logged, before_it) << out;  // otherwise the check below could not tell them apart
+  EXPECT_EQ(value_after(out, "] 4/4  loss "), last_logged) << out;
+  EXPECT_FALSE(value_after(out, "] 1/4  loss ").empty()) << out;
 }

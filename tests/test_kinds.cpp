@@ -14,6 +14,7 @@
 #include "core/rng.h"
 #include "nn/modules.h"
 #include "ops/elementwise/elementwise.h"
+#include "tests/run_train.h"
 #include "tests/temp_dir.h"
 #include "train/checkpoint.h"
 
@@ -149,6 +150,12 @@ TEST(Kinds, ARegisteredModelAndDataKindTrainThroughTheTrainProgram) {
   EXPECT_EQ(saved.data.params.integer("rows"), 640);
   // `train eval` rebuilds the model and the data from the checkpoint alone, through the kinds.
   ASSERT_EQ(run_train({"eval", "--checkpoint", dir / "run", "--device", "cpu"}), 0);
+  // The `train` program this build made registers no toy_linear: it says so, and what to do.
+  std::string log;
+  EXPECT_EQ(test::run_train("eval --checkpoint " + (dir / "run"), &log), 2) << log;
+  EXPECT_NE(log.find("its model.kind 'toy_linear' is not registered in this program (it has "),
+            std::string::npos) << log;
+  EXPECT_NE(log.find("app::evaluate_checkpoint"), std::string::npos) << log;
 }
 
 }  // namespace

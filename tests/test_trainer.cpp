@@ -8,10 +8,12 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <set>
 #include <stdexcept>
 
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
 #include "app/config.h"
 #include "app/config_trainer.h"
@@ -130,6 +132,32 @@ TEST(TrainerResume, StoppedAndResumedRunEndsBitwiseEqual) {
   EXPECT_EQ(resumed.step(), 12);
   resumed.run();
   EXPECT_EQ(params_of(resumed), expected);
+}
+
+// Raising optim.steps on resume recomputes the cosine schedule over the new length: the learning
+// rate jumps back up, and one line says so, with both values. The same length says nothing.
+TEST(TrainerResume, ALongerRunSaysTheScheduleIsRecomputed) {
+  TempDir dir;
+  app::ConfigTrainer full(small_config(dir), kCPU);  // 24 steps, warmup 4, lr 0.003
+  full.run();
+  TempDir dir2;
+  Config longer = small_config(dir2);
+  longer.optim.steps = 48;
+  LogCapture log;
+  app::ConfigTrainer resumed(longer, kCPU);
+  resumed.resume(dir / "ckpt");
+  const std::string ended = train::format_value(optim::WarmupCosineLR(0.003, 4, 24).lr_at(23));
+  const std::string goes_on = train::format_value(optim::WarmupCosineLR(0.003, 4, 48).lr_at(24));
+  EXPECT_TRUE(log.contains("the run was 24 steps long and is now 48: the cosine schedule is "
+                           "recomputed over 48 steps, so the learning rate goes from " + ended +
+                           " at step 24 (the old schedule) to " + goes_on + " at step 25"));
+
+  TempDir dir3;
+  LogCapture same;
+  app::ConfigTrainer again(small_config(dir3), kCPU);
+  again.resume(dir / "ckpt/step-000012.safetensors");
+  EXPECT_TRUE(same.contains("resumed from"));
+  EXPECT_FALSE(same.contains("steps long"));
 }
 
 TEST(TrainerCheckpoint, TruncatedOrCorruptCheckpointsAreClearErrors) {
@@ -270,6 +298,41 @@ TEST(TrainerCurve, SvgDrawsEverySeriesAndSkipsWhatItCannotShow) {
   EXPECT_EQ(dots, 3u + 4u);  // and 3 + 1 accuracy dots
 }
 
+// The test set's loss and accuracy, measured once at the end, are a diamond on each panel at
+// their step (here the last, so at the right edge: x = 58 + 303 on the loss panel, 58 + 303 + 76
+// + 303 on the accuracy panel), with "test" in the legend; a run without a test set has neither.
+TEST(TrainerCurve, TheTestPointIsPlottedAtItsStep) {
+  TempDir dir;
+  {
+    std::ofstream m(dir / "metrics.jsonl");
+    m << R"({"step": 10, "loss": 2.0, "accuracy": 0.5})" "\n"
+      << R"({"step": 20, "loss": 0.5, "accuracy": 0.7})" "\n"
+      << R"({"step": 20, "test_loss": 0.4, "test_accuracy": 0.75})" "\n";
+  }
+  const train::Curves c = train::read_curves(dir / "metrics.jsonl");
+  ASSERT_EQ(c.test_loss.size(), 1u);
+  ASSERT_EQ(c.test_accuracy.size(), 1u);
+  train::write_curve_svg(dir / "curve.svg", c, "run");
+  auto read_svg = [&] {
+    std::ifstream in(dir / "curve.svg");
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  std::string svg = read_svg();
+  EXPECT_NE(svg.find("<title>test loss 0.4 at step 20</title>"), std::string::npos) << svg;
+  EXPECT_NE(svg.find("<title>test accuracy 0.75 at step 20</title>"), std::string::npos) << svg;
+  // The diamonds' top vertices: at the panels' right edges.
+  EXPECT_NE(svg.find("<polygon points='361.0,"), std::string::npos) << svg;
+  EXPECT_NE(svg.find("<polygon points='740.0,"), std::string::npos) << svg;
+  EXPECT_NE(svg.find(">test<"), std::string::npos);
+
+  train::Curves none = c;
+  none.test_loss.clear();
+  none.test_accuracy.clear();
+  train::write_curve_svg(dir / "curve.svg", none, "run");
+  svg = read_svg();
+  EXPECT_EQ(svg.find("test"), std::string::npos) << svg;
+}
+
 // A long run's curve stays readable: no dots once a series has many points, log-axis labels
 // never closer than a text height, and the legend above the plots, where no curve runs.
 TEST(TrainerCurve, ALongRunsCurveHasNoDotsNoOverlappingLabelsAndAFreeLegend) {
@@ -297,6 +360,18 @@ TEST(TrainerCurve, ALongRunsCurveHasNoDotsNoOverlappingLabelsAndAFreeLegend) {
   ASSERT_NE(legend, std::string::npos);
   const size_t y_at = svg.rfind(" y='", legend);
   EXPECT_LT(std::stod(svg.substr(y_at + 4)), 62.0);
+}
+
+// A program that uses the library logs the `train` program's lines, "[14:02:07] message", not
+// spdlog's default "[2026-12-02 14:02:07.123] [info] message": the library sets the pattern before
+// main() (train/log_format.h). This binary is such a program; nothing in it sets a pattern.
+TEST(TrainerLog, ALibraryProgramLogsInTheTrainProgramsFormat) {
+  testing::internal::CaptureStdout();
+  spdlog::info("a line");
+  spdlog::warn("a warning");
+  const std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_TRUE(std::regex_match(out, std::regex(R"(\[\d\d:\d\d:\d\d\] a line\n\[\d\d:\d\d:\d\d\] a warning\n)")))
+      << out;
 }
 
 // ---- cuda_graph -----------------------------------------------------------------------------

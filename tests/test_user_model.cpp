@@ -1,7 +1,8 @@
 // A model the config cannot express, trained through the whole trainer: a user's nn::Module with
 // a forward of its own signature and a Task with its own loss. Its gradients after one step equal
 // the full batch's with any number of microbatches and data-parallel ranks; it checkpoints and
-// resumes bitwise; it gets metrics and a curve; and forensics names its modules.
+// resumes bitwise; it gets metrics and a curve; forensics names its modules; and its checkpoint
+// serves inference from the program (docs/library.md), while `train eval` refuses it, saying why.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,11 +11,15 @@
 
 #include "app/config.h"
 #include "app/config_trainer.h"
+#include "app/inference.h"
+#include "core/autograd.h"
 #include "core/rng.h"
 #include "nn/modules.h"
 #include "ops/cross_entropy/cross_entropy.h"
 #include "ops/elementwise/elementwise.h"
+#include "tests/expect_error.h"
 #include "tests/max_rel_diff.h"
+#include "tests/run_train.h"
 #include "tests/temp_dir.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
@@ -196,6 +201,51 @@ TEST(UserModel, ResumesBitwiseAndWritesMetricsAndCurve) {
   EXPECT_EQ(resumed->step(), 4);
   resumed->run();
   EXPECT_EQ(params_of(*resumed), params_of(*full));
+}
+
+// Inference as docs/library.md writes it: the newest checkpoint's weights into a fresh model, the
+// run's standardization from its metadata applied to raw features, then the forward pass. On the
+// run's test set that gives the test loss the run logged. `train eval` cannot build this model
+// from the config: it refuses the checkpoint naming the model and where inference is written up.
+TEST(UserModel, InferenceFromTheProgramAndARefusalFromTrainEval) {
+  TempDir dir;
+  auto t = make_trainer(user_config(dir, DType::f32, 2, 8, {"data.standardize=true"}), 3);
+  const train::RunSummary s = t->run();
+
+  auto net = make_net(99);  // another initialization: every weight must come from the file
+  const train::Checkpoint ckpt = train::load_checkpoint(dir / "ckpt");
+  net->load_state_dict(ckpt.model);
+  data::Standardization st;
+  if (auto it = ckpt.metadata.find("standardization"); it != ckpt.metadata.end())
+    st = data::standardization_from_text(it->second, ckpt.path);
+  ASSERT_FALSE(st.empty());
+  data::Dataset test = make_data().test;  // raw features, as a new file would hold them
+  data::standardize(test.features, st);
+  net->eval();
+  NoGradGuard no_grad;
+  const Tensor logits = net->forward(from_vector(test.features, {test.size, test.dim}), kTemperature);
+  // The run's test loss is the cross-entropy plus the penalty (the task's loss).
+  const Tensor& w = net->head->weight;
+  const double loss = cross_entropy(logits, from_vector(test.labels, {test.size})).item() +
+                      kL2 * sum(mul(w, w)).item();
+  EXPECT_NEAR(loss, s.test_loss, 1e-5 * s.test_loss);
+
+  const std::string why = "holds ResidualNet, a model of the program that trained it";
+  test::expect_error([&] { app::evaluate_checkpoint(dir / "ckpt"); },
+                     {why, "docs/library.md, \"Inference for your own model\""});
+  std::string log;
+  EXPECT_EQ(test::run_train("eval --checkpoint " + (dir / "ckpt"), &log), 2) << log;
+  EXPECT_NE(log.find(why), std::string::npos) << log;
+}
+
+// data.test_fraction splits the data the config names; arrays handed in bring their own test set.
+TEST(UserModel, TestFractionIsRefusedForDataHandedIn) {
+  TempDir dir;
+  const std::string csv = dir.write("d.csv", "1,2,0\n3,4,1\n");
+  test::expect_error(
+      [&] { make_trainer(user_config(dir, DType::f32, 1, 2, {"data.kind=csv", "data.path=" + csv,
+                                                            "data.test_fraction=0.2"}), 1); },
+      {"data.test_fraction: holds a test set out of the config's data, but this data is handed in"});
 }
 
 TEST(UserModel, ForensicsNamesTheUserModule) {

@@ -5,7 +5,8 @@
 //
 //   <dir>/step-000300.safetensors        model parameters under their dotted names
 //                                        (metadata: the config as YAML, with data.standardize
-//                                        the feature statistics, and the keys below)
+//                                        the feature statistics, the trainer's run_steps (the
+//                                        run's length), and the keys below)
 //   <dir>/step-000300.optim.safetensors  optimizer state (metadata: the keys below)
 //
 // Both files' metadata (string -> string; other readers ignore keys they do not know) holds

@@ -117,6 +117,8 @@ Curves read_curves(const std::string& metrics_path) {
       {"val_loss", &c.val_loss},
       {"accuracy", &c.train_accuracy},
       {"val_accuracy", &c.val_accuracy},
+      {"test_loss", &c.test_loss},
+      {"test_accuracy", &c.test_accuracy},
   };
   if (!readable(metrics_path)) return c;
   std::ifstream in(metrics_path);
@@ -189,6 +191,7 @@ struct Panel {
 
 constexpr const char* kTrainColor = "#1f77b4";
 constexpr const char* kValColor = "#e8710a";
+constexpr const char* kTestColor = "#2ca02c";
 
 // Grid, ticks, frame, title and x label of a panel.
 void draw_axes(std::ostream& svg, const Panel& p, const std::vector<double>& y_ticks,
@@ -254,9 +257,29 @@ void draw_series(std::ostream& svg, const Panel& p, const std::vector<CurvePoint
       << dots.str();
 }
 
+// A diamond of half-width r centred on (x, y).
+void draw_diamond(std::ostream& svg, double x, double y, double r, const char* color,
+                  const std::string& title) {
+  svg << "<polygon points='" << x << ',' << y - r << ' ' << x + r << ',' << y << ' ' << x << ','
+      << y + r << ' ' << x - r << ',' << y << "' fill='" << color << "' stroke='white'>"
+      << (title.empty() ? "" : "<title>" + title + "</title>") << "</polygon>\n";
+}
+
+// The test set's value, measured once at the end of the run: a diamond at its step, with its
+// value as the tooltip.
+void draw_points(std::ostream& svg, const Panel& p, const std::vector<CurvePoint>& points,
+                 const std::string& what) {
+  svg << std::fixed << std::setprecision(1);
+  for (const auto& pt : points)
+    if (p.shows(pt.value))
+      draw_diamond(svg, p.x(double(pt.step)), p.y(pt.value), 6, kTestColor,
+                   "test " + what + " " + num(pt.value, 4) + " at step " + std::to_string(pt.step));
+}
+
 // The legend in the margin above the panel, right-aligned beside its title: outside the plot,
-// so no curve ever runs through it.
-void draw_legend(std::ostream& svg, const Panel& p) {
+// so no curve ever runs through it. The test point's entry, where the run has one, sits below the
+// plot at its right, beside the axis label, as the row above has no room for a third entry.
+void draw_legend(std::ostream& svg, const Panel& p, bool test) {
   const std::pair<const char*, const char*> rows[] = {{"validation", kValColor}, {"training", kTrainColor}};
   const double widths[] = {92, 80};  // line, gap and label
   double x = p.left + p.width;
@@ -268,6 +291,10 @@ void draw_legend(std::ostream& svg, const Panel& p) {
         << (i == 0 ? " stroke-dasharray='6 4'" : "") << "/>\n"
         << "<text x='" << x + 25 << "' y='" << y << "' fill='#444'>" << rows[i].first << "</text>\n";
   }
+  if (!test) return;
+  const double tx = p.left + p.width - 40, ty = p.top + p.height + 34;
+  draw_diamond(svg, tx + 10, ty - 4, 5, kTestColor, "");
+  svg << "<text x='" << tx + 20 << "' y='" << ty << "' fill='#444'>test</text>\n";
 }
 
 }  // namespace
@@ -277,13 +304,14 @@ void write_curve_svg(const std::string& path, const Curves& c, const std::string
   const double pw = (W - left - gap - right) / 2, ph = H - top - bottom;
 
   int64_t max_step = 1;
-  for (const auto* s : {&c.train_loss, &c.val_loss, &c.train_accuracy, &c.val_accuracy})
+  for (const auto* s : {&c.train_loss, &c.val_loss, &c.train_accuracy, &c.val_accuracy,
+                        &c.test_loss, &c.test_accuracy})
     for (const auto& p : *s) max_step = std::max(max_step, p.step);
 
   // Losses: a log axis from the 1-2-5 value at or below the smallest to the one at or above the
   // largest, so the long tail of a training run is as readable as its first steps.
   double lmin = INFINITY, lmax = 0;
-  for (const auto* s : {&c.train_loss, &c.val_loss})
+  for (const auto* s : {&c.train_loss, &c.val_loss, &c.test_loss})
     for (const auto& p : *s)
       if (std::isfinite(p.value) && p.value > 0) {
         lmin = std::min(lmin, p.value);
@@ -297,7 +325,7 @@ void write_curve_svg(const std::string& path, const Curves& c, const std::string
 
   // Accuracies: from the tenth at or below the smallest, up to 1.
   double amin = 1;
-  for (const auto* s : {&c.train_accuracy, &c.val_accuracy})
+  for (const auto* s : {&c.train_accuracy, &c.val_accuracy, &c.test_accuracy})
     for (const auto& p : *s)
       if (std::isfinite(p.value)) amin = std::min(amin, p.value);
   const double alo = std::clamp(std::floor(amin * 10 - 1e-9) / 10, 0.0, 0.9);
@@ -316,11 +344,13 @@ void write_curve_svg(const std::string& path, const Curves& c, const std::string
   draw_axes(svg, loss, loss_ticks, "loss (log scale)");
   draw_series(svg, loss, c.train_loss, kTrainColor, false);
   draw_series(svg, loss, c.val_loss, kValColor, true);
-  draw_legend(svg, loss);
+  draw_points(svg, loss, c.test_loss, "loss");
+  draw_legend(svg, loss, !c.test_loss.empty());
   draw_axes(svg, acc, acc_ticks, "accuracy");
   draw_series(svg, acc, c.train_accuracy, kTrainColor, false);
   draw_series(svg, acc, c.val_accuracy, kValColor, true);
-  draw_legend(svg, acc);
+  draw_points(svg, acc, c.test_accuracy, "accuracy");
+  draw_legend(svg, acc, !c.test_accuracy.empty());
   svg << "</svg>\n";
 
   std::ofstream out(path, std::ios::trunc);

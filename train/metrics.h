@@ -38,7 +38,8 @@ class MetricsWriter {
 std::string format_value(double v);
 // A duration as 42s, 3m07s or 2h05m.
 std::string format_duration(double seconds);
-// The terminal's live status line: a bar, the step, the smoothed (last window's mean) loss, the
+// The terminal's live status line: a bar, the step, the smoothed loss (the mean over the logging
+// window so far), the
 // throughput, elapsed time and the estimate of the time left, e.g.
 //   [########------------]   437/3000  loss 0.4123  31.2k samples/s  26s elapsed  1m02s left
 // `loss` or `samples_per_s` NaN: not known yet (before the first logged step), left out.
@@ -56,6 +57,8 @@ struct Curves {
   std::vector<CurvePoint> val_loss;        // "val_loss"
   std::vector<CurvePoint> train_accuracy;  // "accuracy": the logged step's batch
   std::vector<CurvePoint> val_accuracy;    // "val_accuracy"
+  std::vector<CurvePoint> test_loss;       // "test_loss": the test set's, once, at the run's end
+  std::vector<CurvePoint> test_accuracy;   // "test_accuracy"
 };
 
 // Reads a metrics file back into its curves (records without a step, and non-numbers, are
@@ -63,7 +66,8 @@ struct Curves {
 Curves read_curves(const std::string& metrics_path);
 
 // Writes an SVG of two panels against the optimizer step: the losses on a log scale (training and
-// validation), and the accuracies on a linear scale zoomed to the range they cover. Any series may
+// validation lines, the test point as a diamond), and the accuracies on a linear scale zoomed to
+// the range they cover (the same series). Any series may
 // be empty; non-finite values (and non-positive losses, which a log axis cannot show) are left out.
 // A failed write is an mt::Error naming the file.
 void write_curve_svg(const std::string& path, const Curves& curves, const std::string& title);

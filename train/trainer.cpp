@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <string_view>
@@ -68,6 +69,9 @@ optim::LossScalerOptions loss_scaler_options(const PrecisionOptions& p) {
 
 // The loss scaler's state travels in the optimizer file under this prefix.
 constexpr std::string_view kScalerPrefix = "loss_scaler.";
+
+// The run's length (options.steps) in each checkpoint's metadata.
+constexpr const char* kRunStepsKey = "run_steps";
 
 bool is_terminal() { return ::isatty(::fileno(stdout)) == 1; }
 
@@ -225,6 +229,24 @@ void Trainer::resume(const std::string& path) {
   resumed_from_ = c.path;
   if (!c.run_id.empty()) run_id_ = c.run_id;  // the run goes on; a format 1 one gets a new id
   if (lead()) spdlog::info("resumed from {} at step {}", c.path, step_);
+  if (auto saved = c.metadata.find(kRunStepsKey); saved != c.metadata.end() && lead()) {
+    char* end = nullptr;
+    const long long steps = std::strtoll(saved->second.c_str(), &end, 10);
+    if (*end == '\0' && steps > 0) note_new_length(steps);
+  }
+}
+
+// The schedule is a function of the run's length: one resumed with another length follows the
+// new curve from the resumed step on, rather than the one it was trained on so far.
+void Trainer::note_new_length(int64_t saved_steps) const {
+  const ScheduleOptions& s = options_.schedule;
+  if (saved_steps == options_.steps || s.kind != "cosine" || step_ >= options_.steps) return;
+  const optim::WarmupCosineLR old(options_.optimizer.lr, std::min(s.warmup_steps, saved_steps),
+                                  saved_steps, s.min_lr);
+  spdlog::info("the run was {} steps long and is now {}: the cosine schedule is recomputed over {} "
+               "steps, so the learning rate goes from {} at step {} (the old schedule) to {} at step {}",
+               saved_steps, options_.steps, options_.steps, format_value(old.lr_at(step_ - 1)), step_,
+               format_value(schedule_->lr_at(step_)), step_ + 1);
 }
 
 // ---- one step ------------------------------------------------------------------------------
@@ -314,6 +336,7 @@ std::string Trainer::save(int64_t step, nn::StateDict optimizer) {
     optimizer.emplace_back(std::string(kScalerPrefix) + name, t);
   std::map<std::string, std::string> meta = options_.checkpoint.metadata;
   for (const auto& [key, value] : data_->metadata()) meta[key] = value;
+  meta[kRunStepsKey] = std::to_string(options_.steps);  // the schedule's length, for resume()
   return save_checkpoint(options_.checkpoint.dir, run_id_, step, model_->state_dict(), optimizer,
                          meta, options_.checkpoint.keep_last);
 }
@@ -352,7 +375,7 @@ struct Trainer::RunState {
   // The logged step's values.
   Metrics step_metrics;
   double loss = 0, grad_norm_value = 0, lr = 0;
-  double shown_loss = NAN, shown_sps = NAN, last_draw = -1;  // the live line's (terminal only)
+  double last_draw = -1;  // when the live line was drawn (terminal only)
 };
 
 RunSummary Trainer::run() {
@@ -491,15 +514,22 @@ void Trainer::read_back(RunState& r) {
 }
 
 // The live line, redrawn at most ten times a second (and on the last step); "\033[K" clears what
-// a longer line before it left.
+// a longer line before it left. Its loss and throughput are the current logging window's so far,
+// so they move between log lines (and on the window's last step equal what the log line prints).
+// Reading the loss back stops the device once per redraw, not once per step. With data
+// parallelism the loss is rank 0's samples' alone: averaging over the ranks would take a
+// collective that only this rank calls.
 void Trainer::show_progress(RunState& r) {
   if (!r.tty) return;
   const double elapsed = seconds_since(r.run_start);
   if (elapsed - r.last_draw < 0.1 && step_ + 1 != options_.steps) return;
   const double eta = elapsed / double(step_ + 1 - r.first_step) * double(options_.steps - step_ - 1);
   r.last_draw = elapsed;
-  std::printf("\r%s\033[K",
-              progress_line(step_ + 1, options_.steps, r.shown_loss, r.shown_sps, elapsed, eta).c_str());
+  // loss_sum holds this rank's share of each step's loss (normalized by the whole batch).
+  const double share = double(data_->shard_size()) / double(data_->batch_size());
+  const double loss = r.loss_sum.item() / share / double(r.window_steps);
+  const double sps = double(r.window_steps * data_->batch_size()) / seconds_since(r.window_start);
+  std::printf("\r%s\033[K", progress_line(step_ + 1, options_.steps, loss, sps, elapsed, eta).c_str());
   std::fflush(stdout);
 }
 
@@ -525,8 +555,6 @@ void Trainer::log_step(RunState& r) {
                  format_value(r.loss), shown, format_value(r.grad_norm_value), format_value(r.lr),
                  sps, format_value(1e3 * secs / double(r.window_steps)), format_duration(elapsed),
                  format_duration(eta));
-  r.shown_loss = r.loss;
-  r.shown_sps = sps;
   nlohmann::json record = {{"step", step_ + 1}, {"loss", r.loss}, {"batch_loss", batch_loss},
                            {"grad_norm", r.grad_norm_value}, {"lr", r.lr}, {"samples_per_s", sps},
                            {"ms_per_step", 1e3 * secs / double(r.window_steps)}};

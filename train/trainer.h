@@ -100,7 +100,9 @@ class Trainer {
   // Continues the run saved at `path`: a checkpoint file, or a directory's newest checkpoint that
   // is intact and fits this trainer (a damaged newer one is skipped with a warning). Anything
   // else is a CheckpointError (train/checkpoint.h) naming the file and why; the trainer is then
-  // unusable.
+  // unusable. A checkpoint of a run of another length (optim.steps raised to train on) is
+  // logged in one line: a cosine schedule is recomputed over the new length, so the learning rate
+  // jumps from where the old schedule ended; the line gives both values.
   void resume(const std::string& path);
   // Trains from the current step to options.steps. First the lead rank takes checkpoint.dir
   // (train/run_dir.h: a ConfigError if another run holds it or its files are there). A resumed
@@ -140,6 +142,7 @@ class Trainer {
   Due due() const;
   void train_step(RunState& r, const Due& due);
   void show_progress(RunState& r);
+  void note_new_length(int64_t saved_steps) const;
   void log_step(RunState& r);
   void run_validation(RunState& r);
   void save_step(RunState& r);
