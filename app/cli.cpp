@@ -55,9 +55,11 @@ const char* kUsage =
     "  --version          the version, git commit, build type and CUDA architectures\n"
     "\n"
     "  eval               print a saved model's test loss and accuracy as its run printed them\n"
-    "                     (--split val: on the run's validation split)\n"
+    "                     (--split val: on the run's validation split); a GPT's validation\n"
+    "                     loss, bits per byte and perplexity\n"
     "  predict            write the predicted class and class probabilities of each row of a\n"
     "                     CSV of features (no label column) as a CSV: class,p0,p1,...\n"
+    "                     (a classifier's; a GPT generates text with `sample`)\n"
     "  --checkpoint CKPT  a model file (step-N.safetensors) or a checkpoint directory (its\n"
     "                     newest intact checkpoint); --set may change data.*, eval.*, device\n"
     "\n"
@@ -125,7 +127,7 @@ void run_worker(const mt::Config& cfg, const mt::parallel::World& world, const s
 // `train eval ...` and `train predict ...`: argv[1] is the subcommand.
 int inference_command(int argc, char** argv) {
   const std::string command = argv[1];
-  std::string checkpoint, split = "test", input, output;
+  std::string checkpoint, split, input, output;
   std::vector<std::string> overrides;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];

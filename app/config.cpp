@@ -932,6 +932,13 @@ const std::vector<Row>& rows() {
       s.require("keep_last", c.checkpoint.keep_last, c.checkpoint.keep_last >= 1, "must be at least 1");
      },
      [](const Config& c) -> std::string { return std::to_string(c.checkpoint.keep_last); }},
+    {"checkpoint", "keep_best", "bool",
+     "also keep the step of the lowest validation loss as `best.safetensors` in `dir`, never pruned; `--resume DIR` still continues from the newest checkpoint, `--resume DIR/best.safetensors` from the best, and `train eval` / `train sample` read either",
+     "",
+     [](Section& s, Config& c) {
+      s.get("keep_best", c.checkpoint.keep_best);
+     },
+     [](const Config& c) -> std::string { return flag(c.checkpoint.keep_best); }},
     {"checkpoint", "overwrite", "bool",
      "a run into a `dir` that holds another run's checkpoints or metrics deletes them first, instead of stopping (docs/robustness.md)",
      "",

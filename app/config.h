@@ -122,6 +122,7 @@ struct CheckpointConfig {
   std::string dir = "runs/mlp";
   int64_t every = 100;
   int64_t keep_last = 2;
+  bool keep_best = false;  // also <dir>/best.safetensors, the lowest validation loss's step
   bool overwrite = false;  // a fresh run may delete another run's files in dir (train/run_dir.h)
   bool operator==(const CheckpointConfig&) const = default;
 };

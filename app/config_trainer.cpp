@@ -28,7 +28,7 @@ train::Options options_from(const Config& c) {
                  loss_scale(c.precision)};
   o.eval = {c.eval.every, c.eval.batch_size};
   o.checkpoint = {c.checkpoint.dir, c.checkpoint.every, c.checkpoint.keep_last,
-                  c.checkpoint.overwrite, {{"config", to_yaml(c)}}};
+                  c.checkpoint.keep_best, c.checkpoint.overwrite, {{"config", to_yaml(c)}}};
   o.logging = {c.logging.every, c.logging.metrics, c.logging.curve};
   o.cuda_graph = c.cuda_graph;
   o.job_keys = job_entries(c);

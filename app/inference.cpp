@@ -131,12 +131,46 @@ SavedModel load_saved_model(const std::string& checkpoint, const std::vector<std
   return m;
 }
 
+namespace {
+
+// Token data (a data kind with a source of its own, app/registry.h) has a validation split and no
+// test set: the model's own task (the language model's loss, bits per byte and perplexity) over
+// the windows the run validated on.
+CheckpointEvaluation evaluate_source(const SavedModel& m, const DataKind& kind, const std::string& split) {
+  const Config& c = m.config;
+  if (split == "test")
+    throw ConfigError("--split test: data.kind " + c.data.kind + " has no test set; its held-out "
+                      "part is the validation split (--split val, the default for it)");
+  const std::shared_ptr<data::Source> source = kind.source(c);
+  const ModelKind& model = model_kind(c.model.kind);
+  const std::shared_ptr<train::Task> task = model.task ? model.task(c, *source) : train::classification();
+  CheckpointEvaluation e;
+  e.split = "val";
+  e.unit = "windows";
+  e.samples = source->held_out_size(data::HeldOut::validation);
+  if (e.samples == 0)
+    throw ConfigError(detail::concat("data.val_fraction: ", c.data.val_fraction,
+                                     " holds out no validation windows"));
+  static_cast<Evaluation&>(e) = train::evaluate(*m.model, *task, *source, data::HeldOut::validation,
+                                                c.eval.batch_size, m.device, c.precision.compute_dtype);
+  return e;
+}
+
+}  // namespace
+
 CheckpointEvaluation evaluate_checkpoint(const std::string& checkpoint, const std::vector<std::string>& overrides,
-                               const std::string& split) {
-  if (split != "test" && split != "val")
-    throw ConfigError("--split: expected test or val, got '" + split + "'");
+                               const std::string& chosen_split) {
+  if (!chosen_split.empty() && chosen_split != "test" && chosen_split != "val")
+    throw ConfigError("--split: expected test or val, got '" + chosen_split + "'");
   const SavedModel m = load_saved_model(checkpoint, overrides);
   const Config& c = m.config;
+  if (const DataKind& kind = data_kind(c.data.kind); kind.source) {
+    CheckpointEvaluation e = evaluate_source(m, kind, chosen_split);
+    if (!std::isfinite(e.loss))
+      throw train::NonFiniteError(detail::concat("val: the loss is ", e.loss));
+    return e;
+  }
+  const std::string split = chosen_split.empty() ? "test" : chosen_split;
   if (split == "test" && !data::has_test_set(c.data))
     throw ConfigError("data.test_path: the run has no test set; give one with --set "
                       "data.test_path=FILE, or evaluate the validation split with --split val");
@@ -171,14 +205,21 @@ CheckpointEvaluation evaluate_checkpoint(const std::string& checkpoint, const st
 }
 
 std::string format_evaluation(const CheckpointEvaluation& e) {
-  return fmt::format("{}: loss {}{} ({} samples)", e.split, train::format_value(e.loss), train::metrics_text(e.metrics, ""),
-                     e.samples);
+  return fmt::format("{}: loss {}{} ({} {})", e.split, train::format_value(e.loss), train::metrics_text(e.metrics, ""),
+                     e.samples, e.unit);
 }
 
 int64_t predict_csv(const std::string& checkpoint, const std::string& input,
                     const std::string& output, const std::vector<std::string>& overrides) {
   const SavedModel m = load_saved_model(checkpoint, overrides);
   const ModelConfig& mc = m.config.model;
+  // A language model's input is text, not a row of features.
+  if (data_kind(m.config.data.kind).source)
+    throw InferenceError(m.path + ": model.kind " + mc.kind + " trained on data.kind " +
+                         m.config.data.kind + " is a language model; `train predict` classifies "
+                         "CSV rows. Generate text with `train sample --checkpoint " + checkpoint +
+                         " --prompt TEXT`, or measure it with `train eval --checkpoint " +
+                         checkpoint + "`");
   CsvData in;
   try {
     in = read_csv(input, kNoLabelColumn, csv_header(m.config.data.header, input));

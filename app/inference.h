@@ -9,6 +9,8 @@
 //
 //   train eval --checkpoint runs/mlp/step-000300.safetensors
 //   test: loss 0.1234 | accuracy 0.9688 (4000 samples)      <- the line the training run printed
+//   train eval --checkpoint runs/shakespeare                 (a GPT: its validation windows)
+//   val: loss 2.1440 | bpb 3.0931 | ppl 8.5338 (128 windows)
 //
 //   train predict --checkpoint runs/mlp --input x.csv --output p.csv
 //   p.csv:  class,p0,p1,...,p7         one row per input row: the predicted class (the largest
@@ -47,19 +49,22 @@ struct SavedModel {
 SavedModel load_saved_model(const std::string& checkpoint,
                             const std::vector<std::string>& overrides = {});
 
-struct CheckpointEvaluation : train::Evaluation {  // the mean loss and the mean "accuracy"
+struct CheckpointEvaluation : train::Evaluation {  // the mean loss and the task's metrics
   std::string split;  // "test" or "val"
   int64_t samples = 0;
+  std::string unit = "samples";  // what `samples` counts: "windows" for token data
 };
 
 // Mean cross-entropy and accuracy (the classification task) on `split`: "test" (the config's test set) or "val" (the
-// validation part of the training data, split as the run split it). Computed as the trainer
+// validation part of the training data, split as the run split it); "" is "test". Token data
+// (data.kind text or tokens, a GPT) has no test set: "" is "val" there, its validation windows,
+// with the model's own task (loss in nats per token, "bpb", "ppl"). Computed as the trainer
 // does (train::evaluate: batches of eval.batch_size, the run's device and compute dtype), so on the data of the run
 // it reproduces the run's numbers. A ConfigError when the split does not exist or the data does
 // not fit the model.
 CheckpointEvaluation evaluate_checkpoint(const std::string& checkpoint,
                                const std::vector<std::string>& overrides = {},
-                               const std::string& split = "test");
+                               const std::string& split = "");
 
 // "test: loss 0.1234 | accuracy 0.9688 (4000 samples)": the format of the training run's line.
 std::string format_evaluation(const CheckpointEvaluation& e);
@@ -70,6 +75,7 @@ std::string format_evaluation(const CheckpointEvaluation& e);
 // significant digits (a float's round trip). The output is written to a temp file and renamed
 // into place: it appears whole or not at all. An input that cannot be read or parsed is a
 // data::DataError, one of the wrong width an InferenceError, each naming the file and line. Returns the number of rows written.
+// A language model (token data: model.kind gpt) is an InferenceError pointing to `train sample`.
 int64_t predict_csv(const std::string& checkpoint, const std::string& input,
                     const std::string& output, const std::vector<std::string>& overrides = {});
 

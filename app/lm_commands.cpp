@@ -59,6 +59,18 @@ std::string text_of(const std::map<std::string, std::string>& o, const std::stri
   return it == o.end() ? fallback : it->second;
 }
 
+// The tokenizer `name`: an unknown name is a ConfigError (exit code 2), a vocabulary whose files
+// cannot be read or parsed a data::DataError (4), as for any data file.
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& name, const std::string& gpt2_dir) {
+  if (name != "bytes" && name != "gpt2")
+    throw ConfigError("--tokenizer: unknown tokenizer '" + name + "': the tokenizers are bytes and gpt2");
+  try {
+    return make_tokenizer(name, gpt2_dir);
+  } catch (const Error& e) {
+    throw data::DataError(std::string("the ") + name + " tokenizer: " + e.what());
+  }
+}
+
 template <class T> T yaml_value(const YAML::Node& section, const char* key, T fallback) {
   return section && section[key] ? section[key].as<T>() : fallback;
 }
@@ -112,7 +124,7 @@ int sample_command(const std::vector<std::string>& args) {
     throw InferenceError(path + ": has no 'config' in its metadata: not a model file `train` saved");
   const nn::GPTConfig c = gpt_config_from_yaml(config->second, path);
   const YAML::Node data = YAML::Load(config->second)["data"];
-  const auto tokenizer = make_tokenizer(yaml_value<std::string>(data, "tokenizer", "bytes"),
+  const auto tokenizer = load_tokenizer(yaml_value<std::string>(data, "tokenizer", "bytes"),
                                         yaml_value<std::string>(data, "gpt2_dir", "assets/gpt2"));
   if (tokenizer->vocab_size() > c.vocab_size)
     throw InferenceError(path + ": the " + tokenizer->name() + " tokenizer has " +
@@ -154,12 +166,7 @@ int tokenize_command(const std::vector<std::string>& args) {
   const auto o = parse_options(args, "tokenize", {"--input", "--output", "--tokenizer", "--gpt2-dir"});
   if (!o.contains("--input") || !o.contains("--output"))
     throw ConfigError("train tokenize: --input TEXT_FILE and --output SHARD.bin are required");
-  std::unique_ptr<Tokenizer> tokenizer;
-  try {
-    tokenizer = make_tokenizer(text_of(o, "--tokenizer", "gpt2"), text_of(o, "--gpt2-dir", "assets/gpt2"));
-  } catch (const Error& e) {
-    throw ConfigError(std::string("--tokenizer: ") + e.what());
-  }
+  const auto tokenizer = load_tokenizer(text_of(o, "--tokenizer", "gpt2"), text_of(o, "--gpt2-dir", "assets/gpt2"));
   data::TokenStream s;
   try {
     s = data::tokenize_text_file(o.at("--input"), *tokenizer);

@@ -14,7 +14,8 @@
 //
 // Errors are thrown for main to turn into its exit codes: a bad command line or option value is
 // a ConfigError (2), a checkpoint that cannot be used an InferenceError (2), text the tokenizer
-// refuses or a file that cannot be read a data::DataError (4).
+// refuses, a vocabulary file that does not parse or a file that cannot be read a data::DataError
+// (4). docs/gpt.md has the table of bad inputs and their exit codes.
 #include <string>
 #include <vector>
 

@@ -91,7 +91,13 @@ LayerNorm::LayerNorm(int64_t d, double e, bool with_bias) : dim(d), eps(e) {
   if (with_bias) bias = register_parameter("bias", zeros({d}));
 }
 
-Tensor LayerNorm::forward(const Tensor& x) { return layer_norm(x, weight, bias, eps); }
+Tensor LayerNorm::forward(const Tensor& x) {
+  if (bias.defined()) return layer_norm(x, weight, bias, eps);
+  // Without a bias the op still adds one: zeros that are no parameter (no gradient is kept).
+  if (!zero_bias_.defined() || zero_bias_.device() != weight.device() || zero_bias_.dtype() != weight.dtype())
+    zero_bias_ = zeros({dim}, weight.dtype(), weight.device());
+  return layer_norm(x, weight, zero_bias_, eps);
+}
 
 std::string LayerNorm::repr() const {
   std::ostringstream os;

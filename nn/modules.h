@@ -83,6 +83,9 @@ class LayerNorm : public Module {
   int64_t dim;
   double eps;
   Tensor weight, bias;  // bias undefined when bias = false
+
+ private:
+  Tensor zero_bias_;  // bias = false: the zeros the op adds instead, kept while dtype and device stay
 };
 
 // y = x · Φ(x), by default with GPT-2's tanh approximation (ops/gelu/gelu.h).

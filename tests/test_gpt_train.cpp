@@ -9,6 +9,8 @@
 
 #include "app/config.h"
 #include "app/config_trainer.h"
+#include "app/registry.h"
+#include "tests/run_train.h"
 #include "tests/expect_error.h"
 #include "tests/log_capture.h"
 #include "tests/temp_dir.h"
@@ -114,6 +116,54 @@ TEST(GptTraining, BadConfigsAreNamed) {
   const Config narrow = parse_config("model: {kind: gpt, block_size: 16, vocab_size: 100}\n"
                                      "data: {kind: text, path: " + text + "}\n", "narrow");
   test::expect_error([&] { app::ConfigTrainer t(narrow, kCPU); }, {"model.vocab_size", "256 ids"});
+}
+
+// The shipped GPT configs parse, validate and print (`train --print-config`, run from the source
+// folder as a user runs them), and say what their comments say.
+TEST(GptConfigs, ShippedConfigsParseAndHoldTheirRecipes) {
+  for (const char* name : {"shakespeare", "shakespeare-gpu", "gpt2-124m"}) {
+    std::string out;
+    EXPECT_EQ(test::run_shell(std::string("cd " MT_SOURCE_DIR " && " MT_BINARY_DIR "/train --config configs/") +
+                                  name + ".yaml --print-config 2>&1", &out), 0) << name << ": " << out;
+    EXPECT_NE(out.find("kind: \"gpt\""), std::string::npos) << out;
+  }
+  auto load = [](const std::string& name) {
+    return load_config(MT_SOURCE_DIR "/configs/" + name + ".yaml",
+                       {"data.path=" MT_SOURCE_DIR "/assets/tinyshakespeare.txt"});
+  };
+  // nanoGPT's shakespeare_char.
+  const Config g = load("shakespeare-gpu");
+  const Params& m = g.model.params;
+  EXPECT_EQ(m.integer("n_layer"), 6);
+  EXPECT_EQ(m.integer("n_head"), 6);
+  EXPECT_EQ(m.integer("n_embd"), 384);
+  EXPECT_EQ(m.integer("block_size"), 256);
+  EXPECT_EQ(m.number("dropout"), 0.2);
+  EXPECT_FALSE(g.model.bias);
+  EXPECT_EQ(g.optim.batch_size, 64);
+  EXPECT_EQ(g.optim.lr, 1e-3);
+  EXPECT_EQ(g.optim.min_lr, 1e-4);
+  EXPECT_EQ(g.optim.steps, 5000);
+  EXPECT_EQ(g.optim.warmup_steps, 100);
+  EXPECT_EQ(g.optim.betas, (std::array<double, 2>{0.9, 0.99}));
+  EXPECT_EQ(g.optim.weight_decay, 0.1);
+  EXPECT_EQ(g.optim.clip_norm, 1.0);
+  EXPECT_EQ(g.eval.every, 250);
+  EXPECT_EQ(g.data.params.integer("eval_windows"), 200 * 64);
+  EXPECT_EQ(g.precision.compute_dtype, DType::bf16);
+  EXPECT_TRUE(g.checkpoint.keep_best);
+  EXPECT_FALSE(g.cuda_graph);  // dropout under a graph is refused (the masks are keyed on the host)
+  // GPT-2 small.
+  const Config s = load("gpt2-124m");
+  EXPECT_EQ(s.model.params.integer("n_layer"), 12);
+  EXPECT_EQ(s.model.params.integer("n_embd"), 768);
+  EXPECT_EQ(s.model.params.integer("block_size"), 1024);
+  EXPECT_EQ(s.model.params.integer("vocab_size"), 50257);
+  EXPECT_EQ(s.data.params.string("tokenizer"), "gpt2");
+  EXPECT_EQ(s.optim.betas, (std::array<double, 2>{0.9, 0.95}));
+  EXPECT_TRUE(s.cuda_graph);
+  EXPECT_EQ(s.precision.compute_dtype, DType::bf16);
+  EXPECT_EQ(app::gpt_config(s).padded_vocab(), 50304);  // GPT-2's 50257 ids padded, as llm.c's
 }
 
 }  // namespace

@@ -80,11 +80,74 @@ TEST(TokenizeCli, WritesAShardTheReaderTakesAndRefusesBadInput) {
   std::ofstream(vocab / "encoder.json") << "{not json";
   std::ofstream(vocab / "vocab.bpe") << "#version: 0.2\n";
   expect_fails("tokenize --input " + text.string() + " --output " + shard.string() +
-                   " --gpt2-dir " + vocab.string(), 2, "encoder.json");
+                   " --gpt2-dir " + vocab.string(), 4, "encoder.json");
   expect_fails("tokenize --input " + (t.path / "none.txt").string() + " --output " + shard.string() +
                    " --tokenizer bytes", 4, "none.txt");
   expect_fails("tokenize --input " + text.string() + " --output " + shard.string() +
                    " --tokenizer words", 2, "words");
+}
+
+// Each bad input of a GPT run, end to end through `train`: a clear message naming the thing and
+// the exit code docs/gpt.md's table gives (2: the config or command line; 4: a data file).
+TEST(GptBadInput, TrainRefusesEachWithItsExitCode) {
+  test::TempDir t;
+  const std::filesystem::path text = t.path / "text.txt", cfg = t.path / "gpt.yaml";
+  {
+    std::ofstream out(text);
+    for (int i = 0; i < 20; ++i) out << "To be, or not to be, that is the question.\n";
+  }
+  std::ofstream(cfg) << "model: {kind: gpt, n_layer: 1, n_head: 2, n_embd: 16, block_size: 16}\n"
+                        "data: {kind: text, path: " << text.string() << "}\n"
+                        "optim: {steps: 2, warmup_steps: 1, batch_size: 4, microbatches: 1}\n"
+                        "device: cpu\n";
+  const std::string run = "--config " + cfg.string() + " --set checkpoint.dir=" + (t.path / "ckpt").string();
+  auto shard = [&](const std::string& name, std::vector<int32_t> header, std::vector<uint16_t> tokens) {
+    const std::string path = (t.path / name).string();
+    header.resize(256, 0);
+    std::ofstream out(path, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(header.data()), 1024);
+    out.write(reinterpret_cast<const char*>(tokens.data()), std::streamsize(2 * tokens.size()));
+    return path;
+  };
+  const std::vector<uint16_t> many(200, 65);
+  // A shard whose header lies about its magic or its count; one with an id the model lacks.
+  expect_fails(run + " --set data.kind=tokens --set data.path=" + shard("magic.bin", {20240521, 1, 200}, many),
+               4, "field 'magic' (int 0) is 20240521, expected 20240520");
+  expect_fails(run + " --set data.kind=tokens --set data.path=" + shard("count.bin", {20240520, 1, 300}, many),
+               4, "field 'count' (int 2) says 300 tokens");
+  std::vector<uint16_t> wide = many;
+  wide[7] = 300;
+  expect_fails(run + " --set data.kind=tokens --set data.path=" + shard("wide.bin", {20240520, 1, 200}, wide),
+               4, "token 300 at position 7 is not below the vocabulary size 256");
+  // A corpus shorter than T + 1 tokens (in its validation part); windows longer than the model's.
+  expect_fails(run + " --set data.val_fraction=0.01", 2, "fewer than T + 1 = 17");
+  expect_fails(run + " --set data.block_size=32", 2, "larger than the model's block_size 16");
+  // A tokenizer with more ids than the model; text that is not UTF-8 for GPT-2's BPE; a
+  // vocabulary file that does not parse.
+  expect_fails(run + " --set data.tokenizer=gpt2 --set data.gpt2_dir=" MT_SOURCE_DIR "/assets/gpt2", 2,
+               "model.vocab_size: is 256 but the gpt2 tokenizer has 50257 ids");
+  const std::filesystem::path latin1 = t.path / "latin1.txt";
+  std::ofstream(latin1, std::ios::binary) << std::string(40, 'a') << "caf\xe9 " << std::string(40, 'b');
+  expect_fails(run + " --set model.vocab_size=50257 --set data.tokenizer=gpt2 --set data.gpt2_dir="
+                   MT_SOURCE_DIR "/assets/gpt2 --set data.path=" + latin1.string(), 4, "latin1.txt");
+  const std::filesystem::path vocab = t.path / "vocab";
+  std::filesystem::create_directories(vocab);
+  std::ofstream(vocab / "encoder.json") << "{\"a\": 0,";
+  std::ofstream(vocab / "vocab.bpe") << "#version: 0.2\n";
+  expect_fails(run + " --set model.vocab_size=50257 --set data.tokenizer=gpt2 --set data.gpt2_dir=" +
+                   vocab.string(), 4, "encoder.json");
+  EXPECT_FALSE(std::filesystem::exists(t.path / "ckpt/step-000002.safetensors"));
+
+  // A prompt that is not UTF-8, for a model whose tokenizer is GPT-2's BPE.
+  manual_seed(0);
+  nn::GPT bpe({.n_layer = 1, .n_head = 2, .n_embd = 16, .block_size = 8, .vocab_size = 50257});
+  const std::string ckpt = (t.path / "bpe.safetensors").string();
+  nn::save(bpe, ckpt, {{"config", "model: {kind: gpt, n_layer: 1, n_head: 2, n_embd: 16, block_size: 8, "
+                                  "vocab_size: 50257}\ndata: {kind: text, tokenizer: gpt2, gpt2_dir: "
+                                  MT_SOURCE_DIR "/assets/gpt2}\n"}});
+  EXPECT_EQ(test::run_train("sample --checkpoint " + ckpt + " --prompt Hello --tokens 2", nullptr), 0);
+  expect_fails("sample --checkpoint " + ckpt + " --prompt \"$(printf 'caf\\351')\" --tokens 2", 4,
+               "--prompt: gpt2 tokenizer: the text is not valid UTF-8");
 }
 
 }  // namespace

@@ -76,7 +76,7 @@ void remove_debris(const std::string& dir) {
   std::vector<fs::path> debris;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string path = entry.path().string(), name = entry.path().filename().string();
-    if (name.rfind("step-", 0) != 0) continue;
+    if (name.rfind("step-", 0) != 0 && name.rfind("best.", 0) != 0) continue;
     const bool temp = name.find(".safetensors.tmp.") != std::string::npos;
     const bool orphan =
         name.ends_with(optim_suffix) &&
@@ -185,21 +185,25 @@ void remove_checkpoint(const std::string& model_path) {
   fs::remove(optim_path_for(model_path), ec);
 }
 
-std::string save_checkpoint(const std::string& dir, const std::string& run_id, int64_t step,
-                            const nn::StateDict& model, const nn::StateDict& optimizer,
-                            const std::map<std::string, std::string>& metadata, int64_t keep_last) {
+namespace {
+
+// The two files of one checkpoint, optimizer file first (train/checkpoint.h).
+void write_checkpoint(const std::string& model_path, const std::string& run_id, int64_t step,
+                      const nn::StateDict& model, const nn::StateDict& optimizer,
+                      std::map<std::string, std::string> ids,
+                      const std::map<std::string, std::string>& metadata) {
   for (const auto& [key, _] : metadata)
     MT_CHECK(key != "format" && key != "step" && key != "run_id" && key != "checkpoint_id" &&
-                 !key.starts_with(kChecksumPrefix),
+                 !key.starts_with(kChecksumPrefix) && !ids.contains(key),
              "checkpoint: metadata key '", key, "' is reserved");
+  const std::string dir = fs::path(model_path).parent_path().string();
   std::error_code ec;
   fs::create_directories(dir, ec);
   MT_CHECK(!ec, "checkpoint: cannot create directory '", dir, "': ", ec.message());
-  const std::string model_path = (fs::path(dir) / (step_name(step) + ".safetensors")).string();
-  const std::map<std::string, std::string> ids = {{"format", kFormat},
-                                                  {"step", std::to_string(step)},
-                                                  {"run_id", run_id},
-                                                  {"checkpoint_id", random_id()}};
+  ids.insert({{"format", kFormat},
+              {"step", std::to_string(step)},
+              {"run_id", run_id},
+              {"checkpoint_id", random_id()}});
   std::map<std::string, std::string> model_meta = metadata;
   model_meta.insert(ids.begin(), ids.end());
   // Each file's bytes are synced before its rename; the directory once, after both renames and
@@ -210,6 +214,31 @@ std::string save_checkpoint(const std::string& dir, const std::string& run_id, i
   nn::save_tensors(optim_path_for(model_path), optimizer, ids);
   nn::save_tensors(model_path, model, model_meta);
   dir_sync.finish();
+}
+
+}  // namespace
+
+std::string best_checkpoint_path(const std::string& dir) {
+  return (fs::path(dir) / "best.safetensors").string();
+}
+
+std::string save_best_checkpoint(const std::string& dir, const std::string& run_id, int64_t step,
+                                 double val_loss, const nn::StateDict& model,
+                                 const nn::StateDict& optimizer,
+                                 const std::map<std::string, std::string>& metadata) {
+  char loss[32];
+  std::snprintf(loss, sizeof loss, "%.17g", val_loss);  // reads back as exactly this double
+  const std::string path = best_checkpoint_path(dir);
+  write_checkpoint(path, run_id, step, model, optimizer, {{"val_loss", loss}}, metadata);
+  remove_debris(dir);
+  return path;
+}
+
+std::string save_checkpoint(const std::string& dir, const std::string& run_id, int64_t step,
+                            const nn::StateDict& model, const nn::StateDict& optimizer,
+                            const std::map<std::string, std::string>& metadata, int64_t keep_last) {
+  const std::string model_path = (fs::path(dir) / (step_name(step) + ".safetensors")).string();
+  write_checkpoint(model_path, run_id, step, model, optimizer, {}, metadata);
 
   // Newest first, this run's beyond the newest keep_last go (reading headers only when some may).
   const std::vector<std::string> all = list_checkpoints(dir);

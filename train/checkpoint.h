@@ -28,6 +28,13 @@
 // run beyond keep_last are deleted only after the new one is on disk, model file first; temp and
 // orphaned optimizer files left by a killed run are removed after each save. The folder is the
 // run's alone while it runs (train/run_dir.h), so no other process writes there meanwhile.
+//
+// With checkpoint.keep_best, the step of the lowest validation loss so far is also saved as
+//
+//   <dir>/best.safetensors, <dir>/best.optim.safetensors    (metadata also: val_loss)
+//
+// the same two files under a name of their own: never pruned, and never what a directory loads
+// (--resume DIR takes the newest step-*; --resume DIR/best.safetensors continues from the best).
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -61,6 +68,17 @@ struct Checkpoint {
 std::string save_checkpoint(const std::string& dir, const std::string& run_id, int64_t step,
                             const nn::StateDict& model, const nn::StateDict& optimizer,
                             const std::map<std::string, std::string>& metadata, int64_t keep_last);
+
+// Saves step `step` as the run's best checkpoint, <dir>/best.safetensors (and its optimizer
+// file), replacing the previous best; `val_loss` goes into both files' metadata. Returns the
+// model file path.
+std::string save_best_checkpoint(const std::string& dir, const std::string& run_id, int64_t step,
+                                 double val_loss, const nn::StateDict& model,
+                                 const nn::StateDict& optimizer,
+                                 const std::map<std::string, std::string>& metadata);
+
+// <dir>/best.safetensors.
+std::string best_checkpoint_path(const std::string& dir);
 
 // Loads a checkpoint from a model file, or from a directory: its newest checkpoint that is intact
 // and that `accept` (when given) takes without throwing mt::Error. A damaged newer one is skipped

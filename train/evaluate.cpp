@@ -22,6 +22,7 @@ Evaluation evaluate(nn::Module& model, Task& task,
   const double n = double(std::max<int64_t>(samples, 1));
   e.loss /= n;
   for (auto& [name, sum] : e.metrics) sum /= n;
+  task.add_derived_metrics(e.loss, e.metrics);
   return e;
 }
 

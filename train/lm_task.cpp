@@ -56,6 +56,11 @@ class LanguageModeling : public Task {
     return loss;
   }
 
+  // Perplexity: exp of the mean loss (not the mean of each window's exp).
+  void add_derived_metrics(double mean_loss, Metrics& means) const override {
+    means["ppl"] = std::exp(mean_loss);
+  }
+
  private:
   int64_t vocab_size_;
   double tokens_per_byte_;

@@ -12,7 +12,8 @@
 //
 // Metrics: "bpb", bits per byte of text, when the data knows how many bytes its tokens encode:
 // loss / ln 2 · tokens / bytes, which compares models with different tokenizers (a byte-level
-// model has tokens / bytes = 1). Perplexity is exp(loss), derived from the mean loss when logged.
+// model has tokens / bytes = 1); "ppl", perplexity, exp of the mean loss (Task::add_derived_metrics:
+// it is not a mean over windows), for the logged batch and for validation ("val_ppl").
 #include <functional>
 #include <memory>
 

@@ -57,6 +57,9 @@ struct CheckpointOptions {
   std::string dir = "runs/mlp";
   int64_t every = 100;
   int64_t keep_last = 2;
+  // Also keep the step of the lowest validation loss as <dir>/best.safetensors, never pruned
+  // (train/checkpoint.h); it is saved when a validation pass beats every earlier one.
+  bool keep_best = false;
   bool overwrite = false;  // a fresh run may delete another run's files in dir (train/run_dir.h)
   // Saved in the model file's metadata beside the trainer's own keys (the `train` program puts
   // its config here, so a model file alone rebuilds the model).

@@ -51,7 +51,13 @@ RunDir::~RunDir() { ::close(fd_); }
 void RunDir::claim(const std::string& run_id, bool fresh, const std::string& metrics,
                    bool overwrite) {
   std::vector<std::string> foreign;  // model files
-  for (const std::string& f : list_checkpoints(dir_)) {
+  std::vector<std::string> files = list_checkpoints(dir_);
+  std::error_code ec;
+  // An earlier run's best checkpoint (keep_best) goes with its other files, listed first so that
+  // the message's "newest" names a step.
+  if (const std::string best = best_checkpoint_path(dir_); fs::exists(best, ec))
+    files.insert(files.begin(), best);
+  for (const std::string& f : files) {
     if (!fresh) {
       std::string owner;
       try {
@@ -63,7 +69,6 @@ void RunDir::claim(const std::string& run_id, bool fresh, const std::string& met
     }
     foreign.push_back(f);
   }
-  std::error_code ec;
   const bool old_metrics = fresh && fs::is_regular_file(metrics, ec) && fs::file_size(metrics, ec) > 0;
   if (foreign.empty() && !old_metrics) return;
 

@@ -23,8 +23,8 @@ class RunDir {
   RunDir& operator=(const RunDir&) = delete;
 
   // Makes sure the folder holds nothing of another run before run `run_id` writes there: for a
-  // fresh run (`fresh`), no checkpoints and no non-empty `metrics` file; for a resumed one, no
-  // checkpoints of another run id. Otherwise a ConfigError that names the folder, what is in it
+  // fresh run (`fresh`), no checkpoints (best.safetensors included) and no non-empty `metrics`
+  // file; for a resumed one, no checkpoints of another run id. Otherwise a ConfigError that names the folder, what is in it
   // and the choices; or, with `overwrite`, those files are deleted.
   void claim(const std::string& run_id, bool fresh, const std::string& metrics, bool overwrite);
 

@@ -44,6 +44,10 @@ class Task {
   // of a run must add the same names.
   virtual Tensor loss(nn::Module& model, const Batch& batch, double normalizer,
                       Metrics* metrics) = 0;
+  // Metrics that follow from the mean loss instead of adding up over samples (a language model's
+  // perplexity, exp(loss)): added to `means` where the means are formed, the logged batch's (with
+  // its loss) and each evaluation's.
+  virtual void add_derived_metrics(double /*mean_loss*/, Metrics& /*means*/) const {}
 };
 
 // logits = model(x) [n, classes]; cross_entropy against y; metric "accuracy" (rows whose largest

@@ -16,6 +16,7 @@
 #include "core/accumulate.h"
 #include "core/autograd.h"
 #include "core/registry.h"
+#include "core/safetensors.h"
 #include "core/switches.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"
@@ -228,6 +229,20 @@ void Trainer::resume(const std::string& path) {
   resumed_ = true;
   resumed_from_ = c.path;
   if (!c.run_id.empty()) run_id_ = c.run_id;  // the run goes on; a format 1 one gets a new id
+  // keep_best: a resumed run replaces this run's best only with a lower validation loss.
+  best_val_loss_ = INFINITY;
+  const std::string best = best_checkpoint_path(options_.checkpoint.dir);
+  std::error_code ec;
+  if (std::filesystem::exists(best, ec)) {
+    try {
+      const auto meta = read_safetensors_metadata(best);
+      if (meta.contains("val_loss") && meta.contains("run_id") && meta.at("run_id") == run_id_)
+        best_val_loss_ = std::stod(meta.at("val_loss"));
+    } catch (const std::exception& e) {
+      spdlog::warn("checkpoint.keep_best: cannot read {} ({}); the next validation replaces it", best,
+                   e.what());
+    }
+  }
   if (lead()) spdlog::info("resumed from {} at step {}", c.path, step_);
   if (auto saved = c.metadata.find(kRunStepsKey); saved != c.metadata.end() && lead()) {
     char* end = nullptr;
@@ -331,12 +346,15 @@ Metrics Trainer::sum_over_ranks(Metrics metrics) {
   return metrics;
 }
 
-std::string Trainer::save(int64_t step, nn::StateDict optimizer) {
+std::string Trainer::save(int64_t step, nn::StateDict optimizer, std::optional<double> best_val_loss) {
   for (const auto& [name, t] : scaler_.state_dict())
     optimizer.emplace_back(std::string(kScalerPrefix) + name, t);
   std::map<std::string, std::string> meta = options_.checkpoint.metadata;
   for (const auto& [key, value] : data_->metadata()) meta[key] = value;
   meta[kRunStepsKey] = std::to_string(options_.steps);  // the schedule's length, for resume()
+  if (best_val_loss)
+    return save_best_checkpoint(options_.checkpoint.dir, run_id_, step, *best_val_loss,
+                                model_->state_dict(), optimizer, meta);
   return save_checkpoint(options_.checkpoint.dir, run_id_, step, model_->state_dict(), optimizer,
                          meta, options_.checkpoint.keep_last);
 }
@@ -543,6 +561,7 @@ void Trainer::log_step(RunState& r) {
   for (auto& [name, v] : means) v /= double(batch);
   const double batch_loss = means["batch_loss"];
   means.erase("batch_loss");
+  task_->add_derived_metrics(batch_loss, means);
   // "loss" is the window's mean; the task's metrics (accuracy) are the logged step's batch, shown
   // beside that batch's own loss so that the two describe the same samples.
   std::string shown = " | batch: loss " + format_value(batch_loss);
@@ -590,9 +609,21 @@ void Trainer::run_validation(RunState& r) {
   }
   r.summary.val_loss = e.loss;
   r.summary.val_metrics = e.metrics;
+  // Every rank evaluated the same windows, so every rank takes this branch (state_to_save may be
+  // a collective).
+  if (options_.checkpoint.keep_best && e.loss < best_val_loss_) {
+    nn::StateDict optimizer = state_to_save();
+    if (lead()) {
+      const std::string path = save(step_ + 1, std::move(optimizer), e.loss);
+      spdlog::info("step {:>{}}/{} | the best val_loss so far: saved {}", step_ + 1,
+                   std::to_string(options_.steps).size(), options_.steps, path);
+    }
+    best_val_loss_ = e.loss;
+    if (comm_) comm_->barrier();
+  }
 }
 
-void Trainer::save_step(RunState& r) {
+nn::StateDict Trainer::state_to_save() {
   // A NaN the loss never saw (behind a ReLU, say, or in the optimizer's state) stops here.
   // Sharded, the full state is gathered: every rank takes part.
   nn::StateDict optimizer = zero_ ? zero_->state_dict() : optimizer_->state_dict();
@@ -600,6 +631,11 @@ void Trainer::save_step(RunState& r) {
     if (std::string bad = first_non_finite(state); !bad.empty())
       throw NonFiniteError(detail::concat("step ", step_ + 1, ": non-finite values in ", bad,
                                           "; not saving (the last checkpoint on disk is intact)"));
+  return optimizer;
+}
+
+void Trainer::save_step(RunState& r) {
+  nn::StateDict optimizer = state_to_save();
   if (lead()) r.summary.checkpoint = save(step_ + 1, std::move(optimizer));
   if (comm_) comm_->barrier();  // no rank runs ahead of a checkpoint it could be resumed from
 }

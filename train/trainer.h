@@ -26,8 +26,8 @@
 // each save.
 //
 // Around the step, each in a function of its own: log_step() (the log line and metrics.jsonl),
-// run_validation() (the held-out loss every eval.every steps), save() (a checkpoint every
-// checkpoint.every steps) and the CUDA graph (train/step_graph.cpp): cuda_graph: true records
+// run_validation() (the held-out loss every eval.every steps; with checkpoint.keep_best, a new
+// lowest one saves best.safetensors), save() (a checkpoint every checkpoint.every steps) and the CUDA graph (train/step_graph.cpp): cuda_graph: true records
 // steps 1-5 in one graph (core/cuda/graph.h) after the run's first step, and replays it on every
 // step that is not logged or saved: the batch is copied into the graph's input buffers, AdamW's
 // prepare_step() hands this step's lr and bias corrections to the device, one launch does the
@@ -36,6 +36,7 @@
 // cannot be captured (no GPU, an optimizer that keeps per-step values on the host, f16 loss
 // scaling, a step callback, data parallelism, or a capture that fails) a warning says why and
 // every step runs eagerly.
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -168,7 +169,11 @@ class Trainer {
   double sum_over_ranks(double value);
   Metrics sum_over_ranks(Metrics metrics);
   bool lead() const { return comm_ == nullptr || comm_->rank() == 0; }
-  std::string save(int64_t step, nn::StateDict optimizer);
+  // A checkpoint of step `step`: step-N, or with `best_val_loss` the run's best (keep_best).
+  std::string save(int64_t step, nn::StateDict optimizer, std::optional<double> best_val_loss = {});
+  // The model and optimizer state about to be saved, checked for NaN and inf (a NonFiniteError);
+  // with ZeRO-1 a collective (the full optimizer state is gathered).
+  nn::StateDict state_to_save();
 
   // The CUDA graph (train/step_graph.cpp). Why this run's step cannot be captured (empty if it
   // can); the capture, with this step's batch in its input buffers (false, after a warning, if
@@ -194,6 +199,7 @@ class Trainer {
   bool resumed_ = false;
   std::string resumed_from_;  // the model file resume() loaded
   std::string run_id_;        // in every checkpoint this run saves; kept across resumes
+  double best_val_loss_ = INFINITY;  // keep_best: the loss of best.safetensors (this run's)
   std::function<void(int64_t, Trainer&)> step_callback_;
   std::unique_ptr<StepGraph> graph_;  // the captured step and its input buffers (CUDA builds)
 };
