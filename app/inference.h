@@ -10,7 +10,7 @@
 //   train eval --checkpoint runs/mlp/step-000300.safetensors
 //   test: loss 0.1234 | accuracy 0.9688 (4000 samples)      <- the line the training run printed
 //   train eval --checkpoint runs/shakespeare                 (a GPT: its validation windows)
-//   val: loss 2.1440 | bpb 3.0931 | ppl 8.5338 (128 windows)
+//   val: loss 2.144 | bpb 3.0931 | ppl 8.5334 (128 windows)
 //
 //   train predict --checkpoint runs/mlp --input x.csv --output p.csv
 //   p.csv:  class,p0,p1,...,p7         one row per input row: the predicted class (the largest

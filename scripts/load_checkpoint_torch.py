@@ -3,7 +3,7 @@
 prints its validation loss on the run's own validation windows: `train eval` in PyTorch.
 
     python3 scripts/load_checkpoint_torch.py CHECKPOINT [--data FILE] [--device cpu|cuda]
-    val: loss 2.14403820 (128 windows)
+    val: loss 2.14398324 (128 windows)
 
 CHECKPOINT is a model file (runs/x/step-000350.safetensors, runs/x/best.safetensors) or a run
 folder (its newest step-N.safetensors; unlike `train`, this script verifies no checksums). The

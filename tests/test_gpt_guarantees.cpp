@@ -1,7 +1,7 @@
 // The MLP's guarantees, for a tiny GPT trained through the `train` program's trainer (two runs
 // bitwise and a resumed run bitwise are GptTraining.TwoRunsAndAResumedRunAreBitwiseEqual):
 //   - microbatches = the full batch, and CPU data-parallel ranks (threads) = one rank, in f64;
-//   - ZeRO-1 = the plain optimizer;
+//   - ZeRO-1 = the plain optimizer (with keep_best's saves at validation passes, collectives too);
 //   - forensics: an activation that overflows is named by its module's path;
 //   - `train eval` on a GPT checkpoint reproduces the run's validation loss, `train predict` refuses
 //     a GPT and points to `train sample`;
@@ -92,6 +92,7 @@ TEST(GptGuarantees, CpuRanksAndZero1TrainLikeOneRankInF64) {
       cfg.checkpoint.dir = (d.path / "ckpt").string();
       cfg.optim.microbatches = 1;  // 6 windows over 3 ranks leave 2 each
       cfg.optim.shard_state = zero;
+      cfg.checkpoint.keep_best = true;  // a save at a validation pass: with ZeRO-1, a collective
       const train::LocalRun run = app::run_local_ranks(cfg, n);
       for (const auto& t : run.ranks) {
         EXPECT_LT(max_diff(*t, single), 1e-10);
@@ -99,6 +100,7 @@ TEST(GptGuarantees, CpuRanksAndZero1TrainLikeOneRankInF64) {
       }
       EXPECT_EQ(run.ranks[0]->sharded_optimizer() != nullptr, zero);
       EXPECT_NEAR(run.summary.val_loss, ref.val_loss, 1e-10 * ref.val_loss);
+      EXPECT_TRUE(fs::exists(d.path / "ckpt/best.safetensors"));
     }
   }
 }

@@ -609,9 +609,11 @@ void Trainer::run_validation(RunState& r) {
   }
   r.summary.val_loss = e.loss;
   r.summary.val_metrics = e.metrics;
-  // Every rank evaluated the same windows, so every rank takes this branch (state_to_save may be
-  // a collective).
-  if (options_.checkpoint.keep_best && e.loss < best_val_loss_) {
+  // keep_best: rank 0's best (the one its folder holds) decides for every rank, since the save
+  // below may be a collective (state_to_save) that every rank must join.
+  bool best = options_.checkpoint.keep_best && e.loss < best_val_loss_;
+  if (options_.checkpoint.keep_best && comm_) best = sum_over_ranks(lead() && best ? 1.0 : 0.0) > 0;
+  if (best) {
     nn::StateDict optimizer = state_to_save();
     if (lead()) {
       const std::string path = save(step_ + 1, std::move(optimizer), e.loss);
