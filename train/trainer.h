@@ -190,6 +190,9 @@ class Trainer {
   int64_t step_ = 0;
   bool resumed_ = false;
   std::string resumed_from_;  // the model file resume() loaded
+  // resume() searched checkpoint.dir itself, so that any newer checkpoint there was passed over
+  // as damaged or unfit (train/run_dir.h)
+  bool resumed_newest_ = false;
   std::string run_id_;        // in every checkpoint this run saves; kept across resumes
   std::function<void(int64_t, Trainer&)> step_callback_;
   std::unique_ptr<StepGraph> graph_;  // the captured step and its input buffers (CUDA builds)
