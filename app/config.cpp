@@ -1130,7 +1130,8 @@ bool valid_device(const std::string& d) {
 
 Config parse_config(const std::string& text, const std::string& name,
                     const std::vector<std::string>& overrides) {
-  // YAML allows a byte order mark at the start; yaml-cpp would glue it to the first key.
+  // YAML allows a byte order mark at the start. yaml-cpp 0.7 skips it; one that does not would
+  // glue it to the first key (seen by an audit), so it is not left to the library.
   const std::string yaml = text.starts_with("\xef\xbb\xbf") ? text.substr(3) : text;
   Origin origin{name, yaml, {}};
   YAML::Node root;

@@ -27,6 +27,7 @@
 #include "data/csv.h"
 #include "data/data.h"
 #include "parallel/launch.h"
+#include "tests/bit_flip.h"
 #include "tests/expect_error.h"
 #include "tests/run_train.h"
 #include "tests/temp_dir.h"
@@ -124,6 +125,16 @@ TEST(RunFolder, AResumedBranchIsRefusedUnlessOverwriteDeletesTheLaterCheckpoints
   app::ConfigTrainer on(small_config(dir, {"optim.steps=16"}), kCPU);
   on.resume(ck);
   EXPECT_EQ(on.run().checkpoint, ck + "/step-000016.safetensors");
+
+  // Nor is resuming the folder past a damaged newest checkpoint (a bit of its data flipped, so
+  // that its header and run id still read): --resume DIR took step 14, and the run saves over 16.
+  const std::string newest = ck + "/step-000016.safetensors";
+  test::flip_bit(newest, (fs::file_size(newest) - 1) * 8);
+  app::ConfigTrainer past(small_config(dir, {"optim.steps=18"}), kCPU);
+  past.resume(ck);
+  EXPECT_EQ(train::load_checkpoint(ck + "/step-000014.safetensors").step, 14);
+  EXPECT_EQ(past.run().checkpoint, ck + "/step-000018.safetensors");
+  EXPECT_EQ(steps_in(ck), (std::vector<int64_t>{12, 14, 16, 18}));
 }
 
 // ---- files outside the run folder -------------------------------------------------------------
