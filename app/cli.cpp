@@ -212,6 +212,8 @@ int mt::app::run_cli(int argc, char** argv, const std::string& version) {
         check_device_flag(device);
       } else if (a == "--resume") {
         resume = value();
+        // Not "no resume": a variable that expanded to nothing would start the run afresh.
+        if (resume.empty()) throw UsageError("--resume needs a checkpoint file or folder, got ''");
       } else if (a == "--nproc") {
         const std::string n = value();
         nproc = std::atoi(n.c_str());

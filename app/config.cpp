@@ -238,6 +238,9 @@ class Section {
       fail(k, "is not valid UTF-8: byte " + std::string(byte) + " at offset " +
                   std::to_string(bad) + " of the string");
     }
+    // A path is handed to the system as a C string: "ck\0pt" would name the folder ck.
+    if (const size_t nul = v.find('\0'); nul != std::string::npos)
+      fail(k, "holds a NUL byte at offset " + std::to_string(nul) + " of the string");
     if (!origin_.override_of(key(k)) && spans_lines(origin_.text, n.Mark(), v))
       fail(k, "a string must be on one line, but this one runs on past line " +
                   std::to_string(n.Mark().line + 1) + " (an unclosed quote?), got '" +
@@ -405,6 +408,8 @@ void set_path(YAML::Node node, const std::vector<std::string>& keys, size_t i,
   set_path(child, keys, i + 1, value, origin, text, leaves);
 }
 
+size_t second_document_line(const std::string& yaml);
+
 void apply_override(YAML::Node& root, const std::string& text, Origin& origin) {
   const size_t eq = text.find('=');
   if (eq == std::string::npos)
@@ -418,7 +423,11 @@ void apply_override(YAML::Node& root, const std::string& text, Origin& origin) {
     throw ConfigError("--set " + text + ": '" + key + "' is not a key path like optim.lr");
   YAML::Node value;
   try {
-    value = YAML::Load(text.substr(eq + 1));
+    const std::string v = text.substr(eq + 1);
+    if (const size_t second = second_document_line(v))
+      throw ConfigError("--set " + text + ": the value holds a second YAML document (line " +
+                        std::to_string(second) + "); a value is one document");
+    value = YAML::Load(v);
   } catch (const YAML::Exception& e) {
     throw ConfigError("--set " + text + ": the value is not valid YAML: " + e.msg);
   }
@@ -455,6 +464,23 @@ size_t marker_line(std::string_view text, const YAML::Mark& mark) {
     if (begin == 0) return size_t(mark.line) + 1;
     end = begin - 1;
   }
+}
+
+// 0 when `yaml` is at most one document; else the 1-based line where the second one starts.
+// Documents are counted by an event pass that stops at the second: YAML::Load() would quietly
+// drop every document after the first. (Not LoadAll(): where yaml-cpp 0.7 meets a token it
+// cannot parse, such as a leading ',', it starts a new empty document at that same token,
+// without end; jbeder/yaml-cpp#1040.) Throws YAML::ParserException for a syntax error.
+size_t second_document_line(const std::string& yaml) {
+  std::istringstream in(yaml);
+  YAML::Parser parser(in);
+  DocumentStarts docs;
+  for (int i = 0; i < 2 && parser.HandleNextDocument(docs); ++i) {
+  }
+  if (docs.starts.size() > 1 && docs.starts[1].pos == docs.starts[0].pos)
+    throw YAML::ParserException(docs.starts[1], "unexpected '" +
+                                                    std::string(1, yaml[size_t(docs.starts[1].pos)]) + "'");
+  return docs.starts.size() > 1 ? marker_line(yaml, docs.starts[1]) : 0;
 }
 
 // YAML double-quoted string; control bytes as \xHH escapes.
@@ -524,6 +550,12 @@ void read_model_hidden(Section& s, Config& c) {
   }
 }
 
+// Above 2^40 every f16 gradient but zero overflows once scaled (65504 / 2^40 is below f16's
+// smallest subnormal, 6e-8): a fixed scale skips every step, and a dynamic one halves through
+// skipped steps until it is back in range (from 1e300, some 980 of them).
+constexpr double kMaxLossScale = 1099511627776.0;
+const std::string kMaxLossScaleWhy = "beyond it every non-zero f16 gradient overflows and every step is skipped";
+
 void read_loss_scale(Section& s, PrecisionConfig& p) {
   const YAML::Node ls = s.at("loss_scale");
   if (!ls) return;
@@ -532,6 +564,8 @@ void read_loss_scale(Section& s, PrecisionConfig& p) {
     p.loss_scale = ls.Scalar();
     p.fixed_loss_scale = 0;
   } else if (ls.IsScalar() && parse_double(ls.Scalar(), v) && v > 0) {
+    if (v > kMaxLossScale)
+      s.fail("loss_scale", "must be at most 2^40 (" + kMaxLossScaleWhy + "), got " + ls.Scalar());
     p.loss_scale = "fixed";
     p.fixed_loss_scale = v;
   } else {
@@ -870,17 +904,19 @@ const std::vector<Row>& rows() {
      [](const Config& c) -> std::string { return flag(c.precision.gemm_autotune); }},
     {"precision", "loss_scale", "`dynamic` \\| `none` \\| number",
      "f16 loss scaling: adaptive, off, or a fixed scale; bf16, f32 and f64 never scale ([precision.md](precision.md))",
-     "a fixed scale must be > 0",
+     "a fixed scale in (0, 2^40]",
      [](Section& s, Config& c) {
       read_loss_scale(s, c.precision);
      },
      [](const Config& c) -> std::string { return c.precision.loss_scale == "fixed" ? format_number(c.precision.fixed_loss_scale) : c.precision.loss_scale; }},
     {"precision", "initial_scale", "number",
      "dynamic: the scale the run starts from (2^16)",
-     "≥ 1",
+     "1 to 2^40",
      [](Section& s, Config& c) {
       s.get("initial_scale", c.precision.initial_scale);
       s.require("initial_scale", c.precision.initial_scale, c.precision.initial_scale >= 1, "must be at least 1");
+      s.require("initial_scale", c.precision.initial_scale, c.precision.initial_scale <= kMaxLossScale,
+                "must be at most 2^40 (" + kMaxLossScaleWhy + ")");
      },
      [](const Config& c) -> std::string { return format_number(c.precision.initial_scale); }},
     {"precision", "growth_interval", "int",
@@ -1124,24 +1160,16 @@ bool valid_device(const std::string& d) {
   return std::all_of(d.begin() + 5, d.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
-Config parse_config(const std::string& yaml, const std::string& name,
+Config parse_config(const std::string& text, const std::string& name,
                     const std::vector<std::string>& overrides) {
+  // YAML allows a byte order mark at the start. yaml-cpp 0.7 skips it; one that does not would
+  // glue it to the first key (seen by an audit), so it is not left to the library.
+  const std::string yaml = text.starts_with("\xef\xbb\xbf") ? text.substr(3) : text;
   Origin origin{name, yaml, {}};
   YAML::Node root;
   try {
-    // YAML::Load() would quietly drop every document after the first. (Not LoadAll(): where
-    // yaml-cpp 0.7 meets a token it cannot parse, such as a leading ',', it starts a new empty
-    // document at that same token, without end; jbeder/yaml-cpp#1040.)
-    std::istringstream in(yaml);
-    YAML::Parser parser(in);
-    DocumentStarts docs;
-    for (int i = 0; i < 2 && parser.HandleNextDocument(docs); ++i) {
-    }
-    if (docs.starts.size() > 1 && docs.starts[1].pos == docs.starts[0].pos)
-      throw YAML::ParserException(docs.starts[1], "unexpected '" +
-                                                      std::string(1, yaml[size_t(docs.starts[1].pos)]) + "'");
-    if (docs.starts.size() > 1)
-      throw ConfigError(name + ":" + std::to_string(marker_line(yaml, docs.starts[1])) +
+    if (const size_t second = second_document_line(yaml))
+      throw ConfigError(name + ":" + std::to_string(second) +
                         ": a second YAML document starts here; a config is one document");
     root = YAML::Load(yaml);
   } catch (const YAML::ParserException& e) {

@@ -1,5 +1,6 @@
 #include "app/inference.h"
 
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cmath>
@@ -13,6 +14,8 @@
 #include "app/registry.h"
 #include "core/atomic_file.h"
 #include "core/autograd.h"
+#include "core/input_file.h"
+#include "core/registry.h"
 #include "core/switches.h"
 #include "data/csv.h"
 #include "data/data.h"
@@ -211,6 +214,14 @@ std::string format_evaluation(const CheckpointEvaluation& e) {
 
 int64_t predict_csv(const std::string& checkpoint, const std::string& input,
                     const std::string& output, const std::vector<std::string>& overrides) {
+  // The predictions replace `output` by a rename: a symlink would be replaced rather than
+  // followed, and a FIFO or device, whose reader expects a stream, lost. A new or regular file only.
+  struct stat st{};
+  if (::lstat(output.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    const std::string kind = S_ISLNK(st.st_mode) ? "a symbolic link" : special_file_kind(output);
+    throw InferenceError("predict: --output " + output + " is " + kind +
+                         "; it must be a new or a regular file (it is replaced whole)");
+  }
   const SavedModel m = load_saved_model(checkpoint, overrides);
   const ModelConfig& mc = m.config.model;
   // A language model's input is text, not a row of features.

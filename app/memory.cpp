@@ -1,9 +1,13 @@
 #include "app/memory.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+
+#include "data/data.h"
 
 #ifdef MT_WITH_CUDA
 #include "core/cuda/check.h"
@@ -38,7 +42,14 @@ MemoryEstimate estimate_memory(const Config& c, int world) {
   const int64_t micro = (shard + c.optim.microbatches - 1) / c.optim.microbatches;
   double sum_widths = 0, max_width = 0;
   for (double w : widths) sum_widths += w, max_width = std::max(max_width, w);
-  e.activations = std::max(double(micro) * sum_widths, double(c.eval.batch_size) * max_width) * elem;
+  // An evaluation batch holds at most the held-out set: eval.batch_size 2^31 over 4,000 test
+  // samples is a batch of 4,000. Only synthetic data's sets are known before they are read.
+  double eval_batch = 0;
+  if (c.data.kind == "synthetic")
+    eval_batch = double(std::min({c.eval.batch_size,
+                                  std::max(synthetic_test_samples(c.data.samples),
+                                           data::validation_samples(c.data.samples, c.data.val_fraction))}));
+  e.activations = std::max(double(micro) * sum_widths, eval_batch * max_width) * elem;
   if (c.data.kind == "synthetic") {
     const double samples = double(c.data.samples + synthetic_test_samples(c.data.samples));
     e.data = samples * (double(m.input) * sizeof(float) + sizeof(int64_t));
@@ -48,6 +59,12 @@ MemoryEstimate estimate_memory(const Config& c, int world) {
 
 double physical_memory_bytes() {
   return double(::sysconf(_SC_PHYS_PAGES)) * double(::sysconf(_SC_PAGESIZE));
+}
+
+double address_space_limit_bytes() {
+  rlimit as{};
+  if (::getrlimit(RLIMIT_AS, &as) != 0 || as.rlim_cur == RLIM_INFINITY) return INFINITY;
+  return double(as.rlim_cur);
 }
 
 std::string format_bytes(double bytes) {
@@ -72,7 +89,11 @@ namespace {
 
 void check_memory(const Config& c, Device device, int world) {
   const MemoryEstimate e = estimate_memory(c, world);
-  const double host = physical_memory_bytes();
+  // What the host can give this process: its physical memory, or less under `ulimit -v`, where an
+  // allocation past the limit fails however much memory is free.
+  const double physical = physical_memory_bytes(), limit = address_space_limit_bytes();
+  const double host = std::min(physical, limit);
+  const char* host_what = limit < physical ? "address space (ulimit -v)" : "physical memory";
   const std::string model = "parameters, gradients and " + c.optim.name + " state " +
                             format_bytes(e.state) + ", activations " + format_bytes(e.activations);
   const std::string data = "synthetic data " + format_bytes(e.data);
@@ -80,7 +101,7 @@ void check_memory(const Config& c, Device device, int world) {
     const double need = double(world) * (e.state + e.activations + e.data);
     const std::string ranks = world > 1 ? ", for each of " + std::to_string(world) + " ranks" : "";
     if (need > host)
-      refuse(need, "cpu", model + (e.data > 0 ? ", " + data : "") + ranks, host, "physical memory");
+      refuse(need, "cpu", model + (e.data > 0 ? ", " + data : "") + ranks, host, host_what);
     return;
   }
 #ifdef MT_WITH_CUDA
@@ -90,7 +111,7 @@ void check_memory(const Config& c, Device device, int world) {
   const double need = e.state + e.activations;
   if (need > double(free)) refuse(need, device.str(), model, double(free), "free memory");
 #endif
-  if (e.data > host) refuse(e.data, "the host", data, host, "physical memory");
+  if (e.data > host) refuse(e.data, "the host", data, host, host_what);
 }
 
 void check_job_fits(const Config& c, Device device, int world) {

@@ -5,9 +5,9 @@
 //
 // The estimate is a lower bound: parameters, gradients and optimizer state in the parameters'
 // dtype (plus the compute-dtype copy of the weights under bf16 / f16), every layer's output for
-// one microbatch (all are kept for the backward pass) or one evaluation batch, whichever is
-// larger, and the generated data of data.kind synthetic (data files are bounded by their readers
-// and counted by no one here). A run refused by it could not have run; one it lets through may
+// one microbatch (all are kept for the backward pass) or one evaluation batch (at most the
+// held-out set, where that is known before loading), whichever is larger, and the generated data
+// of data.kind synthetic (data files are bounded by their readers and counted by no one here). A run refused by it could not have run; one it lets through may
 // still need more (the allocator's slack, temporaries of the backward pass).
 #include <cstdint>
 #include <string>
@@ -28,11 +28,13 @@ MemoryEstimate estimate_memory(const Config& c, int world = 1);
 
 // The host's physical memory: sysconf(_SC_PHYS_PAGES) pages of sysconf(_SC_PAGESIZE) bytes.
 double physical_memory_bytes();
+// This process's address-space limit (ulimit -v, RLIMIT_AS), or infinity when there is none.
+double address_space_limit_bytes();
 
 // Throws ConfigError saying what the run needs and what `device` has when it cannot fit: on the
 // CPU the state, activations and data of all `world` ranks (threads of one process) against the
-// physical memory; on a GPU the state and activations against its free memory (cudaMemGetInfo),
-// and the data against the host's.
+// physical memory or the address-space limit, whichever is smaller; on a GPU the state and
+// activations against its free memory (cudaMemGetInfo), and the data against the host's.
 void check_memory(const Config& c, Device device, int world = 1);
 
 // What a job of `world` ranks on this machine must pass before its workers are started (train

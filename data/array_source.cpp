@@ -21,11 +21,24 @@ std::string origin(const Dataset& set) {
                           : set.file + (set.had_header ? ", header line skipped" : "");
 }
 
+// "28×28 pixels" or "784 features".
+std::string shape_text(const Dataset& set) {
+  if (set.sample_shape.size() == 2)
+    return detail::concat(set.sample_shape[0], "×", set.sample_shape[1], " pixels");
+  return detail::concat(set.dim, " features");
+}
+
 }  // namespace
 
 ArraySource::ArraySource(Dataset train, Dataset test, ArrayOptions options)
     : train_(std::move(train)), test_(std::move(test)), options_(options) {
   for (const Dataset* set : {&train_, &test_}) check_finite(*set);
+  // The model reads a test sample as it learned a training one: 14×56 images are not 28×28 ones,
+  // though both are 784 features.
+  if (test_.size > 0 && (test_.dim != train_.dim || test_.sample_shape != train_.sample_shape))
+    throw DataError(detail::concat("the ", test_.name, " test set (", origin(test_), ") has samples of ",
+                                   shape_text(test_), ", the training set (", origin(train_), ") of ",
+                                   shape_text(train_)));
   split_ = split_indices(train_.size, options_.val_fraction, options_.seed);
   if (options_.val_fraction > 0 && split_.val.empty())
     throw ConfigError(detail::concat("data.val_fraction: ", options_.val_fraction,

@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -94,8 +95,13 @@ CsvData read_csv(const std::string& path, int64_t label_column, bool header) {
       } else {
         float v = 0;
         auto [p, ec] = std::from_chars(s.data(), end, v);
-        MT_CHECK(ec != std::errc::result_out_of_range, where, "cell ", i + 1, ": '", s,
-                 "' is out of range for a 32-bit float");
+        if (ec == std::errc::result_out_of_range && p == end) {
+          // Too small for a float is not an error: 1e-50 rounds to 0 (or a subnormal), as
+          // strtof gives it; too large is (strtof's ±inf).
+          v = std::strtof(std::string(s).c_str(), nullptr);
+          MT_CHECK(!std::isinf(v), where, "cell ", i + 1, ": '", s, "' is out of range for a 32-bit float");
+          ec = std::errc();
+        }
         MT_CHECK(ec == std::errc() && p == end && std::isfinite(v), where, "cell ", i + 1,
                  ": expected a finite number, got '", s, "'");
         out.features.push_back(v);

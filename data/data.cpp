@@ -112,6 +112,7 @@ Dataset load_mnist(const std::string& dir, bool test) {
   d.name = "mnist";
   d.size = images.shape[0];
   d.dim = images.shape[1] * images.shape[2];
+  d.sample_shape = {images.shape[1], images.shape[2]};
   d.classes = 10;
   d.features.resize(images.data.size());
   for (size_t i = 0; i < images.data.size(); ++i)

@@ -27,6 +27,7 @@ struct Dataset {
   std::vector<float> features;  // [size, dim], row-major
   std::vector<int64_t> labels;  // [size], in [0, classes)
   int64_t size = 0, dim = 0, classes = 0;
+  std::vector<int64_t> sample_shape;  // mnist: {rows, cols} of an image (dim = rows · cols); else empty
   std::string name;
   std::string file;        // the file it was read from (empty: generated), for messages
   bool had_header = false;  // csv: its first line was a header, skipped

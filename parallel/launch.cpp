@@ -65,9 +65,7 @@ void check_open_files(int64_t ranks, const std::string& what) {
            files, " (ulimit -n), too few for ", ranks, " ranks and ", kReservedFiles, " other files");
 }
 
-}  // namespace
-
-World world_from_env(const EnvLookup& env) {
+World parse_world(const EnvLookup& env) {
   World w;
   const int timeout_s = env_int(env, "MT_DIST_TIMEOUT", 120);
   MT_CHECK(timeout_s > 0, "environment: MT_DIST_TIMEOUT=", timeout_s,
@@ -121,6 +119,19 @@ World world_from_env(const EnvLookup& env) {
   w.secret = secret;
   if (const char* bind = env("MT_DIST_BIND")) w.bind_host = bind;
   return w;
+}
+
+}  // namespace
+
+World world_from_env(const EnvLookup& env) {
+  // The environment is the job's configuration: a bad value is a ConfigError (exit code 2).
+  try {
+    return parse_world(env);
+  } catch (const ConfigError&) {
+    throw;
+  } catch (const Error& e) {
+    throw ConfigError(e.what());
+  }
 }
 
 World world_from_env() {

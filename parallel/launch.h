@@ -59,7 +59,7 @@ using EnvLookup = std::function<const char*(const char* name)>;
 // The World the environment describes. Malformed or inconsistent values (not an integer, a rank
 // outside [0, size), a local rank outside [0, local size), a port outside 1..65535, more than one
 // rank with no rendezvous, a TCP rendezvous without MT_DIST_SECRET, a world size over the
-// open-file limit) are mt::Errors naming the variables.
+// open-file limit) are ConfigErrors naming the variables (train exits with code 2).
 World world_from_env(const EnvLookup& env);
 World world_from_env();  // this process's environment
 

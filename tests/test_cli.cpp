@@ -251,6 +251,12 @@ TEST(Cli, EpochsSetTheNumberOfSteps) {
   // 500 - 50 validation = 450 training samples: 7 whole batches of 64 per epoch.
   EXPECT_EQ(t.run().steps, 21);
   EXPECT_TRUE(logs.contains("optim.epochs = 3: 21 steps (7 per epoch of 450 training samples)"));
+  // Whole batches per epoch, not the run's samples over the batch: 3 · floor(450 / 100) = 12
+  // steps, where floor(3 · 450 / 100) would be 13 (with 64, both are 21).
+  c.optim.batch_size = 100;
+  c.checkpoint.dir = dir / "ck100";
+  app::ConfigTrainer t100(c, kCPU);
+  EXPECT_EQ(t100.run().steps, 12);
   test::expect_error([] { load_config("", {"optim.epochs=-1"}); },
                      {"optim.epochs: must be >= 0", "(from --set optim.epochs=-1)"});
 }

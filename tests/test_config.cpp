@@ -198,7 +198,7 @@ TEST(Config, ToYamlRoundTrips) {
   c.precision.compute_dtype = DType::f16;
   c.precision.loss_scale = "fixed";
   c.precision.fixed_loss_scale = 1.5;
-  c.precision.initial_scale = 1099511627776.0;  // 2^40
+  c.precision.initial_scale = 1099511627776.0;  // 2^40, the largest
   c.logging.metrics = "";
   c.logging.curve = "true";  // a string that looks like a bool
   c.checkpoint.dir = "123";  // and one that looks like a number

@@ -84,6 +84,19 @@ TEST(CrossEntropy, ForwardMatchesTheFormulaWithTheNormalizerRule) {
   const std::vector<int64_t> t2{0, 2, 3, 2, 1};
   EXPECT_NEAR(cross_entropy(logits, targets_of(t2), 2).item(),
               naive_loss_sum(logits, t2, 2) / 3, 1e-14);
+  // And the backward skips the rows of that class (not rows with a negative target): rows 1 and
+  // 3 get no gradient, the others one that sums to 0 over the row.
+  Tensor leaf = logits.detach();
+  leaf.set_requires_grad(true);
+  cross_entropy(leaf, targets_of(t2), 2).backward();
+  const std::vector<double> g = leaf.grad().to_vector();
+  const int64_t C = leaf.size(1);
+  for (int64_t r = 0; r < leaf.size(0); ++r) {
+    double abs_sum = 0;
+    for (int64_t c = 0; c < C; ++c) abs_sum += std::abs(g[size_t(r * C + c)]);
+    if (t2[size_t(r)] == 2) EXPECT_EQ(abs_sum, 0.0) << "row " << r;
+    else EXPECT_GT(abs_sum, 0.0) << "row " << r;
+  }
 }
 
 // Logits far from zero: exp(1000) overflows and exp(-1000) underflows, so the kernels must

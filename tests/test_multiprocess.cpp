@@ -329,7 +329,7 @@ TEST(MultiProcess, NprocIsCheckedBeforeAnyWorkerStarts) {
       {"30", "ulimit -n 80;", "", 1, {"--nproc 30", "open-file limit is 80", "ulimit -n"}},
 #endif
       // A launcher's world that cannot connect: refused before anything is sized by it.
-      {"", "ulimit -n 1024; export RANK=0 WORLD_SIZE=2000000000 MASTER_ADDR=127.0.0.1;", "", 1,
+      {"", "ulimit -n 1024; export RANK=0 WORLD_SIZE=2000000000 MASTER_ADDR=127.0.0.1;", "", 2,
        {"WORLD_SIZE=2000000000", "open-file limit is 1024"}},
       {"100", "ulimit -n 1024;", "", 2,
        {"--nproc 100: optim.batch_size 256 samples cannot give 100 ranks 4 microbatches each"}},
@@ -337,7 +337,7 @@ TEST(MultiProcess, NprocIsCheckedBeforeAnyWorkerStarts) {
   Config c;
   c.model.hidden = {16384, 16384};
   if (64 * app::estimate_memory(c).state > app::physical_memory_bytes())
-    cases.push_back({"64", "ulimit -n 1024;", big, 2, {"for each of 64 ranks", "physical memory"}});
+    cases.push_back({"64", "ulimit -n 1024;", big, 2, {"for each of 64 ranks", "of address space (ulimit -v)"}});
   for (const Case& k : cases) {
     const std::string cmd = "ulimit -v 4194304; " + k.limits + " exec " + std::string(MT_BINARY_DIR) +
                             "/train --config " + std::string(MT_SOURCE_DIR) + "/configs/mlp.yaml --device cpu " +

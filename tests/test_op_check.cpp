@@ -9,6 +9,7 @@
 
 #include "check/op_check.h"
 #include "check/op_check_gtest.h"
+#include "core/accumulate.h"
 #include "core/autograd.h"
 #include "core/registry.h"
 #include "ops/cross_entropy/cross_entropy.h"
@@ -587,6 +588,18 @@ struct StoresIntoSink : Function<StoresIntoSink> {
     return {Tensor()};
   }
 };
+// Doubles x; its backward adds a wrong gradient (3 dy) into the sink, the right one (2 dy) when it
+// returns it: each path accumulates (twice = 2x), only comparing the two paths shows it.
+struct SinkPathDiffers : Function<SinkPathDiffers> {
+  static constexpr const char* name = "double_whose_sink_path_differs";
+  static Tensor forward(Context&, const Tensor& x) { return scale(x, 2.0); }
+  static GradList backward(Context& ctx, const GradList& dy) {
+    Tensor sink = ctx.grad_sink(0);
+    if (!sink.defined()) return {scale(dy[0], 2.0)};
+    add_into(sink, scale(dy[0], 3.0));
+    return {Tensor()};
+  }
+};
 // Doubles x; its backward reads dy's memory as if it were contiguous.
 struct IgnoresStrides : Function<IgnoresStrides> {
   static constexpr const char* name = "double_that_ignores_strides";
@@ -630,6 +643,11 @@ void expect_fails(const Report& r, const std::string& check, const std::string& 
 TEST(OpCheckCatches, AStoreIntoTheGradSink) {
   Report r = check_broken<StoresIntoSink>();
   expect_fails(r, "accumulation", "stores (=) into a gradient it must add into (+=)");
+}
+
+TEST(OpCheckCatches, ASinkPathThatDiffersFromTheReturnedPath) {
+  expect_fails(check_broken<SinkPathDiffers>(), "accumulation",
+               "differs between the grad-sink path and the returned-gradient path");
 }
 
 TEST(OpCheckCatches, AnUpstreamGradientReadAsContiguous) {

@@ -236,18 +236,19 @@ TEST(BadData, AModelTooLargeForTheMachineIsRefusedBeforeAllocating) {
   TempDir dir;
   // The estimate counts exactly: Linear(4, 8) 40, RMSNorm(8) 8, Linear(8, 3) 27 = 75 parameters;
   // f32 parameters, gradients and two AdamW moments; the largest of the microbatch's layer
-  // outputs (12 rows of 4 + 8 + 3) and an evaluation batch's widest one (64 rows of 8).
+  // outputs (12 rows of 4 + 8 + 3) and an evaluation batch's widest one (8 wide, of 64 rows but
+  // at most the 20 test samples: a batch holds no more than the held-out set).
   const Config small = load_config("", {"model.input=4", "model.hidden=[8]", "model.classes=3",
                                         "optim.batch_size=24", "optim.microbatches=2",
                                         "eval.batch_size=64", "data.samples=100"});
   const app::MemoryEstimate e = app::estimate_memory(small);
   EXPECT_EQ(e.state, 75 * 4 * 4);
-  EXPECT_EQ(e.activations, std::max(12 * (4 + 8 + 3), 64 * 8) * 4);
+  EXPECT_EQ(e.activations, std::max(12 * (4 + 8 + 3), 20 * 8) * 4);
   EXPECT_EQ(e.data, (100 + 20) * (4 * 4 + 8));
   Config bf16 = small;
   bf16.precision.compute_dtype = DType::bf16;  // adds the bf16 copy of the 56 weights
   EXPECT_EQ(app::estimate_memory(bf16).state, 75 * 4 * 4 + 56 * 2);
-  EXPECT_EQ(app::estimate_memory(small, 2).activations, std::max(6 * 15, 64 * 8) * 4);
+  EXPECT_EQ(app::estimate_memory(small, 2).activations, std::max(6 * 15, 20 * 8) * 4);
 
   // Refused before anything is allocated: an allocation of petabytes would be std::bad_alloc.
   try {

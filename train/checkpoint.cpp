@@ -173,6 +173,13 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
   return files;
 }
 
+int64_t checkpoint_name_step(const std::string& model_path) {
+  int64_t step = 0;
+  MT_CHECK(parse_step_name(fs::path(model_path).filename().string(), ".safetensors", step),
+           model_path, ": not named step-<number>.safetensors");
+  return step;
+}
+
 std::string checkpoint_run_id(const std::string& model_path) {
   const auto meta = read_safetensors_metadata(model_path);
   auto it = meta.find("run_id");

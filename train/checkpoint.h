@@ -90,6 +90,9 @@ Checkpoint load_checkpoint(const std::string& path,
 // step-<number>.safetensors are left out (empty when there are none or dir doesn't exist).
 std::vector<std::string> list_checkpoints(const std::string& dir);
 
+// The step in the name of a model file list_checkpoints gave.
+int64_t checkpoint_name_step(const std::string& model_path);
+
 // The run id in a model file's metadata ("" for a format 1 file), read from its header alone.
 std::string checkpoint_run_id(const std::string& model_path);
 

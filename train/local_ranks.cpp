@@ -2,6 +2,7 @@
 #include <exception>
 #include <thread>
 
+#include "core/error.h"
 #include "parallel/communicator.h"
 #include "train/trainer.h"
 
@@ -14,16 +15,28 @@ LocalRun run_local_ranks(int nproc, const MakeRank& make_rank) {
   std::vector<std::exception_ptr> errors(static_cast<size_t>(nproc));
   RunSummary summary;
   std::vector<std::thread> threads;
-  for (int r = 0; r < nproc; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        RunSummary s = trainers[size_t(r)]->run();
-        if (r == 0) summary = s;
-      } catch (const std::exception& e) {
-        errors[size_t(r)] = std::current_exception();
-        group[size_t(r)]->abort(e.what());
-      }
-    });
+  threads.reserve(size_t(nproc));
+  for (int r = 0; r < nproc; ++r) {
+    try {
+      threads.emplace_back([&, r] {
+        try {
+          RunSummary s = trainers[size_t(r)]->run();
+          if (r == 0) summary = s;
+        } catch (const std::exception& e) {
+          errors[size_t(r)] = std::current_exception();
+          group[size_t(r)]->abort(e.what());
+        }
+      });
+    } catch (const std::exception& e) {
+      // No thread for rank r (the process's thread limit, memory): the started ranks would wait
+      // for it at their first collective, and a joinable std::thread destroyed by this exception
+      // would terminate the process. Stop them, then say why.
+      const std::string why = detail::concat("rank ", r, " of ", nproc, ": cannot start its thread: ", e.what());
+      group[size_t(r)]->abort(why);
+      for (std::thread& t : threads) t.join();
+      throw Error(why);
+    }
+  }
   for (std::thread& t : threads) t.join();
   // The rank that failed first threw its own error; the others, DistErrors about it.
   std::exception_ptr first;

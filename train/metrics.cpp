@@ -24,21 +24,34 @@ bool readable(const std::string& path) {
   return std::filesystem::is_regular_file(path, ec);
 }
 
-// Keeps only the complete records of steps up to `last_step` in `path` (a line cut short by a
-// kill is dropped too). Rewritten through a temp file and a rename, so that a kill meanwhile
-// leaves the old file whole.
-void drop_records_after(const std::string& path, int64_t last_step) {
+// Keeps only run `run_id`'s complete records of steps up to `last_step` in `path` (a last line
+// cut short by a kill is dropped too). Any other line (another run's record, or no record at
+// all) is a ConfigError naming it, unless `overwrite`, which drops it too. Rewritten through a
+// temp file and a rename, so that a kill meanwhile leaves the old file whole.
+void drop_records_after(const std::string& path, int64_t last_step, const std::string& run_id,
+                        bool overwrite) {
   if (!readable(path)) return;
   std::ifstream in(path);
   std::string kept, line;
   bool dropped = false;
-  while (std::getline(in, line)) {
+  for (int64_t lineno = 1; std::getline(in, line); ++lineno) {
     auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
-        j["step"].get<int64_t>() <= last_step)
-      kept += line + '\n';
-    else
+    const bool record = j.is_object() && j.contains("step") && j["step"].is_number_integer();
+    const bool cut_short = in.eof() && !record;  // the last line, without its newline
+    if ((!record && !cut_short) || (record && j.value("run_id", std::string()) != run_id)) {
+      if (!overwrite)
+        throw ConfigError("logging.metrics: line " + std::to_string(lineno) + " of '" + path +
+                          "' is not a record of this run (" +
+                          (record ? "run_id " + j.value("run_id", std::string("none")) + ", this run's is " + run_id
+                                  : std::string("not a metrics record")) +
+                          "); resuming would rewrite the file without it. Pick another logging.metrics, or set "
+                          "checkpoint.overwrite=true to drop such lines");
       dropped = true;
+    } else if (record && j["step"].get<int64_t>() <= last_step) {
+      kept += line + '\n';
+    } else {
+      dropped = true;
+    }
   }
   if (!dropped) return;
   write_file_atomically(path, kept);
@@ -46,11 +59,13 @@ void drop_records_after(const std::string& path, int64_t last_step) {
 
 }  // namespace
 
-MetricsWriter::MetricsWriter(const std::string& path, int64_t resume_step) : path_(path) {
+MetricsWriter::MetricsWriter(const std::string& path, int64_t resume_step, const std::string& run_id,
+                             bool overwrite)
+    : path_(path), run_id_(run_id) {
+  if (resume_step >= 0) drop_records_after(path, resume_step, run_id, overwrite);
   std::error_code ec;
   auto parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-  if (resume_step >= 0) drop_records_after(path, resume_step);
   out_.open(path, resume_step >= 0 ? std::ios::app : std::ios::trunc);
   MT_CHECK(out_.good(), "metrics: cannot open '", path, "' for writing");
 }
@@ -64,6 +79,7 @@ void MetricsWriter::write(nlohmann::json record) {
   char stamp[80];  // GCC bounds each %d by int's range, 78 bytes; the real stamp is 24
   std::snprintf(stamp, sizeof stamp, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", utc.tm_year + 1900,
                 utc.tm_mon + 1, utc.tm_mday, utc.tm_hour, utc.tm_min, utc.tm_sec, int(ms));
+  if (!run_id_.empty()) record["run_id"] = run_id_;
   record["time"] = stamp;
   record["elapsed_s"] =
       std::round(std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count() * 1e3) / 1e3;
@@ -299,7 +315,8 @@ void draw_legend(std::ostream& svg, const Panel& p, bool test) {
 
 }  // namespace
 
-void write_curve_svg(const std::string& path, const Curves& c, const std::string& title) {
+void write_curve_svg(const std::string& path, const Curves& c, const std::string& title,
+                     const std::string& run_id) {
   const double W = 760, H = 340, top = 62, bottom = 46, left = 58, gap = 76, right = 20;
   const double pw = (W - left - gap - right) / 2, ph = H - top - bottom;
 
@@ -337,7 +354,8 @@ void write_curve_svg(const std::string& path, const Curves& c, const std::string
 
   std::ostringstream svg;
   svg << "<svg xmlns='http://www.w3.org/2000/svg' width='" << W << "' height='" << H
-      << "' viewBox='0 0 " << W << ' ' << H << "' font-family='sans-serif' font-size='12'>\n"
+      << "' viewBox='0 0 " << W << ' ' << H << "' font-family='sans-serif' font-size='12'"
+      << (run_id.empty() ? "" : " data-run-id='" + xml_escape(run_id) + "'") << ">\n"
       << "<rect width='100%' height='100%' fill='white'/>\n"
       << "<text x='" << W / 2 << "' y='24' text-anchor='middle' font-size='15'>"
       << xml_escape(title) << "</text>\n";

@@ -12,16 +12,20 @@
 
 namespace mt::train {
 
-// metrics.jsonl: one JSON object a line. Every record has "step", "time" (UTC, ISO 8601, to the
-// millisecond) and "elapsed_s" (seconds since this writer opened: the run's start, or its resume);
-// the trainer's records are listed in docs/guide.md ("What a run writes").
+// metrics.jsonl: one JSON object a line. Every record has "step", "run_id" (the run that wrote it),
+// "time" (UTC, ISO 8601, to the millisecond) and "elapsed_s" (seconds since this writer opened:
+// the run's start, or its resume); the trainer's records are listed in docs/guide.md ("What a run
+// writes").
 class MetricsWriter {
  public:
-  // Starts `path` afresh, or, resuming a run from step `resume_step` (>= 0), appends to it so that
-  // one file tells the whole run. Records of later steps are dropped first: a run killed after
-  // its last checkpoint logged steps that the resumed run logs again.
-  // Only a regular file is read back; anything else (a pipe, /dev/stdout) is just appended to.
-  MetricsWriter(const std::string& path, int64_t resume_step);
+  // Starts `path` afresh, or, resuming run `run_id` from step `resume_step` (>= 0), appends to it
+  // so that one file tells the whole run. Records of later steps are dropped first: a run killed
+  // after its last checkpoint logged steps that the resumed run logs again. A line that is not
+  // this run's record (another run's, a notes file's) is a ConfigError, nothing rewritten, unless
+  // `overwrite`, which drops it. Only a regular file is read back; anything else (a pipe,
+  // /dev/stdout) is just appended to.
+  MetricsWriter(const std::string& path, int64_t resume_step, const std::string& run_id = "",
+                bool overwrite = false);
   // Appends and flushes one record, with "time" and "elapsed_s" added; a failed write is an
   // mt::Error naming the file.
   void write(nlohmann::json record);
@@ -29,6 +33,7 @@ class MetricsWriter {
 
  private:
   std::string path_;
+  std::string run_id_;
   std::ofstream out_;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
@@ -69,7 +74,9 @@ Curves read_curves(const std::string& metrics_path);
 // validation lines, the test point as a diamond), and the accuracies on a linear scale zoomed to
 // the range they cover (the same series). Any series may
 // be empty; non-finite values (and non-positive losses, which a log axis cannot show) are left out.
-// A failed write is an mt::Error naming the file.
-void write_curve_svg(const std::string& path, const Curves& curves, const std::string& title);
+// A failed write is an mt::Error naming the file. A `run_id` is recorded as the data-run-id
+// attribute of the <svg> element: a resumed run redraws only its own curve (train/run_dir.h).
+void write_curve_svg(const std::string& path, const Curves& curves, const std::string& title,
+                     const std::string& run_id = "");
 
 }  // namespace mt::train

@@ -9,7 +9,13 @@
 // And a run does not mix its files with another run's: a fresh run refuses a folder that already
 // holds checkpoints or a metrics file, and a resumed one a folder holding checkpoints of another
 // run id, unless checkpoint.overwrite is set, which deletes those first.
+//
+// A run resumed from an older checkpoint than its newest in the folder is a branch: its
+// checkpoints would be pruned against the other branch's, and the next `--resume DIR` would take
+// the other branch's newest. It is refused, naming the later checkpoints, unless
+// checkpoint.overwrite is set, which deletes them first (the branch then is the run).
 #include <string>
+#include <vector>
 
 namespace mt::train {
 
@@ -23,14 +29,24 @@ class RunDir {
   RunDir& operator=(const RunDir&) = delete;
 
   // Makes sure the folder holds nothing of another run before run `run_id` writes there: for a
-  // fresh run (`fresh`), no checkpoints (best.safetensors included) and no non-empty `metrics`
-  // file; for a resumed one, no checkpoints of another run id. Otherwise a ConfigError that names the folder, what is in it
-  // and the choices; or, with `overwrite`, those files are deleted.
-  void claim(const std::string& run_id, bool fresh, const std::string& metrics, bool overwrite);
+  // fresh run (`resumed_step` < 0), no checkpoints (best.safetensors included) and no non-empty
+  // `metrics` file; for one resumed at `resumed_step`, no checkpoints of another run id and none
+  // of its own past that step (unless `newer_skipped`: the resume searched this folder and passed
+  // over the newer ones as damaged or unfit). Otherwise a ConfigError that names the folder, what is in it and the
+  // choices; or, with `overwrite`, those files are deleted.
+  // The curve too: a fresh run refuses an existing non-empty `curve`, a resumed one a curve that
+  // another run drew.
+  void claim(const std::string& run_id, int64_t resumed_step, bool newer_skipped,
+             const std::string& metrics, const std::string& curve, bool overwrite);
+
+  // A file the run writes outside the folder (logging.metrics, logging.curve; `key` names it) is
+  // locked as the folder is, through `<path>.lock`, so that two runs never write one file. A
+  // pipe or a device is a stream: not locked. A path inside the folder needs no lock of its own.
+  void lock_file(const std::string& key, const std::string& path);
 
  private:
   std::string dir_;
-  int fd_ = -1;
+  std::vector<int> fds_;  // the locks held
 };
 
 }  // namespace mt::train

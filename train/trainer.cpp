@@ -98,6 +98,12 @@ void check_output_paths(const Options& o) {
     check_writable("logging.metrics", std::filesystem::path(o.logging.metrics).parent_path());
   if (!o.logging.curve.empty())
     check_writable("logging.curve", std::filesystem::path(o.logging.curve).parent_path());
+  // A folder where a file goes would fail only when first written: the curve, at the run's end.
+  for (const auto& [key, path] : {std::pair{"logging.metrics", metrics_path(o)}, {"logging.curve", curve_path(o)}}) {
+    std::error_code ec;
+    if (std::filesystem::is_directory(path, ec))
+      throw ConfigError(detail::concat(key, ": '", path, "' is a directory; name a file"));
+  }
 }
 
 void validate(const Options& o) {
@@ -228,6 +234,9 @@ void Trainer::resume(const std::string& path) {
   step_ = c.step;
   resumed_ = true;
   resumed_from_ = c.path;
+  std::error_code ec;
+  resumed_newest_ = std::filesystem::is_directory(path, ec) &&
+                    std::filesystem::equivalent(path, options_.checkpoint.dir, ec);
   if (!c.run_id.empty()) run_id_ = c.run_id;  // the run goes on; a format 1 one gets a new id
   // keep_best: a resumed run replaces this run's best only with a lower validation loss.
   best_val_loss_ = INFINITY;
@@ -442,8 +451,12 @@ void Trainer::begin_run(RunState& r) {
   // first (train/run_dir.h), for as long as run() lasts.
   if (lead()) {
     r.run_dir.emplace(options_.checkpoint.dir);
-    r.run_dir->claim(run_id_, !resumed_, metrics_path(options_), options_.checkpoint.overwrite);
-    r.metrics.emplace(metrics_path(options_), resumed_ ? step_ : -1);
+    r.run_dir->lock_file("logging.metrics", metrics_path(options_));
+    r.run_dir->lock_file("logging.curve", curve_path(options_));
+    r.run_dir->claim(run_id_, resumed_ ? step_ : -1, resumed_newest_, metrics_path(options_),
+                     curve_path(options_), options_.checkpoint.overwrite);
+    r.metrics.emplace(metrics_path(options_), resumed_ ? step_ : -1, run_id_,
+                      options_.checkpoint.overwrite);
   }
   r.params = model_->parameters();
   r.tty = is_terminal() && lead();
@@ -667,7 +680,7 @@ RunSummary Trainer::end_run(RunState& r) {
   }
   if (!r.metrics) return summary;
   write_curve_svg(curve_path(options_), read_curves(r.metrics->path()),
-                  "minitrain: " + data_->name() + " " + model_->repr() + ", " + dtype_name(dt));
+                  "minitrain: " + data_->name() + " " + model_->repr() + ", " + dtype_name(dt), run_id_);
   spdlog::info("done: {} steps; metrics {}; curve {}; checkpoint {}", summary.steps,
                r.metrics->path(), curve_path(options_),
                summary.checkpoint.empty() ? "(none)" : summary.checkpoint);

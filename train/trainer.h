@@ -198,6 +198,9 @@ class Trainer {
   int64_t step_ = 0;
   bool resumed_ = false;
   std::string resumed_from_;  // the model file resume() loaded
+  // resume() searched checkpoint.dir itself, so that any newer checkpoint there was passed over
+  // as damaged or unfit (train/run_dir.h)
+  bool resumed_newest_ = false;
   std::string run_id_;        // in every checkpoint this run saves; kept across resumes
   double best_val_loss_ = INFINITY;  // keep_best: the loss of best.safetensors (this run's)
   std::function<void(int64_t, Trainer&)> step_callback_;
