@@ -241,7 +241,6 @@ void Trainer::resume(const std::string& path) {
   // keep_best: a resumed run replaces this run's best only with a lower validation loss.
   best_val_loss_ = INFINITY;
   const std::string best = best_checkpoint_path(options_.checkpoint.dir);
-  std::error_code ec;
   if (std::filesystem::exists(best, ec)) {
     try {
       const auto meta = read_safetensors_metadata(best);
