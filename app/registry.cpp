@@ -62,31 +62,3 @@ std::vector<const DataKind*> data_kinds() { return all<DataKind>(); }
 std::shared_ptr<nn::Module> build_model(const Config& c) { return model_kind(c.model.kind).build(c); }
 
 }  // namespace mt::app
-
-namespace mt::data {
-
-Dataset load_dataset(const DataConfig& d, const ModelConfig& m, bool test) {
-  const app::DataKind& kind = app::data_kind(d.kind);
-  if (!kind.load)
-    throw ConfigError("data.kind: " + d.kind + " serves batches of its own (a data source), not "
-                      "a dataset of features and labels");
-  if (d.test_fraction == 0) return kind.load(d, m, test);
-  // The test set held out of the training data: the same rows for every caller (training, eval,
-  // predict), as the draw depends on data.seed and the file alone. Its seed differs from the
-  // validation split's, which then splits the rest.
-  const Dataset all = kind.load(d, m, false);
-  const Split split = split_indices(all.size, d.test_fraction, ~d.seed);
-  if (split.val.empty())
-    throw ConfigError(detail::concat("data.test_fraction: ", d.test_fraction, " holds out none of the ",
-                                     all.size, " samples of ", all.file.empty() ? all.name : all.file));
-  std::vector<int64_t> rows = test ? split.val : split.train;
-  std::sort(rows.begin(), rows.end());  // file order
-  return take_rows(all, rows);
-}
-
-bool has_test_set(const DataConfig& d) {
-  const app::DataKind& kind = app::data_kind(d.kind);
-  return kind.load && (d.test_fraction > 0 || (kind.has_test && kind.has_test(d)));
-}
-
-}  // namespace mt::data
