@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,9 @@
 #include "core/cuda/check.h"
 #include "core/cuda/runtime.h"
 #include "core/tensor.h"
+#include "nn/module.h"
+#include "optim/adamw.h"
+#include "optim/clip.h"
 
 namespace mt::bench {
 
@@ -95,6 +99,29 @@ inline double copy_tbps(int device, int reps = 10) {
     MT_CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), bytes, cudaMemcpyDeviceToDevice, s));
   }));
   return 2.0 * double(bytes) / (ms * 1e-3) / 1e12;
+}
+
+// Clipping as train/trainer.cpp does it with AdamW: the global norm and the clip factor into
+// device scalars allocated once (a CUDA graph records their addresses), the factor folded into
+// the AdamW update (set_grad_scale) instead of a pass that rescales every gradient.
+struct Clip {
+  Tensor norm, factor;
+  double max_norm;
+  Clip(Device dev, double max_norm)
+      : norm(zeros({}, DType::f32, dev)), factor(zeros({}, DType::f32, dev)), max_norm(max_norm) {}
+  void operator()(const std::vector<Tensor>& params) const {
+    optim::grad_norm_and_clip_factor(params, max_norm, norm, factor);
+  }
+};
+
+// AdamW over the model's decay groups (weight decay on parameters of >= 2 dims), the clip factor
+// folded in.
+inline std::unique_ptr<optim::AdamW> make_adamw(const nn::Module& model,
+                                                const optim::AdamWOptions& options, const Clip& clip) {
+  auto adamw = std::make_unique<optim::AdamW>(
+      optim::Optimizer::decay_groups(model, options.weight_decay), options);
+  adamw->set_grad_scale(clip.factor);
+  return adamw;
 }
 
 inline void write_text(const std::string& path, const std::string& text) {

@@ -85,20 +85,10 @@ nn::GPTConfig gpt2_small() {
 
 // ---- one step ----------------------------------------------------------------------------------
 
-struct Clip {  // the trainer's folded clipping (bench/train_step.cpp says more)
-  Tensor norm, factor;
-  explicit Clip(Device dev) : norm(zeros({}, DType::f32, dev)), factor(zeros({}, DType::f32, dev)) {}
-  void operator()(const std::vector<Tensor>& params) const {
-    optim::grad_norm_and_clip_factor(params, kClipNorm, norm, factor);
-  }
-};
+using bench::Clip;
 
 std::unique_ptr<optim::AdamW> make_optimizer(const nn::Module& model, const Clip& clip) {
-  auto adamw = std::make_unique<optim::AdamW>(
-      optim::Optimizer::decay_groups(model, kWeightDecay),
-      optim::AdamWOptions{kLr, {kBeta1, kBeta2}, kEps, kWeightDecay});
-  adamw->set_grad_scale(clip.factor);
-  return adamw;
+  return bench::make_adamw(model, {kLr, {kBeta1, kBeta2}, kEps, kWeightDecay}, clip);
 }
 
 // Everything one step needs, on the GPU. x and y are the microbatches' views of the tokens.
@@ -288,7 +278,7 @@ bool run_batch(int64_t B, int64_t microbatch, const std::string& export_dir, boo
   model.to(dev);
   model.set_compute_dtype(DType::bf16);
 
-  const Clip clip(dev);
+  const Clip clip(dev, kClipNorm);
   auto optimizer = make_optimizer(model, clip);
   Step s{model, optimizer.get(), clip, model.parameters(), {}, double(B * kT)};
   const Tensor x_all = tokens.narrow(1, 0, kT).contiguous(), y_all = tokens.narrow(1, 1, kT).contiguous();

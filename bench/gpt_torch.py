@@ -57,6 +57,8 @@ try:
     from safetensors.torch import load_file
 except ImportError as e:
     die(f"needs PyTorch and safetensors ({e})")
+# The MLP step's timing, shared: the upper-middle median, and CUDA events around each step.
+from torch_reference import median, time_steps  # noqa: E402 (bench/ is this script's directory)
 
 
 class Block(nn.Module):
@@ -118,25 +120,6 @@ def train_step(model, optimizer, params, x, y, mark_step=False):
     optimizer.step()
     optimizer.zero_grad(set_to_none=not mark_step)
     return loss.detach()
-
-
-def median(values):
-    return sorted(values)[len(values) // 2]  # gpt_step's definition (the upper middle)
-
-
-def time_steps(step, warmup, reps):
-    for _ in range(warmup):
-        step()
-    torch.cuda.synchronize()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        start.record()
-        step()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return times
 
 
 def need(path):

@@ -119,23 +119,10 @@ nn::Sequential make_model(const Size& s) {
                         nn::Linear(s.hidden, s.classes)};
 }
 
-// Clipping as train/trainer.cpp does it with AdamW: the global norm and the clip factor into
-// device scalars allocated once (a CUDA graph records their addresses), the factor folded into
-// the AdamW update (set_grad_scale) instead of a pass that rescales every gradient.
-struct Clip {
-  Tensor norm, factor;
-  explicit Clip(Device dev) : norm(zeros({}, DType::f32, dev)), factor(zeros({}, DType::f32, dev)) {}
-  void operator()(const std::vector<Tensor>& params) const {
-    optim::grad_norm_and_clip_factor(params, kClipNorm, norm, factor);
-  }
-};
+using bench::Clip;
 
 std::unique_ptr<optim::AdamW> make_optimizer(const nn::Module& model, const Clip& clip) {
-  auto adamw = std::make_unique<optim::AdamW>(
-      optim::Optimizer::decay_groups(model, kWeightDecay),
-      optim::AdamWOptions{kLr, {kBeta1, kBeta2}, kEps, kWeightDecay});
-  adamw->set_grad_scale(clip.factor);
-  return adamw;
+  return bench::make_adamw(model, {kLr, {kBeta1, kBeta2}, kEps, kWeightDecay}, clip);
 }
 
 struct Batch {
@@ -401,7 +388,7 @@ bool run_size(const Size& s, const std::string& export_dir, double gemm_tflops, 
     if (p.dim() >= 2) n_weights += double(p.numel());
   }
   const int64_t samples = kMicrobatches * s.microbatch;
-  const Clip clip(dev);
+  const Clip clip(dev, kClipNorm);
   auto optimizer = make_optimizer(model, clip);
 
   std::printf("\n== train_step %s: %s\n", s.name, layers_str(s).c_str());
@@ -573,7 +560,7 @@ bool run_data_parallel(const Size& s, const parallel::World& world) {
   const std::vector<Tensor> params = model.parameters();
   std::unique_ptr<parallel::GradReducer> reducer;
   if (comm) reducer = std::make_unique<parallel::GradReducer>(params, comm);
-  const Clip clip(dev);
+  const Clip clip(dev, kClipNorm);
   auto optimizer = make_optimizer(model, clip);
   double n_params = 0;
   for (const Tensor& p : params) n_params += double(p.numel());
