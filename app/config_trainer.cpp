@@ -121,14 +121,15 @@ ConfigTrainer::Parts ConfigTrainer::build(Config config, std::shared_ptr<nn::Mod
 }
 
 train::LocalRun run_local_ranks(const Config& cfg, int nproc, const std::string& resume,
-                                const std::function<void(int rank, train::Trainer&)>& setup) {
+                                const std::function<void(int rank, train::Trainer&)>& setup,
+                                std::chrono::milliseconds timeout) {
   return train::run_local_ranks(nproc, [&](std::shared_ptr<parallel::Communicator> comm) {
     const int rank = comm->rank();
     auto t = std::make_unique<ConfigTrainer>(cfg, kCPU, std::move(comm));
     if (!resume.empty()) t->resume(resume);
     if (setup) setup(rank, *t);
     return t;
-  });
+  }, timeout);
 }
 
 }  // namespace mt::app

@@ -67,8 +67,10 @@ class ConfigTrainer : public train::Trainer {
 };
 
 // A data-parallel job of `nproc` CPU ranks as threads of this process (train::run_local_ranks),
-// every rank the config's trainer, each resumed from `resume` if given, then `setup` with each.
+// every rank the config's trainer, each resumed from `resume` if given, then `setup` with each;
+// `timeout` as train::run_local_ranks's.
 train::LocalRun run_local_ranks(const Config& cfg, int nproc, const std::string& resume = "",
-                                const std::function<void(int rank, train::Trainer&)>& setup = {});
+                                const std::function<void(int rank, train::Trainer&)>& setup = {},
+                                std::chrono::milliseconds timeout = std::chrono::seconds(60));
 
 }  // namespace mt::app

@@ -50,10 +50,6 @@ parallel::World world_of(const Env& env) {
   });
 }
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 }  // namespace
 
 // ---- the launchers' variables -------------------------------------------------------------
@@ -200,10 +196,8 @@ TEST(TcpStore, AKeyNobodySetsTimesOutNamingIt) {
 
 TEST(TcpStore, NoRankZeroIsAClearErrorAfterTheTimeout) {
   const int port = free_port();
-  const auto t0 = std::chrono::steady_clock::now();
   expect_error([&] { parallel::TcpStore("127.0.0.1", port, 1, 2, std::chrono::milliseconds(300), kSecret); },
                {"rank 1", "cannot reach the TCP rendezvous (rank 0) at 127.0.0.1:" + std::to_string(port)});
-  EXPECT_GE(seconds_since(t0), 0.3);  // a lower bound: a busy machine only makes it longer
 }
 
 TEST(TcpStore, ADeadRankZeroEndsTheWaitAtOnce) {
@@ -306,7 +300,6 @@ TEST(TcpStore, StrangersNeitherBlockNorGrowTheStore) {
   const int port = free_port();
   const double rss0 = rss_bytes();
   std::vector<int> strangers;
-  const auto t0 = std::chrono::steady_clock::now();
   std::string rank1_got;
   on_threads(2, [&](int r) {
     if (r == 1) {  // the strangers come first, while rank 0 waits for rank 1
@@ -336,10 +329,9 @@ TEST(TcpStore, StrangersNeitherBlockNorGrowTheStore) {
     if (r == 1) rank1_got = store.get("k0");
     else EXPECT_EQ(store.get("k1"), std::string(1000, 'b'));
   });
+  // A stranger that stalled the rendezvous would have run the ranks into the store's timeout
+  // (20 s): an error, rethrown by on_threads. No clock is read here.
   EXPECT_EQ(rank1_got, std::string(1000, 'a'));
-  // The store's own timeout (20 s) bounds a stalled rendezvous; the ranks meet in well under a
-  // second here, so only a stall reaches this generous bound.
-  EXPECT_LT(seconds_since(t0), 15.0) << "the strangers held up the rendezvous";
   EXPECT_LT(rss_bytes() - rss0, 64e6) << "the strangers grew the process";
   for (int fd : strangers)
     if (fd >= 0) ::close(fd);
@@ -363,11 +355,10 @@ TEST(TcpStore, ARankWithAnotherSecretIsTurnedAway) {
   const int port = free_port();
   // (rank 0 waits out its timeout for a rank 1 that never joins, when it goes)
   parallel::TcpStore rank0("127.0.0.1", port, 0, 2, std::chrono::seconds(1), kSecret);
-  const auto t0 = std::chrono::steady_clock::now();
-  // Rank 1's own timeout is 120 s: only an answer at once comes in under 60.
+  // Rank 1's own timeout is 120 s, rank 0's 1 s: a rank that rank 0 did not turn away at once
+  // would find no rank 0 after that second and end with "cannot reach", not with this error.
   expect_error([&] { parallel::TcpStore("127.0.0.1", port, 1, 2, std::chrono::seconds(120), "another secret 0123456789"); },
                {"rank 1", "turned this rank away", "MT_DIST_SECRET"});
-  EXPECT_LT(seconds_since(t0), 60.0) << "a wrong secret fails at once, not after the timeout";
   expect_error([&] { parallel::TcpStore("127.0.0.1", port, 1, 2, std::chrono::seconds(1), "short"); },
                {"at least 16", "MT_DIST_SECRET"});
 }

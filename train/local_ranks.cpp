@@ -8,8 +8,8 @@
 
 namespace mt::train {
 
-LocalRun run_local_ranks(int nproc, const MakeRank& make_rank) {
-  auto group = parallel::make_local_group(nproc);
+LocalRun run_local_ranks(int nproc, const MakeRank& make_rank, std::chrono::milliseconds timeout) {
+  auto group = parallel::make_local_group(nproc, timeout);
   std::vector<std::unique_ptr<Trainer>> trainers;
   for (int r = 0; r < nproc; ++r) trainers.push_back(make_rank(group[size_t(r)]));
   std::vector<std::exception_ptr> errors(static_cast<size_t>(nproc));

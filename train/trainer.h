@@ -211,13 +211,14 @@ class Trainer {
 // in-process communicator (parallel::make_local_group); train/local_ranks.cpp. The trainers are
 // built one after another by `make_rank` (model initialization draws from the one default
 // generator), then all run together. A rank that fails aborts the group, so the others stop
-// instead of waiting for it; its error is rethrown here. Returns the finished trainers and rank
-// 0's summary.
+// instead of waiting for it; its error is rethrown here. `timeout` bounds one rank's wait for
+// the others in one collective (the group's). Returns the finished trainers and rank 0's summary.
 struct LocalRun {
   std::vector<std::unique_ptr<Trainer>> ranks;
   RunSummary summary;  // rank 0's
 };
 using MakeRank = std::function<std::unique_ptr<Trainer>(std::shared_ptr<parallel::Communicator>)>;
-LocalRun run_local_ranks(int nproc, const MakeRank& make_rank);
+LocalRun run_local_ranks(int nproc, const MakeRank& make_rank,
+                         std::chrono::milliseconds timeout = std::chrono::seconds(60));
 
 }  // namespace mt::train
