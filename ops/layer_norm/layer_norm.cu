@@ -10,15 +10,15 @@
 //               the forward uses it three times (mean, variance about the mean, output) and the
 //               backward twice. Sums are shuffle butterflies. Blocks of 8 warps, one wave of them
 //               (as many as fit on the GPU at once, fewer for few rows); each warp strides over
-//               rows, warp w of the grid taking rows w, w + all warps, ..., and loads its next
-//               row (x; dy too in the backward) before it works on the current one, so one row
-//               is always in flight. Each block first copies weight (and bias) into shared memory
+//               rows, warp w of the grid taking rows w, w + all warps, ...; the forward loads its
+//               next row before it works on the current one, so one row is always in flight
+//               (the backward fits three blocks an SM instead, whose loads do the same). Each block first copies weight (and bias) into shared memory
 //               in the order the lanes read them (staged_index): 2·d floats a row read from global
 //               memory, 8 times the bytes of a bf16 row, were what held the first version of these
 //               kernels to 40% of copy bandwidth. The backward adds each lane's columns' dy·x̂
-//               and dy in fp32 registers, in row order; at the end the block adds its warps' sums
-//               in warp order in shared memory and writes one partial row [dweight | dbias]
-//               (2d floats).
+//               and dy in fp32, in row order, into its warp's rows of shared memory (why there
+//               and not in registers: above backward_warp_kernel); at the end the block adds its
+//               warps' sums in warp order and writes one partial row [dweight | dbias] (2d floats).
 //   block rows  any other d: a block of 256 threads per row, which reads the row from memory once
 //               and again from cache for each further pass; the backward's dx the same way, and
 //               dweight, dbias from a separate pass over chunks of kChunkRows rows: thread (c, t)
@@ -99,6 +99,15 @@ __device__ __forceinline__ void load_staged(const float* staged, int p, int lane
   }
 }
 
+// load_staged's inverse: the V floats of slot p of this lane into staged.
+template <int V>
+__device__ __forceinline__ void store_staged(float* staged, int p, int lane, const float (&in)[V]) {
+#pragma unroll
+  for (int h = 0; h < V / 4; ++h)
+    reinterpret_cast<float4*>(staged)[(p * (V / 4) + h) * 32 + lane] =
+        make_float4(in[4 * h], in[4 * h + 1], in[4 * h + 2], in[4 * h + 3]);
+}
+
 template <class T, int V, int kPPL>
 __device__ __forceinline__ void load_row(const T* __restrict__ base, int64_t row, int d, int lane,
                                          Pack<T, V> (&v)[kPPL]) {
@@ -165,10 +174,22 @@ __global__ void __launch_bounds__(kWarpRowsBlock)
   }
 }
 
-// Rows of at most 16 registers a lane (x or dy) leave room for the next row's x and dy and two
-// blocks an SM; wider ones (f32 beyond d = 512) load one row at a time, one block an SM.
+// The backward's accumulators live in shared memory: each warp owns two rows of kSlot floats
+// there (Σ dy·x̂ and Σ dy for its lanes' columns, in the staged layout, so a lane's float4s are
+// conflict-free), after the staged weight. Held in registers instead (2·kPPL·V floats a lane, 48
+// for GPT-2's 768 in bf16) they left room for two blocks an SM and, with the next row prefetched,
+// spilled: 34% of copy bandwidth at [65536, 768] bf16 on an H200. In shared memory the kernel
+// needs 80 registers, three blocks fit an SM, and their 24 warps' loads keep enough bytes in
+// flight without a prefetch (95% in the same measurement). Rows of more than 3 packs a lane take
+// two blocks an SM (their row alone is 32 registers or more).
 template <int kPPL>
-constexpr int kBackwardMinBlocks = kPPL * 4 <= 16 ? 2 : 1;
+constexpr int kBackwardMinBlocks = kPPL <= 3 ? 3 : 2;
+
+template <int V, int kPPL>
+constexpr size_t backward_shared_bytes() {
+  constexpr int kSlot = kPPL * 32 * V;
+  return size_t(1 + 2 * (kWarpRowsBlock / 32)) * kSlot * sizeof(float);
+}
 
 template <class T, int V, int kPPL>
 __global__ void __launch_bounds__(kWarpRowsBlock, kBackwardMinBlocks<kPPL>)
@@ -178,51 +199,41 @@ __global__ void __launch_bounds__(kWarpRowsBlock, kBackwardMinBlocks<kPPL>)
                          int64_t rows, int d) {
   using P = Pack<T, V>;
   constexpr int kWarps = kWarpRowsBlock / 32;
-  constexpr bool kPrefetch = kBackwardMinBlocks<kPPL> == 2;
-  __shared__ __align__(16) float sw[kPPL * 32 * V];
-  stage<V, kPPL>(weight, sw, d);
+  constexpr int kSlot = kPPL * 32 * V;
+  extern __shared__ __align__(16) float shared[];
+  float* sw = shared;                                  // the staged weight
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  float* sums = shared + kSlot + warp * 2 * kSlot;     // this warp's [Σ dy·x̂ | Σ dy]
+  for (int c = lane; c < 2 * kSlot; c += 32) sums[c] = 0.0f;
+  stage<V, kPPL>(weight, sw, d);  // its barrier also covers the zeroing
   const int packs = d / V;
-  float dw[kPPL][V], db[kPPL][V];  // this lane's columns: Σ dy·x̂ and Σ dy over its rows
-#pragma unroll
-  for (int p = 0; p < kPPL; ++p)
-#pragma unroll
-    for (int k = 0; k < V; ++k) dw[p][k] = 0.0f, db[p][k] = 0.0f;
-
   const int64_t stride = int64_t(gridDim.x) * kWarps;
-  int64_t row = int64_t(blockIdx.x) * kWarps + warp;
-  P xv[kPPL], gv[kPPL];
-  if (kPrefetch && row < rows) {
+  for (int64_t row = int64_t(blockIdx.x) * kWarps + warp; row < rows; row += stride) {
+    P xv[kPPL], gv[kPPL];
     load_row<T, V, kPPL>(x, row, d, lane, xv);
     load_row<T, V, kPPL>(dy, row, d, lane, gv);
-  }
-  for (; row < rows; row += stride) {
-    P xn[kPPL], gn[kPPL];
-    if constexpr (kPrefetch) {
-      if (row + stride < rows) {
-        load_row<T, V, kPPL>(x, row + stride, d, lane, xn);
-        load_row<T, V, kPPL>(dy, row + stride, d, lane, gn);
-      }
-    } else {
-      load_row<T, V, kPPL>(x, row, d, lane, xv);
-      load_row<T, V, kPPL>(dy, row, d, lane, gv);
-    }
     const float mu = mean[row], rs = rstd[row];
     float sum_g = 0.0f, sum_gx = 0.0f;
 #pragma unroll
     for (int p = 0; p < kPPL; ++p) {
       if (lane + 32 * p >= packs) break;
-      float w[V];
+      // The sums are kept whether or not partials are wanted: a branch on it here cost
+      // registers (a spill at 768 in bf16).
+      float w[V], dw[V], db[V];
       load_staged<V>(sw, p, lane, w);
+      load_staged<V>(sums, p, lane, dw);
+      load_staged<V>(sums + kSlot, p, lane, db);
 #pragma unroll
       for (int k = 0; k < V; ++k) {
         const float xhat = (to_float(xv[p].v[k]) - mu) * rs, g0 = to_float(gv[p].v[k]);
         const float g = g0 * w[k];  // dL/dx̂
         sum_g += g;
         sum_gx += g * xhat;
-        dw[p][k] += g0 * xhat;
-        db[p][k] += g0;
+        dw[k] += g0 * xhat;
+        db[k] += g0;
       }
+      store_staged<V>(sums, p, lane, dw);
+      store_staged<V>(sums + kSlot, p, lane, db);
     }
     if (dx != nullptr) {
       const float mg = warp_sum(sum_g) / float(d), mgx = warp_sum(sum_gx) / float(d);
@@ -242,32 +253,17 @@ __global__ void __launch_bounds__(kWarpRowsBlock, kBackwardMinBlocks<kPPL>)
         reinterpret_cast<P*>(dx + row * d)[q] = out;
       }
     }
-    if constexpr (kPrefetch) {
-#pragma unroll
-      for (int p = 0; p < kPPL; ++p) xv[p] = xn[p], gv[p] = gn[p];
-    }
   }
 
   if (partials == nullptr) return;  // the same for the whole grid
-  // The block's warps add their sums into shared memory one warp after the other (fixed order).
-  __shared__ float block_sums[2 * kWarpRowsMaxD];
-  for (int w = 0; w < kWarps; ++w) {
-    if (warp == w)
-#pragma unroll
-      for (int p = 0; p < kPPL; ++p) {
-        const int q = lane + 32 * p;
-        if (q >= packs) break;
-#pragma unroll
-        for (int k = 0; k < V; ++k) {
-          const int col = q * V + k;
-          block_sums[col] = w == 0 ? dw[p][k] : block_sums[col] + dw[p][k];
-          block_sums[d + col] = w == 0 ? db[p][k] : block_sums[d + col] + db[p][k];
-        }
-      }
-    __syncthreads();
+  // One partial row [dweight | dbias] a block: column c's warp sums added in warp order.
+  __syncthreads();
+  for (int col = threadIdx.x; col < 2 * d; col += blockDim.x) {
+    const int half = col < d ? 0 : 1, at = half * kSlot + staged_index<V>(col - half * d);
+    float total = 0.0f;
+    for (int w = 0; w < kWarps; ++w) total += shared[kSlot + w * 2 * kSlot + at];
+    partials[int64_t(blockIdx.x) * 2 * d + col] = total;
   }
-  for (int col = threadIdx.x; col < 2 * d; col += blockDim.x)
-    partials[int64_t(blockIdx.x) * 2 * d + col] = block_sums[col];
 }
 
 // ---- block rows ----------------------------------------------------------------------------
@@ -384,11 +380,13 @@ void with_ppl(int d, F&& f) {
   MT_THROW("layer_norm: no warp-row build for d = ", d);
 }
 
-// Blocks of `kernel` that fit on the GPU at once (one wave), at most `cap`.
+// Blocks of `kernel` (with `shared` bytes of dynamic shared memory) that fit on the GPU at once
+// (one wave), at most `cap`.
 template <class K>
-int64_t resident_blocks(K kernel, int device, int64_t cap) {
+int64_t resident_blocks(K kernel, int device, int64_t cap, size_t shared = 0) {
   int per_sm = 0;
-  MT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarpRowsBlock, 0));
+  MT_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarpRowsBlock, shared));
   MT_CHECK(per_sm > 0, "layer_norm: a block of the warp-row kernel does not fit on an SM");
   return std::min<int64_t>(int64_t(per_sm) * sm_count(device), cap);
 }
@@ -440,10 +438,14 @@ void backward_as(const void* x, const float* w, const float* mean, const float* 
     with_ppl<V>(d, [&](auto ppl) {
       constexpr int kPPL = decltype(ppl)::value;
       auto kernel = backward_warp_kernel<T, V, kPPL>;
-      parts = int(resident_blocks(kernel, device, ceil_div(rows, kWarpRowsBlock / 32)));
+      constexpr size_t kShared = backward_shared_bytes<V, kPPL>();
+      if (kShared > 48 * 1024)  // past the default limit: raised for this kernel
+        MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           int(kShared)));
+      parts = int(resident_blocks(kernel, device, ceil_div(rows, kWarpRowsBlock / 32), kShared));
       if (want_params)
         partials = static_cast<float*>(alloc_on(s, size_t(parts) * 2 * d * sizeof(float), device));
-      kernel<<<parts, kWarpRowsBlock, 0, s>>>(xt, w, mean, rstd, gt, dxt, partials, rows, d);
+      kernel<<<parts, kWarpRowsBlock, kShared, s>>>(xt, w, mean, rstd, gt, dxt, partials, rows, d);
       MT_CUDA_CHECK_LAUNCH();
     });
   } else {
