@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string_view>
@@ -284,6 +285,27 @@ class Section {
     origin_.fail(key(k), place(k), what, hint);
   }
 
+  // The rules of `k` (train/rules.h: a value train::Options also has) on the config read so far,
+  // each with the message train::validate gives and where the value came from; `k`'s value was
+  // just read. A list's rules are its items' ("optim.betas[1]").
+  void check(const std::string& k, const Config& c) {
+    std::optional<train::Options> o;  // made only for a key that has rules
+    for (const train::Rule& r : train::rules()) {
+      if (r.between_keys || (r.key != key(k) && !r.key.starts_with(key(k) + "["))) continue;
+      if (!o) o = app::options_from(c);
+      if (const std::string what = r.check(*o); !what.empty()) fail_rule(k, r, what);
+    }
+  }
+
+  // The rules between this section's keys, once all of them are read.
+  void check_between(const Config& c) {
+    const train::Options o = app::options_from(c);
+    for (const train::Rule& r : train::rules())
+      if (r.between_keys && r.key.starts_with(path_ + "."))
+        if (const std::string what = r.check(o); !what.empty())
+          fail_rule(r.key.substr(path_.size() + 1), r, what);
+  }
+
   // Throws "<key>: <what>, got <value><where>" unless `ok`.
   template <class T>
   void require(const std::string& k, const T& value, bool ok, const std::string& what) {
@@ -337,6 +359,16 @@ class Section {
       if (pair.first.IsScalar() && pair.first.Scalar() == k)
         return pair.second.IsNull() ? pair.first : pair.second;
     return YAML::Node();
+  }
+
+  // Throws the message of the rule `r` of `k`: at the value, or at the item a list's rule names.
+  [[noreturn]] void fail_rule(const std::string& k, const train::Rule& r, const std::string& what) {
+    const std::string hint = r.choices.empty() || !place(k).IsScalar()
+                                 ? "" : suggestion(place(k).Scalar(), r.choices, "");
+    if (r.key == key(k)) fail(k, what, hint);
+    const YAML::Node seq = at(k);
+    const size_t i = std::stoul(r.key.substr(key(k).size() + 1));
+    origin_.fail(r.key, seq ? seq[i] : seq, what, hint);
   }
 
   std::string item(const std::string& k, size_t i) const {
@@ -506,8 +538,10 @@ std::string quote(const std::string& s) {
 // Each row says where a key is, what the reference (docs/config.md) says of it, how it is read
 // (with the checks of its value alone) and how it is written back: parse_config, to_yaml (so
 // --print-config) and reference_table() all go through these rows, so a key cannot be parsed but
-// not printed or documented. Checks between keys follow each section (read_config); the keys a
-// model or data kind adds are the kind's own (app/registry.h), read after the section's rows.
+// not printed or documented. A value train::Options also has is checked by train::validate's
+// rules (train/rules.h), which read_rows applies after the row, not by the row. Checks between
+// keys follow each section (read_config); the keys a model or data kind adds are the kind's own
+// (app/registry.h), read after the section's rows.
 
 const std::string kMaxWidthText = "must be at most " + std::to_string(kMaxWidth);
 const std::string kMaxSamplesText = "must be at most " + std::to_string(kMaxSamples);
@@ -755,7 +789,7 @@ const std::vector<Row>& rows() {
      "optimizer",
      "`adamw`, `sgd`",
      [](Section& s, Config& c) {
-      s.choice("name", c.optim.name, {"adamw", "sgd"});
+      s.get("name", c.optim.name);
      },
      [](const Config& c) -> std::string { return quote(c.optim.name); }},
     {"optim", "lr", "number",
@@ -763,7 +797,6 @@ const std::vector<Row>& rows() {
      "> 0",
      [](Section& s, Config& c) {
       s.get("lr", c.optim.lr);
-      s.require("lr", c.optim.lr, c.optim.lr > 0, "must be > 0");
      },
      [](const Config& c) -> std::string { return format_number(c.optim.lr); }},
     {"optim", "weight_decay", "number",
@@ -771,7 +804,6 @@ const std::vector<Row>& rows() {
      "≥ 0",
      [](Section& s, Config& c) {
       s.get("weight_decay", c.optim.weight_decay);
-      s.require("weight_decay", c.optim.weight_decay, c.optim.weight_decay >= 0, "must be >= 0");
      },
      [](const Config& c) -> std::string { return format_number(c.optim.weight_decay); }},
     {"optim", "betas", "[number, number]",
@@ -779,9 +811,6 @@ const std::vector<Row>& rows() {
      "each in [0, 1)",
      [](Section& s, Config& c) {
       s.get("betas", c.optim.betas);
-      for (size_t i = 0; i < 2; ++i)
-        s.require_item("betas", i, c.optim.betas[i], c.optim.betas[i] >= 0 && c.optim.betas[i] < 1,
-                       "must be in [0, 1)");
      },
      [](const Config& c) -> std::string { return "[" + format_number(c.optim.betas[0]) + ", " + format_number(c.optim.betas[1]) + "]"; }},
     {"optim", "eps", "number",
@@ -789,7 +818,6 @@ const std::vector<Row>& rows() {
      "> 0",
      [](Section& s, Config& c) {
       s.get("eps", c.optim.eps);
-      s.require("eps", c.optim.eps, c.optim.eps > 0, "must be > 0");
      },
      [](const Config& c) -> std::string { return format_number(c.optim.eps); }},
     {"optim", "momentum", "number",
@@ -797,7 +825,6 @@ const std::vector<Row>& rows() {
      "in [0, 1)",
      [](Section& s, Config& c) {
       s.get("momentum", c.optim.momentum);
-      s.require("momentum", c.optim.momentum, c.optim.momentum >= 0 && c.optim.momentum < 1, "must be in [0, 1)");
      },
      [](const Config& c) -> std::string { return format_number(c.optim.momentum); }},
     {"optim", "nesterov", "bool",
@@ -818,7 +845,7 @@ const std::vector<Row>& rows() {
      "learning-rate schedule after warmup",
      "`constant`, `cosine`",
      [](Section& s, Config& c) {
-      s.choice("schedule", c.optim.schedule, {"constant", "cosine"});
+      s.get("schedule", c.optim.schedule);
      },
      [](const Config& c) -> std::string { return quote(c.optim.schedule); }},
     {"optim", "warmup_steps", "int",
@@ -826,7 +853,6 @@ const std::vector<Row>& rows() {
      "≥ 0",
      [](Section& s, Config& c) {
       s.get("warmup_steps", c.optim.warmup_steps);
-      s.require("warmup_steps", c.optim.warmup_steps, c.optim.warmup_steps >= 0, "must be >= 0");
      },
      [](const Config& c) -> std::string { return std::to_string(c.optim.warmup_steps); }},
     {"optim", "min_lr", "number",
@@ -834,7 +860,6 @@ const std::vector<Row>& rows() {
      "≥ 0, ≤ `lr`",
      [](Section& s, Config& c) {
       s.get("min_lr", c.optim.min_lr);
-      s.require("min_lr", c.optim.min_lr, c.optim.min_lr >= 0, "must be >= 0");
      },
      [](const Config& c) -> std::string { return format_number(c.optim.min_lr); }},
     {"optim", "steps", "int",
@@ -842,7 +867,6 @@ const std::vector<Row>& rows() {
      "≥ 1",
      [](Section& s, Config& c) {
       s.get("steps", c.optim.steps);
-      s.require("steps", c.optim.steps, c.optim.steps >= 1, "must be at least 1");
      },
      [](const Config& c) -> std::string { return std::to_string(c.optim.steps); }},
     {"optim", "epochs", "int",
@@ -850,8 +874,6 @@ const std::vector<Row>& rows() {
      "0 … 2^32",
      [](Section& s, Config& c) {
       s.get("epochs", c.optim.epochs);
-      s.require("epochs", c.optim.epochs, c.optim.epochs >= 0, "must be >= 0 (0: optim.steps sets the length)");
-      s.require("epochs", c.optim.epochs, c.optim.epochs <= kMaxSamples, kMaxSamplesText);
      },
      [](const Config& c) -> std::string { return std::to_string(c.optim.epochs); }},
     {"optim", "batch_size", "int",
@@ -876,7 +898,6 @@ const std::vector<Row>& rows() {
      "≥ 0",
      [](Section& s, Config& c) {
       s.get("clip_norm", c.optim.clip_norm);
-      s.require("clip_norm", c.optim.clip_norm, c.optim.clip_norm >= 0, "must be >= 0 (0 turns clipping off)");
      },
      [](const Config& c) -> std::string { return format_number(c.optim.clip_norm); }},
     {"precision", "compute_dtype", "string",
@@ -932,7 +953,6 @@ const std::vector<Row>& rows() {
      "≥ 1",
      [](Section& s, Config& c) {
       s.get("every", c.eval.every);
-      s.require("every", c.eval.every, c.eval.every >= 1, "must be at least 1");
      },
      [](const Config& c) -> std::string { return std::to_string(c.eval.every); }},
     {"eval", "batch_size", "int",
@@ -940,8 +960,6 @@ const std::vector<Row>& rows() {
      "1 … 2^32",
      [](Section& s, Config& c) {
       s.get("batch_size", c.eval.batch_size);
-      s.require("batch_size", c.eval.batch_size, c.eval.batch_size >= 1, "must be at least 1");
-      s.require("batch_size", c.eval.batch_size, c.eval.batch_size <= kMaxSamples, kMaxSamplesText);
      },
      [](const Config& c) -> std::string { return std::to_string(c.eval.batch_size); }},
     {"checkpoint", "dir", "string",
@@ -949,7 +967,6 @@ const std::vector<Row>& rows() {
      "not empty; creatable and writable (checked at start-up)",
      [](Section& s, Config& c) {
       s.get("dir", c.checkpoint.dir);
-      s.require("dir", c.checkpoint.dir, !c.checkpoint.dir.empty(), "must not be empty");
      },
      [](const Config& c) -> std::string { return quote(c.checkpoint.dir); }},
     {"checkpoint", "every", "int",
@@ -957,7 +974,6 @@ const std::vector<Row>& rows() {
      "≥ 1",
      [](Section& s, Config& c) {
       s.get("every", c.checkpoint.every);
-      s.require("every", c.checkpoint.every, c.checkpoint.every >= 1, "must be at least 1");
      },
      [](const Config& c) -> std::string { return std::to_string(c.checkpoint.every); }},
     {"checkpoint", "keep_last", "int",
@@ -965,7 +981,6 @@ const std::vector<Row>& rows() {
      "≥ 1",
      [](Section& s, Config& c) {
       s.get("keep_last", c.checkpoint.keep_last);
-      s.require("keep_last", c.checkpoint.keep_last, c.checkpoint.keep_last >= 1, "must be at least 1");
      },
      [](const Config& c) -> std::string { return std::to_string(c.checkpoint.keep_last); }},
     {"checkpoint", "keep_best", "bool",
@@ -987,7 +1002,6 @@ const std::vector<Row>& rows() {
      "≥ 1",
      [](Section& s, Config& c) {
       s.get("every", c.logging.every);
-      s.require("every", c.logging.every, c.logging.every >= 1, "must be at least 1");
      },
      [](const Config& c) -> std::string { return std::to_string(c.logging.every); }},
     {"logging", "metrics", "string",
@@ -1098,10 +1112,15 @@ void check_test_fraction(Section& s, const DataConfig& d, const app::DataKind& k
                                 ", got " + format_number(d.test_fraction));
 }
 
-// The rows of `section`, in order.
+// The rows of `section`, in order, each value checked as it is read: by the row's own checks,
+// then by the rules train::validate has for it (train/rules.h), so that a value a program of its
+// own could set in train::Options gets the same message from both.
 void read_rows(Section& s, Config& c, const std::string& section) {
-  for (const Row& row : rows())
-    if (section == row.section) row.read(s, c);
+  for (const Row& row : rows()) {
+    if (section != row.section) continue;
+    row.read(s, c);
+    s.check(row.key, c);
+  }
 }
 
 Config read_config(const Origin& origin, const YAML::Node& root) {
@@ -1129,10 +1148,7 @@ Config read_config(const Origin& origin, const YAML::Node& root) {
   const OptimConfig& o = c.optim;
   optim.require("microbatches", o.microbatches, o.microbatches <= o.batch_size,
                 "must not exceed optim.batch_size = " + std::to_string(o.batch_size));
-  optim.require("min_lr", o.min_lr, o.min_lr <= o.lr, "must not exceed optim.lr = " + format_number(o.lr));
-  if (o.name == "sgd" && o.nesterov && o.momentum == 0) optim.fail("nesterov", "needs optim.momentum > 0");
-  if (o.shard_state && o.name != "adamw")
-    optim.fail("shard_state", "shards AdamW's state: needs optim.name adamw");
+  optim.check_between(c);  // optim.min_lr against optim.lr, ... (train/rules.h)
   // The data kind's checks (files that must exist, sizes that follow from the config alone).
   if (data_kind.check)
     data_kind.check(c, [&](const std::string& key, const std::string& what) { data.fail(key, what); });
@@ -1349,3 +1365,33 @@ std::string curve_path(const Config& c) {
 }
 
 }  // namespace mt
+
+namespace mt::app {
+namespace {
+
+optim::LossScalerOptions loss_scale(const PrecisionConfig& p) {
+  if (p.loss_scale == "none") return {optim::LossScaleMode::none};
+  if (p.loss_scale == "fixed") return {optim::LossScaleMode::fixed, p.fixed_loss_scale, p.growth_interval};
+  return {optim::LossScaleMode::dynamic, p.initial_scale, p.growth_interval};
+}
+
+}  // namespace
+
+train::Options options_from(const Config& c) {
+  train::Options o;
+  o.steps = c.optim.steps;
+  o.epochs = c.optim.epochs;
+  o.optimizer = {c.optim.name, c.optim.lr, c.optim.weight_decay, c.optim.betas, c.optim.eps,
+                 c.optim.momentum, c.optim.nesterov, c.optim.shard_state, c.optim.clip_norm};
+  o.schedule = {c.optim.schedule, c.optim.warmup_steps, c.optim.min_lr};
+  o.precision = {c.precision.compute_dtype, c.precision.deterministic, c.precision.gemm_autotune,
+                 loss_scale(c.precision)};
+  o.eval = {c.eval.every, c.eval.batch_size};
+  o.checkpoint = {c.checkpoint.dir, c.checkpoint.every, c.checkpoint.keep_last,
+                  c.checkpoint.keep_best, c.checkpoint.overwrite, {}};
+  o.logging = {c.logging.every, c.logging.metrics, c.logging.curve};
+  o.cuda_graph = c.cuda_graph;
+  return o;
+}
+
+}  // namespace mt::app

@@ -19,6 +19,8 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "data/data.h"
+#include "train/options.h"
+#include "train/rules.h"
 
 namespace mt {
 
@@ -27,7 +29,7 @@ namespace mt {
 // with room to spare; whether a model of that size fits in memory is the trainer's check.
 inline constexpr int64_t kMaxWidth = int64_t(1) << 24;   // model.input, .hidden[i], .classes
 inline constexpr size_t kMaxLayers = 1024;               // entries of model.hidden
-inline constexpr int64_t kMaxSamples = int64_t(1) << 32;  // data.samples, optim/eval.batch_size
+inline constexpr int64_t kMaxSamples = train::kMaxSamples;  // data.samples, optim/eval.batch_size
 // A config file: 1 MiB. YAML parsing takes some 190 bytes a byte of text (1M one-letter keys in
 // 10 MB peaked at 1.87 GB); a real config is a few KiB.
 inline constexpr size_t kMaxConfigBytes = size_t(1) << 20;
@@ -177,6 +179,16 @@ std::string metrics_path(const Config& c);
 std::string curve_path(const Config& c);
 
 }  // namespace mt
+
+namespace mt::app {
+
+// The trainer's options the config's sections give (optim, precision, eval, checkpoint, logging,
+// cuda_graph), field by field; the job keys and the checkpoint's metadata are ConfigTrainer's
+// (app/config_trainer.h). The config checks its values by train::validate's rules
+// (train/rules.h) on these options, as it reads them.
+train::Options options_from(const Config& c);
+
+}  // namespace mt::app
 
 namespace mt::data {
 

@@ -7,33 +7,6 @@
 #include "core/rng.h"
 
 namespace mt::app {
-namespace {
-
-optim::LossScalerOptions loss_scale(const PrecisionConfig& p) {
-  if (p.loss_scale == "none") return {optim::LossScaleMode::none};
-  if (p.loss_scale == "fixed") return {optim::LossScaleMode::fixed, p.fixed_loss_scale, p.growth_interval};
-  return {optim::LossScaleMode::dynamic, p.initial_scale, p.growth_interval};
-}
-
-}  // namespace
-
-train::Options options_from(const Config& c) {
-  train::Options o;
-  o.steps = c.optim.steps;
-  o.epochs = c.optim.epochs;
-  o.optimizer = {c.optim.name, c.optim.lr, c.optim.weight_decay, c.optim.betas, c.optim.eps,
-                 c.optim.momentum, c.optim.nesterov, c.optim.shard_state, c.optim.clip_norm};
-  o.schedule = {c.optim.schedule, c.optim.warmup_steps, c.optim.min_lr};
-  o.precision = {c.precision.compute_dtype, c.precision.deterministic, c.precision.gemm_autotune,
-                 loss_scale(c.precision)};
-  o.eval = {c.eval.every, c.eval.batch_size};
-  o.checkpoint = {c.checkpoint.dir, c.checkpoint.every, c.checkpoint.keep_last,
-                  c.checkpoint.keep_best, c.checkpoint.overwrite, {{"config", to_yaml(c)}}};
-  o.logging = {c.logging.every, c.logging.metrics, c.logging.curve};
-  o.cuda_graph = c.cuda_graph;
-  o.job_keys = job_entries(c);
-  return o;
-}
 
 data::ArrayOptions array_options(const Config& c) {
   return {c.optim.batch_size, c.optim.microbatches, c.data.val_fraction, c.data.shuffle,
@@ -75,6 +48,7 @@ ConfigTrainer::Parts ConfigTrainer::build(Config config, std::shared_ptr<nn::Mod
   const bool config_model = model == nullptr;
   const int world = comm ? comm->size() : 1;
   train::Options options = options_from(config);
+  options.job_keys = job_entries(config);
   // Before anything is loaded or allocated (the trainer checks these again, for every caller).
   if (comm == nullptr || comm->rank() == 0) train::check_output_paths(options);
   // The model kind's checks are of its own model; a model handed in is the caller's.

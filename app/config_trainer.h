@@ -1,8 +1,8 @@
 #pragma once
 // The trainer as the `train` program builds it from a config (app/config.h): the config's
-// sections become train::Options (options_from), its `data` section a data source and its
-// `model` section the model, and the checkpoint carries the config as YAML, so that a model file
-// alone rebuilds the model (`train eval`, `train predict`; app/inference.h).
+// sections become train::Options (options_from, app/config.h), its `data` section a data source
+// and its `model` section the model, and the checkpoint carries the config as YAML, so that a
+// model file alone rebuilds the model (`train eval`, `train predict`; app/inference.h).
 //
 // A program that trains a model of its own needs none of this: it builds train::Options, a
 // data::Source and its model itself (docs/library.md).
@@ -19,9 +19,6 @@
 
 namespace mt::app {
 
-// The trainer's options from the config (optim, precision, eval, checkpoint, logging, cuda_graph);
-// checkpoint metadata "config" is to_yaml(c).
-train::Options options_from(const Config& c);
 // The data source's options from the config (optim.batch_size, optim.microbatches and data.*).
 data::ArrayOptions array_options(const Config& c);
 

@@ -299,6 +299,10 @@ TEST(Config, BadConfigsNameTheKeyAndThePlace) {
       {"optim:\n  name: lamb\n",
        {},
        "optim.name: expected one of adamw, sgd, got 'lamb' at mlp.yaml:2:9"},
+      {"optim:\n  schedule: cosin\n",
+       {},
+       "optim.schedule: expected one of constant, cosine, got 'cosin' at mlp.yaml:2:13; did you "
+       "mean 'cosine'?"},
       {"data:\n  val_fraction: 1\n",
        {},
        "data.val_fraction: must be in [0, 1), got 1 at mlp.yaml:2:17"},

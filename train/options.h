@@ -97,10 +97,10 @@ std::string curve_path(const Options& o);
 // Nothing is created: the nearest existing folder on the way must be a writable directory.
 void check_output_paths(const Options& o);
 
-// Throws ConfigError naming the field ("optimizer.lr: must be > 0, got -1") for a value no run
-// can use. The trainer calls it first; it is the one check of each value for a program that
-// builds Options itself (the `train` program's config checks the same bounds as it parses, to
-// name the file and line).
+// Throws ConfigError for the first value no run can use, naming its config key
+// ("optim.lr: must be > 0, got -1"). The trainer calls it first. Its rules are one table
+// (train/rules.h), which the `train` program's config applies too, key by key as it parses, so a
+// bad value gives the same message from either (the config adds the file and line).
 void validate(const Options& o);
 
 }  // namespace mt::train

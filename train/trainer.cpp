@@ -106,32 +106,6 @@ void check_output_paths(const Options& o) {
   }
 }
 
-void validate(const Options& o) {
-  auto require = [](bool ok, const char* field, const auto& value, const char* what) {
-    if (!ok) throw ConfigError(detail::concat(field, ": ", what, ", got ", value));
-  };
-  require(o.steps >= 1 || o.epochs > 0, "steps", o.steps, "must be at least 1");
-  require(o.epochs >= 0, "epochs", o.epochs, "must be at least 0");
-  const OptimizerOptions& p = o.optimizer;
-  require(p.name == "adamw" || p.name == "sgd", "optimizer.name", p.name, "expected adamw or sgd");
-  require(p.lr > 0, "optimizer.lr", p.lr, "must be > 0");
-  require(p.weight_decay >= 0, "optimizer.weight_decay", p.weight_decay, "must be >= 0");
-  require(p.clip_norm >= 0, "optimizer.clip_norm", p.clip_norm, "must be >= 0");
-  require(!p.shard_state || p.name == "adamw", "optimizer.shard_state", p.name,
-          "shards AdamW's state only: needs name adamw");
-  const ScheduleOptions& s = o.schedule;
-  require(s.kind == "cosine" || s.kind == "constant", "schedule.kind", s.kind,
-          "expected constant or cosine");
-  require(s.warmup_steps >= 0, "schedule.warmup_steps", s.warmup_steps, "must be at least 0");
-  require(o.eval.every >= 1, "eval.every", o.eval.every, "must be at least 1");
-  require(o.eval.batch_size >= 1, "eval.batch_size", o.eval.batch_size, "must be at least 1");
-  require(!o.checkpoint.dir.empty(), "checkpoint.dir", "''", "must not be empty");
-  require(o.checkpoint.every >= 1, "checkpoint.every", o.checkpoint.every, "must be at least 1");
-  require(o.checkpoint.keep_last >= 1, "checkpoint.keep_last", o.checkpoint.keep_last,
-          "must be at least 1");
-  require(o.logging.every >= 1, "logging.every", o.logging.every, "must be at least 1");
-}
-
 Trainer::Trainer(Options options, std::shared_ptr<nn::Module> model, std::shared_ptr<Task> task,
                  std::shared_ptr<data::Source> data, Device device,
                  std::shared_ptr<parallel::Communicator> comm)
