@@ -512,15 +512,16 @@ Tol tol_for(DType dt) {
 // q, k, v, dO of `shape` (q and k times `qk_scale`), rounded to dt; the GPU run against the CPU
 // reference in f32 on the same rounded values. Returns the largest gradient error.
 double expect_matches_reference(const Shape& shape, DType dt, double qk_scale,
-                                const std::string& what) {
+                                const std::string& what,
+                                const AttentionDropout& dropout = AttentionDropout{}) {
   const Device gpu = cuda_device(0);
   Tensor q = randn_like_scaled(shape, qk_scale).to(dt), k = randn_like_scaled(shape, qk_scale).to(dt),
          v = randn(shape, DType::f64).to(dt), dout = randn(shape, DType::f64).to(dt);
   set_poison_allocations(true);  // NaN in every new buffer: an element never written shows
-  const Pass g = run_kernels(q.to(gpu), k.to(gpu), v.to(gpu), dout.to(gpu));
+  const Pass g = run_kernels(q.to(gpu), k.to(gpu), v.to(gpu), dout.to(gpu), Tensor(), dropout);
   set_poison_allocations(false);
   const Pass ref = run_kernels(q.to(DType::f32), k.to(DType::f32), v.to(DType::f32),
-                               dout.to(DType::f32));
+                               dout.to(DType::f32), Tensor(), dropout);
   const Tol tol = tol_for(dt);
   const double eo = normwise(g.o.to(kCPU), ref.o), eq = normwise(g.dq.to(kCPU), ref.dq),
                ek = normwise(g.dk.to(kCPU), ref.dk), ev = normwise(g.dv.to(kCPU), ref.dv);
@@ -614,3 +615,170 @@ TEST(AttentionBrokenStatistic, TheCudaBackwardWithoutLOrWithMAloneFailsTheCheck)
     EXPECT_GT(m_only, tol_for(DType::bf16).grad);
   }
 }
+
+// ---- CUDA, dropout on P -------------------------------------------------------------------
+
+namespace {
+
+// Restores the deterministic switch when a test ends.
+struct DeterministicGuard {
+  bool saved = deterministic();
+  explicit DeterministicGuard(bool on) { set_deterministic(on); }
+  ~DeterministicGuard() { set_deterministic(saved); }
+};
+
+}  // namespace
+
+// Every kernel with dropout against the CPU reference with the same key, at the tolerances of
+// the kernels without it: bf16 and f16 on the tensor cores at d = 32, 64, 128, f32 on the
+// CUDA-core path, and d = 48 (bf16 off the tensor cores).
+TEST(CudaAttentionDropout, EveryDtypeLengthAndHeadDimMatchesTheReference) {
+  MT_REQUIRE_CUDA();
+  manual_seed(30);
+  DeterministicGuard det(true);
+  const AttentionDropout a{.p = 0.2, .seed = 4242, .offset = 31};
+  for (DType dt : {DType::f32, DType::bf16, DType::f16})
+    for (int64_t d : {32, 64, 128})
+      for (int64_t T : {1, 7, 64, 257}) {
+        const Shape shape{2, 3, T, d};
+        expect_matches_reference(shape, dt, 1.0, case_name(dt, shape, " dropout 0.2"), a);
+      }
+  for (int64_t T : {7, 257})
+    expect_matches_reference({1, 2, T, 48}, DType::bf16, 1.0,
+                             case_name(DType::bf16, {1, 2, T, 48}, " dropout 0.2"), a);
+  // The atomic dQ variant takes its mask from the dK/dV pass.
+  set_deterministic(false);
+  for (DType dt : {DType::bf16, DType::f16})
+    expect_matches_reference({2, 3, 257, 64}, dt, 1.0, case_name(dt, {2, 3, 257, 64}, " dropout, atomic dq"), a);
+}
+
+// The mask each kernel applies, read back through the outputs (read_masks above), bit for bit
+// ops/dropout's: the tensor-core forward, dK/dV and dQ passes (bf16, f16), the atomic dQ variant,
+// and the CUDA-core kernels (f32, and bf16 at d = 48), at T not a multiple of 4 or of the tiles.
+TEST(CudaAttentionDropout, EveryKernelAppliesOpsDropoutsMaskBitForBit) {
+  MT_REQUIRE_CUDA();
+  manual_seed(31);
+  const Device gpu = cuda_device(0);
+  const AttentionDropout a{.p = 0.5, .seed = 99, .offset = 1000};
+  for (bool det : {true, false}) {
+    DeterministicGuard guard(det);
+    for (DType dt : {DType::bf16, DType::f16, DType::f32})
+      for (int64_t d : {32, 64, 128})
+        for (int64_t T : {1, 7, 64, 257}) {
+          if (!det && dt == DType::f32) continue;  // the CUDA-core path has no atomic variant
+          const Shape shape{1, 2, T, d};
+          const Tensor q = randn(shape, DType::f64);
+          expect_masks_match(read_masks(q, a, dt, gpu), ops_dropout_keep(shape, a), T,
+                             T >= 64 ? 0.5 : 0.0,
+                             case_name(dt, shape, det ? "" : " atomic dq"));
+        }
+  }
+  const Shape odd{1, 2, 71, 48};
+  expect_masks_match(read_masks(randn(odd, DType::f64), a, DType::bf16, gpu),
+                     ops_dropout_keep(odd, a), 71, 0.5, case_name(DType::bf16, odd));
+}
+
+// The same inputs and key give the same bits on every run, and another offset another mask.
+TEST(CudaAttentionDropout, SameBitsRunToRun) {
+  MT_REQUIRE_CUDA();
+  manual_seed(32);
+  DeterministicGuard det(true);
+  const Device gpu = cuda_device(0);
+  const Shape shape{2, 3, 1024, 64};
+  const AttentionDropout a{.p = 0.1, .seed = 7, .offset = 3};
+  for (DType dt : {DType::bf16, DType::f16, DType::f32}) {
+    Tensor q = randn(shape, dt, gpu), k = randn(shape, dt, gpu), v = randn(shape, dt, gpu),
+           dout = randn(shape, dt, gpu);
+    const Pass x = run_kernels(q, k, v, dout, Tensor(), a), y = run_kernels(q, k, v, dout, Tensor(), a);
+    for (const auto& [p1, p2, name] : {std::tuple{x.o, y.o, "O"}, std::tuple{x.lse, y.lse, "L"},
+                                       std::tuple{x.dq, y.dq, "dq"}, std::tuple{x.dk, y.dk, "dk"},
+                                       std::tuple{x.dv, y.dv, "dv"}})
+      EXPECT_EQ(p1.to(kCPU).to_vector(), p2.to(kCPU).to_vector()) << dtype_name(dt) << " " << name;
+    const Pass other = run_kernels(q, k, v, dout, Tensor(), {.p = 0.1, .seed = 7, .offset = 4});
+    EXPECT_NE(other.o.to(kCPU).to_vector(), x.o.to(kCPU).to_vector()) << dtype_name(dt);
+    // L is the softmax's statistic, before dropout: the same with or without it.
+    EXPECT_EQ(run_kernels(q, k, v, dout).lse.to(kCPU).to_vector(), x.lse.to(kCPU).to_vector());
+  }
+}
+
+// p = 0 and eval on the GPU are attention(q, k, v) to the bit (the kernels without dropout).
+TEST(CudaAttentionDropout, ZeroPAndEvalAreAttentionItself) {
+  MT_REQUIRE_CUDA();
+  manual_seed(33);
+  const Device gpu = cuda_device(0);
+  for (DType dt : {DType::bf16, DType::f32}) {
+    const Shape shape{2, 2, 129, 64};
+    const Tensor q = randn(shape, dt, gpu), k = randn(shape, dt, gpu), v = randn(shape, dt, gpu);
+    const auto plain = attention(q, k, v).to(kCPU).to_vector();
+    EXPECT_EQ(attention(q, k, v, {.p = 0.0, .seed = 1}).to(kCPU).to_vector(), plain);
+    EXPECT_EQ(attention(q, k, v, {.p = 0.3, .seed = 1, .training = false}).to(kCPU).to_vector(), plain);
+    EXPECT_NE(attention(q, k, v, {.p = 0.3, .seed = 1}).to(kCPU).to_vector(), plain);
+  }
+}
+
+TEST(CudaAttentionDropout, PassesTheOpCheckOnTheGpu) {
+  MT_REQUIRE_CUDA();
+  mt::check::Options gpu_only;
+  gpu_only.cpu = false;
+  for (int64_t d : {16, 64}) MT_EXPECT_OP_CHECK(attention_dropout_spec(d), gpu_only);
+}
+
+#ifdef MT_WITH_CUDA
+// A captured forward and backward replays with the word the device holds at that moment:
+// advance_dropout_base records `base += stride` in the graph, so two replays draw two masks, each
+// the mask an eager step of that step draws: O and the three gradients bitwise equal to eager
+// calls at the next offsets, on the tensor-core kernels (bf16) and the CUDA-core ones (f32).
+TEST(CudaAttentionDropout, EachGraphReplayDrawsTheNextStepsMaskAsEagerDoes) {
+  MT_REQUIRE_CUDA();
+  manual_seed(34);
+  DeterministicGuard det(true);
+  const Device dev = cuda_device(0);
+  const uint64_t stride = 1000;
+  for (DType dt : {DType::bf16, DType::f32}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Shape shape{2, 2, 67, 64};
+    const Tensor q0 = randn(shape, dt, dev), k0 = randn(shape, dt, dev), v0 = randn(shape, dt, dev),
+                 dout = randn(shape, dt, dev);
+    auto leaf = [](const Tensor& t) {
+      Tensor x = t.clone().detach();
+      x.set_requires_grad();
+      return x;
+    };
+    Tensor q = leaf(q0), k = leaf(k0), v = leaf(v0);
+    Tensor base = zeros({1}, DType::i64, dev);
+    const Tensor out = empty(shape, dt, dev);  // outlives the replays: made before the capture
+    advance_dropout_base(base, 4 * stride, stride);  // eagerly: step 4's word
+    const AttentionDropout a{.p = 0.2, .seed = 9, .offset = 3, .base = base};
+    // An eager step first: the .grad the captured backward adds into exists before the capture.
+    attention(q, k, v, a).backward(dout);
+    cuda::Graph g = cuda::Graph::capture(0, [&] {
+      advance_dropout_base(base, 0, stride);  // captured: += stride (the 0 is never used)
+      Tensor y = attention(q, k, v, a);
+      out.copy_(y);
+      y.backward(dout);
+    });
+    std::vector<std::vector<double>> outs;
+    for (int step = 5; step <= 6; ++step) {
+      for (Tensor* t : {&q, &k, &v}) t->grad().fill_(0.0);
+      g.replay();
+      EXPECT_EQ(base.to_vector(), std::vector<double>{double(step * stride)});
+      // The eager call of this step: the host offset alone, and the base word set eagerly.
+      Tensor eager_base = zeros({1}, DType::i64, dev);
+      advance_dropout_base(eager_base, step * stride, stride);
+      for (const AttentionDropout& e :
+           {AttentionDropout{.p = 0.2, .seed = 9, .offset = 3 + step * stride},
+            AttentionDropout{.p = 0.2, .seed = 9, .offset = 3, .base = eager_base}}) {
+        Tensor eq = leaf(q0), ek = leaf(k0), ev = leaf(v0);
+        Tensor y = attention(eq, ek, ev, e);
+        y.backward(dout);
+        EXPECT_EQ(out.to_vector(), y.to_vector()) << "step " << step << ": O";
+        EXPECT_EQ(q.grad().to_vector(), eq.grad().to_vector()) << "step " << step << ": dq";
+        EXPECT_EQ(k.grad().to_vector(), ek.grad().to_vector()) << "step " << step << ": dk";
+        EXPECT_EQ(v.grad().to_vector(), ev.grad().to_vector()) << "step " << step << ": dv";
+      }
+      outs.push_back(out.to_vector());
+    }
+    EXPECT_NE(outs[0], outs[1]);
+  }
+}
+#endif
