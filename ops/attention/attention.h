@@ -91,7 +91,8 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
 inline constexpr int64_t kAttentionMaxD = 256;
 
 // Kernels on contiguous [B, H, T, d] tensors; lse [B, H, T] in the grad dtype (f32, f64 for f64).
-// dropout: p = 0 (no dropout), or p in (0, 1) with its key, base checked. o '=', lse '='.
+// dropout: p = 0 (no dropout), or p in (0, 1) with its key, base checked (the op has applied
+// `training` already: the kernels do not read it). o '=', lse '='.
 using AttentionForwardFn = void(const Tensor& q, const Tensor& k, const Tensor& v,
                                 const Tensor& o, const Tensor& lse,
                                 const AttentionDropout& dropout);
