@@ -7,6 +7,8 @@
 // again, dP, dV, dK, dQ), 2.5 times the forward. The deterministic backward does two more (its
 // dQ pass recomputes S and dP) but is credited with the same count: the figure compares time.
 // Each figure is the median of kReps timed calls after kWarmup untimed ones, on random inputs.
+// Rows marked "dropout 0.2" time the kernels with dropout on P (nanoGPT's attn_dropout, the
+// Shakespeare recipe's p), credited with the same FLOPs: the mask's Philox draws are extra work.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -18,11 +20,13 @@
 #include "core/cuda/runtime.h"
 #include "core/dtype.h"
 #include "ops/attention/attention_cuda.h"
+#include "ops/dropout/dropout.h"  // dropout_threshold
 
 namespace {
 
 constexpr int kWarmup = 3;
 constexpr int kReps = 20;
+constexpr double kDropout = 0.2;  // the "dropout" rows' p
 
 struct Shape {
   int64_t B, H, T, d;
@@ -61,7 +65,7 @@ double median_ms(cudaStream_t s, F&& body) {
   return ms[kReps / 2];
 }
 
-void bench(const Shape& sh, int device, cudaStream_t s) {
+void bench(const Shape& sh, bool dropout, int device, cudaStream_t s) {
   using mt::cuda::alloc;
   const int64_t n = sh.elems(), heads = sh.B * sh.H;
   const size_t bytes = size_t(n) * sizeof(__nv_bfloat16);
@@ -72,15 +76,19 @@ void bench(const Shape& sh, int device, cudaStream_t s) {
     fill_kernel<<<1024, 256, 0, s>>>(static_cast<__nv_bfloat16*>(bufs[size_t(i)]), n, uint32_t(i));
     MT_CUDA_CHECK_LAUNCH();
   }
+  mt::cuda::AttentionDropoutArgs drop;
+  if (dropout)
+    drop = {.on = true, .threshold = mt::dropout_threshold(kDropout),
+            .scale = float(1.0 / (1.0 - kDropout)), .seed = 1, .offset = 0};
   auto fwd = [&] {
     mt::cuda::attention_forward(bufs[0], bufs[1], bufs[2], bufs[3], lse, heads, sh.T, sh.d,
-                                mt::DType::bf16, s);
+                                mt::DType::bf16, s, drop);
   };
   auto bwd = [&](bool deterministic) {
     return [&, deterministic] {
       mt::cuda::attention_backward(bufs[0], bufs[1], bufs[2], bufs[3], lse, bufs[4], bufs[5],
                                    bufs[6], bufs[7], heads, sh.T, sh.d, mt::DType::bf16,
-                                   deterministic, s);
+                                   deterministic, s, drop);
     };
   };
   const double f_ms = median_ms(s, fwd);
@@ -88,9 +96,10 @@ void bench(const Shape& sh, int device, cudaStream_t s) {
   const double b_ms = median_ms(s, bwd(true));
   const double a_ms = median_ms(s, bwd(false));
   const double ff = sh.fwd_flops(), bf = 2.5 * ff;
-  std::printf("[%lld, %lld, %lld, %lld] bf16 causal   fwd %7.3f ms %6.1f TFLOP/s   "
+  std::printf("[%lld, %lld, %lld, %lld] bf16 causal%s   fwd %7.3f ms %6.1f TFLOP/s   "
               "bwd %7.3f ms %6.1f TFLOP/s   bwd atomic-dQ %7.3f ms %6.1f TFLOP/s\n",
-              (long long)sh.B, (long long)sh.H, (long long)sh.T, (long long)sh.d, f_ms,
+              (long long)sh.B, (long long)sh.H, (long long)sh.T, (long long)sh.d,
+              dropout ? ", dropout 0.2" : "", f_ms,
               ff / (f_ms * 1e-3) / 1e12, b_ms, bf / (b_ms * 1e-3) / 1e12, a_ms,
               bf / (a_ms * 1e-3) / 1e12);
   for (void* p : bufs) mt::cuda::free(p, device);
@@ -111,7 +120,12 @@ int main() {
               "convention)\n");
   for (const Shape& sh : {Shape{16, 12, 1024, 64}, Shape{4, 16, 4096, 128}, Shape{16, 12, 1024, 32},
                           Shape{8, 12, 2048, 64}})
-    bench(sh, device, s);
+    bench(sh, false, device, s);
+  // The Shakespeare recipe's attention (batch 64, 6 heads, T = 256, d = 64) without and with its
+  // dropout, and the first shape with it.
+  bench(Shape{64, 6, 256, 64}, false, device, s);
+  bench(Shape{64, 6, 256, 64}, true, device, s);
+  bench(Shape{16, 12, 1024, 64}, true, device, s);
   MT_CUDA_CHECK(cudaStreamSynchronize(s));
   return 0;
 }

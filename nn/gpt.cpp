@@ -34,13 +34,18 @@ void check_config(const GPTConfig& c) {
 CausalSelfAttention::CausalSelfAttention(const GPTConfig& c) : n_head(c.n_head) {
   c_attn = register_module("c_attn", Linear(c.n_embd, 3 * c.n_embd, c.bias));
   c_proj = register_module("c_proj", Linear(c.n_embd, c.n_embd, c.bias));
+  attn_dropout = register_module("attn_dropout", Dropout(c.dropout));
   resid_dropout = register_module("resid_dropout", Dropout(c.dropout));
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x) {
-  // [B, T, 3C] → q, k, v, each [B, H, T, d]; attention; the heads side by side again [B, T, C].
+  // [B, T, 3C] → q, k, v, each [B, H, T, d]; attention, dropping probabilities in training (no
+  // dropout in evaluation or at p = 0: attention(q, k, v) itself); the heads side by side again.
   std::vector<Tensor> qkv = split_heads((*c_attn)(x), n_head);
-  Tensor y = merge_heads(attention(qkv[0], qkv[1], qkv[2]));
+  const Dropout& a = *attn_dropout;
+  Tensor y = merge_heads(attention(qkv[0], qkv[1], qkv[2],
+                                   {.p = a.p, .seed = a.seed, .offset = a.offset, .base = a.base,
+                                    .training = a.is_training()}));
   return (*resid_dropout)((*c_proj)(y));
 }
 

@@ -5,6 +5,8 @@
 //
 //   x = drop(wte[ids] + wpe[0..T))                      [B, T, C]
 //   for each block:  x = x + attn(ln_1(x));  x = x + mlp(ln_2(x))
+//     attn: drop(c_proj(attention(q, k, v)))  with dropout on the attention probabilities too
+//     mlp:  drop(c_proj(gelu(c_fc(x))))
 //   logits = ln_f(x) · wteᵀ                              [B, T, padded_vocab_size]
 //
 //   nn::GPT model({.n_layer = 6, .n_head = 6, .n_embd = 384, .block_size = 256, .vocab_size = 65});
@@ -38,7 +40,8 @@ struct GPTConfig {
   int64_t block_size = 1024;         // the longest sequence (rows of wpe)
   int64_t vocab_size = 50257;        // token ids in [0, vocab_size)
   int64_t padded_vocab_size = 0;     // rows of wte; 0: vocab_size rounded up to a multiple of 64
-  double dropout = 0.0;              // after the embeddings, each residual branch, and the MLP
+  double dropout = 0.0;              // after the embeddings, each residual branch (the attention's
+                                     // and the MLP's), and on the attention probabilities
   bool bias = true;                  // biases in the Linears and LayerNorms
   int64_t padded_vocab() const {
     return padded_vocab_size > 0 ? padded_vocab_size : (vocab_size + 63) / 64 * 64;
@@ -46,7 +49,10 @@ struct GPTConfig {
 };
 
 // Causal multi-head self-attention: one Linear to q, k, v ([B, T, 3C] split three ways, each cut
-// into n_head heads of C / n_head), attention over the past, one Linear back to C.
+// into n_head heads of C / n_head), attention over the past, one Linear back to C. In training,
+// dropout on the attention probabilities too (nanoGPT's attn_dropout): the fused attention op
+// applies it to P inside (ops/attention/attention.h), with attn_dropout's p and key, so that
+// Dropout module is never called on a tensor; it is there to be keyed with the model's others.
 class CausalSelfAttention : public Module {
  public:
   explicit CausalSelfAttention(const GPTConfig& c);
@@ -55,7 +61,7 @@ class CausalSelfAttention : public Module {
 
   int64_t n_head;
   std::shared_ptr<Linear> c_attn, c_proj;
-  std::shared_ptr<Dropout> resid_dropout;
+  std::shared_ptr<Dropout> attn_dropout, resid_dropout;
 };
 
 // The feed-forward half of a block (nanoGPT's MLP): Linear(C, 4C) → GELU (tanh) → Linear(4C, C).
@@ -116,9 +122,11 @@ class GPT : public Module {
   // step · microbatches + microbatch) and a resumed run draws the masks it would have drawn.
   // Dropout i of n draws from offset call · n + i, plus base[0] on the device when `base` is
   // defined (an i64 [1] tensor on the model's device, ops/dropout/dropout.h): the step's part of
-  // the key, which a CUDA graph replay reads from device memory.
+  // the key, which a CUDA graph replay reads from device memory. The attention probabilities'
+  // dropouts (each block's attn.attn_dropout) are among the n: every dropout of a forward has an
+  // offset of its own.
   void set_dropout_key(uint64_t seed, uint64_t call, const Tensor& base = Tensor());
-  // The model's Dropout modules: n above.
+  // The model's Dropout modules: n above (1 + 3 · n_layer).
   size_t num_dropouts() const;
 
   // Parameters, leaving out the position embedding when `non_embedding` (GPT-2's count).

@@ -21,9 +21,11 @@ minitrain's, the same distribution), and validation on eval_windows = 12800 wind
 batches of 64) spread evenly over the held-out part: start i · (N − 1) // (count − 1) of its N
 windows, exactly minitrain's. So the two validation losses are over the very same windows.
 
-Two differences from nanoGPT, both to match minitrain: the tokens are bytes, not nanoGPT's 65
-characters (the unused ids get no probability after a few steps), and the attention probabilities
-have no dropout (minitrain's fused attention has none; --attn-dropout 0.2 restores nanoGPT's).
+One difference from nanoGPT, to match minitrain: the tokens are bytes, not nanoGPT's 65
+characters (the unused ids get no probability after a few steps). Dropout is nanoGPT's, in its three
+places: after the embeddings, on each residual branch, and on the attention probabilities
+(scaled_dot_product_attention's dropout_p in training), as minitrain's model applies it;
+--attn-dropout sets the last one apart (default: --dropout).
 
 The model (class GPT) has nanoGPT's parameter names, so scripts/load_checkpoint_torch.py loads a
 minitrain checkpoint into it. It runs on PyTorch 2.x (GPU or CPU) and, with --compile 0, on 1.13.
@@ -94,8 +96,9 @@ class GPT(nn.Module):
     rows (minitrain pads to a multiple of 64) whose extra logits the loss leaves out."""
 
     def __init__(self, n_layer, n_head, n_embd, block_size, vocab_size, padded_vocab_size=None,
-                 bias=True, dropout=0.0, attn_dropout=0.0):
+                 bias=True, dropout=0.0, attn_dropout=None):
         super().__init__()
+        attn_dropout = dropout if attn_dropout is None else attn_dropout  # nanoGPT: one dropout
         self.vocab_size = vocab_size
         padded = padded_vocab_size or (vocab_size + 63) // 64 * 64
         self.transformer = nn.ModuleDict(dict(
@@ -191,7 +194,7 @@ def main():
     ap.add_argument("--n-head", type=int, default=6)
     ap.add_argument("--n-embd", type=int, default=384)
     ap.add_argument("--dropout", type=float, default=0.2)
-    ap.add_argument("--attn-dropout", type=float, default=0.0)
+    ap.add_argument("--attn-dropout", type=float, default=None, help="default: --dropout")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--min-lr", type=float, default=1e-4)
     ap.add_argument("--warmup", type=int, default=100)

@@ -12,6 +12,14 @@
 // (on an H200 the largest errors seen were about 2.5 times below these: bf16 2.9e-3 / 6.5e-3,
 // f16 4.4e-4 / 8.3e-4, f32 3.9e-6 / 1.0e-5, the last two with large logits).
 //   L     |L − L_ref| ≤ 3e-5 · max(1, |L_ref|) for every dtype: it is fp32 from fp32 sums
+//
+// Dropout on P (AttentionDropout*, CudaAttentionDropout*): f64 gradient checks with a fixed mask;
+// the mask each pass applies (the forward, the dK/dV pass, the dQ pass) read back through the
+// gradients and outputs, equal to ops/dropout's for the same key, with the keep rate; p = 0 and
+// eval are attention(q, k, v) to the bit; the op check; bad arguments; on a GPU, the CPU
+// reference's results (same tolerances) for every dtype, T and d, the same mask bits read back
+// from every kernel, the same bits run to run, and a CUDA graph whose replays draw the next
+// steps' masks through the base word, as eager steps do.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -29,8 +37,12 @@
 #include "core/rng.h"
 #include "core/storage.h"
 #include "ops/attention/attention.h"
+#include "ops/dropout/dropout.h"
 #include "tests/expect_error.h"
 #include "tests/gradcheck.h"
+#ifdef MT_WITH_CUDA
+#include "core/cuda/graph.h"
+#endif
 
 using namespace mt;
 using mt::test::expect_error;
@@ -57,17 +69,19 @@ struct Pass {
 };
 
 Pass run_kernels(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
-                 const Tensor& lse_override = Tensor()) {
+                 const Tensor& lse_override = Tensor(),
+                 const AttentionDropout& dropout = AttentionDropout{}) {
   Pass r;
   const Device dev = q.device();
   r.o = empty(q.shape(), q.dtype(), dev);
   r.lse = empty({q.size(0), q.size(1), q.size(2)}, grad_dtype_for(q.dtype()), dev);
-  kernel<AttentionForwardFn>("attention", Phase::Forward, dev)(q, k, v, r.o, r.lse);
+  kernel<AttentionForwardFn>("attention", Phase::Forward, dev)(q, k, v, r.o, r.lse, dropout);
   r.dq = empty(q.shape(), q.dtype(), dev);
   r.dk = empty(q.shape(), q.dtype(), dev);
   r.dv = empty(q.shape(), q.dtype(), dev);
   kernel<AttentionBackwardFn>("attention", Phase::Backward, dev)(
-      q, k, v, r.o, lse_override.defined() ? lse_override : r.lse, dout, r.dq, r.dk, r.dv);
+      q, k, v, r.o, lse_override.defined() ? lse_override : r.lse, dout, r.dq, r.dk, r.dv,
+      dropout);
   return r;
 }
 
@@ -238,6 +252,244 @@ TEST(AttentionOpCheck, PassesTheOpCheck) {
   for (int64_t d : {16, 64}) MT_EXPECT_OP_CHECK(attention_spec(d));
 }
 
+// ---- dropout on P -------------------------------------------------------------------------
+
+namespace {
+
+// The element offset of P[h, i, j] in P [B·H, T, T] (attention.h's e).
+size_t p_index(int64_t h, int64_t i, int64_t j, int64_t T) { return size_t((h * T + i) * T + j); }
+
+// ops/dropout's keep mask for a [B, H, T, T] tensor with this key (the base's word added on the
+// host), 1 kept, 0 dropped: the convention attention.h promises.
+std::vector<int> ops_dropout_keep(const Shape& shape, const AttentionDropout& a) {
+  const uint64_t offset =
+      a.offset + (a.base.defined() ? uint64_t(a.base.to(kCPU).data<int64_t>()[0]) : 0);
+  const auto y = dropout(ones({shape[0], shape[1], shape[2], shape[2]}, DType::f32), a.p, a.seed,
+                         offset).to_vector();
+  std::vector<int> keep(y.size());
+  for (size_t e = 0; e < y.size(); ++e) keep[e] = y[e] != 0;
+  return keep;
+}
+
+// The mask each pass applied, read back through its outputs, per element of P: 1 kept, 0
+// dropped, −1 not read. q random, [B, H, T, d] (f64, CPU), run in dt on dev through the public
+// op; keys and queries in windows of d:
+//   forward: v_j = e_{j − j0} for j0 ≤ j < j0 + d, 0 for the other keys: O[i, c] = P·Z[i, j0 + c],
+//            zero exactly where dropped;
+//   dK/dV pass: dO_i = e_{i − i0} for the window's queries: dV[j, c] = P·Z[i0 + c, j];
+//   dQ pass: k_j = 2·e_{j − j0}, v = 1/2 everywhere, dO = 1: dP[i, j] = Z·d/2, D_i = d·O[i, 0],
+//            so dQ[i, c] = s·2·dS[i, j0 + c] = 2s·P·d·(Z/2 − O[i, 0]): negative where dropped
+//            (Z = 0), positive where kept (Z = 2 at p = 1/2) unless the row kept all its keys
+//            (O[i, 0] = 1) or dropped them all (0); rows near those are not read.
+struct MaskReadout {
+  std::vector<int> forward, dkdv, dq;
+};
+
+MaskReadout read_masks(const Tensor& q, const AttentionDropout& a, DType dt, Device dev) {
+  EXPECT_EQ(a.p, 0.5) << "the dQ readout needs Z = 2 for kept elements";
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), d = q.size(3), heads = B * H;
+  const Shape shape = q.shape();
+  auto on = [&](const Tensor& t) {
+    Tensor x = t.to(dt).to(dev).detach();
+    x.set_requires_grad();
+    return x;
+  };
+  auto window = [&](int64_t r0, double value) {  // rows r0 .. r0 + d − 1 of each head: value·e_c
+    Tensor t = zeros(shape, DType::f64);
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t c = 0; c < d && r0 + c < T; ++c) t.data<double>()[(h * T + r0 + c) * d + c] = value;
+    return t;
+  };
+  MaskReadout r;
+  r.forward.assign(size_t(heads * T * T), -1);
+  r.dkdv = r.dq = r.forward;
+  Generator g(99);
+  const Tensor k = mt::check::normal(g, shape), v = mt::check::normal(g, shape);
+  for (int64_t w0 = 0; w0 < T; w0 += d) {
+    {  // forward
+      const auto o = attention(on(q), on(k), on(window(w0, 1.0)), a).to(kCPU).to_vector();
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t i = 0; i < T; ++i)
+          for (int64_t c = 0; c < d && w0 + c <= i; ++c)
+            r.forward[p_index(h, i, w0 + c, T)] = o[size_t((h * T + i) * d + c)] != 0;
+    }
+    {  // dK/dV pass
+      Tensor vl = on(v);
+      attention(on(q), on(k), vl, a).backward(window(w0, 1.0).to(dt).to(dev));
+      const auto dv = vl.grad().to(kCPU).to_vector();
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t j = 0; j < T; ++j)
+          for (int64_t c = 0; c < d && w0 + c < T; ++c)
+            if (w0 + c >= j) r.dkdv[p_index(h, w0 + c, j, T)] = dv[size_t((h * T + j) * d + c)] != 0;
+    }
+    {  // dQ pass
+      Tensor ql = on(q);
+      Tensor o = attention(ql, on(window(w0, 2.0)), on(full(shape, 0.5, DType::f64)), a);
+      o.backward(ones(shape, dt, dev));
+      const auto dq = ql.grad().to(kCPU).to_vector(), ov = o.to(kCPU).to_vector();
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t i = 0; i < T; ++i) {
+          const double R = ov[size_t((h * T + i) * d)];  // O[i, 0] = Σ_j P·Z / 2
+          if (R < 0.05 || R > 0.95) continue;
+          for (int64_t c = 0; c < d && w0 + c <= i; ++c)
+            r.dq[p_index(h, i, w0 + c, T)] = dq[size_t((h * T + i) * d + c)] > 0;
+        }
+    }
+  }
+  return r;
+}
+
+// Every element read back equals ops/dropout's mask; the forward and the dK/dV pass read every
+// causal element, the dQ pass at least `min_dq_read` of them (it skips rows that kept or dropped
+// nearly all).
+void expect_masks_match(const MaskReadout& r, const std::vector<int>& want, int64_t T,
+                        double min_dq_read, const std::string& what) {
+  for (const auto& [got, pass] : {std::pair{&r.forward, "forward"}, std::pair{&r.dkdv, "dK/dV pass"},
+                                  std::pair{&r.dq, "dQ pass"}}) {
+    int64_t read = 0, wrong = 0, causal = 0;
+    for (size_t e = 0; e < want.size(); ++e) {
+      const int64_t i = int64_t(e) / T % T, j = int64_t(e) % T;
+      causal += j <= i;
+      if ((*got)[e] < 0) continue;
+      ++read;
+      if ((*got)[e] != want[e] && wrong++ < 5)
+        ADD_FAILURE() << what << ", " << pass << ": element " << e << " (i " << i << ", j " << j
+                      << ") kept " << (*got)[e] << ", ops/dropout says " << want[e];
+    }
+    EXPECT_EQ(wrong, 0) << what << ", " << pass;
+    EXPECT_GE(double(read), (got == &r.dq ? min_dq_read : 1.0) * double(causal))
+        << what << ", " << pass << ": too few read";
+  }
+}
+
+}  // namespace
+
+// Finite differences of the same fixed mask (a pure function of the key): T of 5, 7 and 13 (not
+// multiples of 4, so rows start mid-group), the mask dropping some of every shape's entries.
+TEST(AttentionDropout, GradientCheckForQKV) {
+  manual_seed(21);
+  for (Shape shape : {Shape{1, 1, 1, 3}, Shape{1, 2, 5, 3}, Shape{2, 1, 7, 4}, Shape{1, 1, 13, 2}}) {
+    const AttentionDropout a{.p = 0.3, .seed = 17, .offset = 5};
+    const auto keep = ops_dropout_keep(shape, a);
+    int64_t dropped = 0;
+    for (int64_t e = 0; e < int64_t(keep.size()); ++e)
+      dropped += keep[size_t(e)] == 0 && e % shape[2] <= e / shape[2] % shape[2];
+    if (shape[2] > 1) EXPECT_GT(dropped, 0) << shape_str(shape) << ": the mask drops nothing";
+    Tensor q = random_leaf(shape), k = random_leaf(shape), v = random_leaf(shape);
+    expect_gradcheck([&](auto& in) { return attention(in[0], in[1], in[2], a); }, {q, k, v},
+                     "attention with dropout " + shape_str(shape));
+  }
+}
+
+// The CPU kernels' mask, read through the forward's output and both halves of the backward,
+// is ops/dropout's for the same (seed, offset, base); across a big enough T the keep rate is 1 − p.
+TEST(AttentionDropout, EveryPassAppliesOpsDropoutsMask) {
+  manual_seed(22);
+  for (Shape shape : {Shape{2, 2, 13, 4}, Shape{1, 2, 37, 16}}) {
+    const AttentionDropout a{.p = 0.5, .seed = 1234, .offset = 77};
+    const Tensor q = randn(shape, DType::f64);
+    expect_masks_match(read_masks(q, a, DType::f64, kCPU), ops_dropout_keep(shape, a), shape[2],
+                       0.5, "CPU " + shape_str(shape));
+  }
+  // The keep rate, at p = 0.3 over 2 · 200·201/2 probabilities (binomial standard deviation
+  // about 63 kept; 6 of them is a wide margin), read with v = I (d = T).
+  const int64_t T = 200;
+  const AttentionDropout a{.p = 0.3, .seed = 5, .offset = 9};
+  Tensor v = zeros({1, 2, T, T}, DType::f64);
+  for (int64_t h = 0; h < 2; ++h)
+    for (int64_t j = 0; j < T; ++j) v.data<double>()[(h * T + j) * T + j] = 1;
+  const auto o = attention(randn({1, 2, T, T}, DType::f64), randn({1, 2, T, T}, DType::f64), v, a)
+                     .to_vector();
+  const auto want = ops_dropout_keep({1, 2, T, T}, a);
+  int64_t kept = 0, n = 0, wrong = 0;
+  for (int64_t h = 0; h < 2; ++h)
+    for (int64_t i = 0; i < T; ++i)
+      for (int64_t j = 0; j <= i; ++j, ++n) {
+        const bool k = o[p_index(h, i, j, T)] != 0;
+        kept += k;
+        wrong += k != bool(want[p_index(h, i, j, T)]);
+      }
+  EXPECT_EQ(wrong, 0);
+  EXPECT_NEAR(double(kept), 0.7 * double(n), 6 * std::sqrt(double(n) * 0.3 * 0.7));
+}
+
+// The base word adds to the offset, forward and backward, as in ops/dropout.
+TEST(AttentionDropout, AnOffsetBaseAddsItsWordToTheOffset) {
+  manual_seed(23);
+  const Shape shape{1, 2, 9, 4};
+  Tensor base = zeros({1}, DType::i64);
+  advance_dropout_base(base, 40, 1000);
+  const AttentionDropout with_base{.p = 0.5, .seed = 3, .offset = 2, .base = base};
+  const Tensor q = randn(shape, DType::f64);
+  expect_masks_match(read_masks(q, with_base, DType::f64, kCPU),
+                     ops_dropout_keep(shape, {.p = 0.5, .seed = 3, .offset = 42}), 9, 0.5,
+                     "base 40 + offset 2");
+  Tensor k = randn(shape, DType::f64), v = randn(shape, DType::f64);
+  EXPECT_EQ(attention(q, k, v, with_base).to_vector(),
+            attention(q, k, v, {.p = 0.5, .seed = 3, .offset = 42}).to_vector());
+  EXPECT_NE(attention(q, k, v, with_base).to_vector(),
+            attention(q, k, v, {.p = 0.5, .seed = 3, .offset = 2}).to_vector());
+}
+
+// p = 0 and training = false are attention(q, k, v): the same output and gradients, to the bit.
+TEST(AttentionDropout, ZeroPAndEvalAreAttentionItself) {
+  manual_seed(24);
+  for (DType dt : {DType::f64, DType::f32}) {
+    const Shape shape{2, 2, 11, 8};
+    Tensor dout = randn(shape, dt);
+    const Tensor q0 = randn(shape, dt), k0 = randn(shape, dt), v0 = randn(shape, dt);
+    auto run = [&](const AttentionDropout* a) {
+      Tensor q = q0.detach(), k = k0.detach(), v = v0.detach();
+      q.set_requires_grad(), k.set_requires_grad(), v.set_requires_grad();
+      Tensor o = a ? attention(q, k, v, *a) : attention(q, k, v);
+      o.backward(dout);
+      return std::vector{o.to_vector(), q.grad().to_vector(), k.grad().to_vector(),
+                         v.grad().to_vector()};
+    };
+    const auto plain = run(nullptr);
+    const AttentionDropout zero{.p = 0.0, .seed = 1, .offset = 2};
+    const AttentionDropout eval{.p = 0.5, .seed = 1, .offset = 2, .training = false};
+    const AttentionDropout on{.p = 0.5, .seed = 1, .offset = 2};
+    EXPECT_EQ(run(&zero), plain) << dtype_name(dt);
+    EXPECT_EQ(run(&eval), plain) << dtype_name(dt);
+    EXPECT_NE(run(&on)[0], plain[0]) << dtype_name(dt);
+  }
+}
+
+TEST(AttentionDropout, BadArgumentsAreClearErrors) {
+  const Tensor x = randn({1, 1, 3, 4});
+  expect_error([&] { attention(x, x, x, {.p = 1.0}); }, {"attention", "dropout p", "[0, 1)", "1"});
+  expect_error([&] { attention(x, x, x, {.p = -0.1}); }, {"attention", "dropout p", "-0.1"});
+  expect_error([&] { attention(x, x, x, {.p = 1.5, .training = false}); }, {"attention", "1.5"});
+  expect_error([&] { attention(x, x, x, {.p = 0.1, .base = zeros({2}, DType::i64)}); },
+               {"attention", "offset base", "one i64 element", "[2]"});
+  expect_error([&] { attention(x, x, x, {.p = 0.1, .base = zeros({1}, DType::f32)}); },
+               {"attention", "offset base", "f32"});
+}
+
+namespace {
+
+mt::check::OpSpec attention_dropout_spec(int64_t d) {
+  mt::check::OpSpec s = attention_spec(d);
+  s.name = "attention with dropout (d = " + std::to_string(d) + ")";
+  s.op = [](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{attention(in[0], in[1], in[2], {.p = 0.2, .seed = 8, .offset = 1})};
+  };
+  s.bad_inputs.push_back({"p = 1", [d] {
+                            const Tensor x = randn({1, 1, 3, d});
+                            attention(x, x, x, {.p = 1.0});
+                          }});
+  return s;
+}
+
+}  // namespace
+
+TEST(AttentionDropoutOpCheck, PassesTheOpCheck) {
+  mt::check::Options cpu_only;
+  cpu_only.cuda = false;  // CudaAttentionDropout.PassesTheOpCheckOnTheGpu has the CUDA lines
+  for (int64_t d : {16, 64}) MT_EXPECT_OP_CHECK(attention_dropout_spec(d), cpu_only);
+}
+
 // ---- CUDA ---------------------------------------------------------------------------------
 
 #define MT_REQUIRE_CUDA() \
@@ -260,15 +512,16 @@ Tol tol_for(DType dt) {
 // q, k, v, dO of `shape` (q and k times `qk_scale`), rounded to dt; the GPU run against the CPU
 // reference in f32 on the same rounded values. Returns the largest gradient error.
 double expect_matches_reference(const Shape& shape, DType dt, double qk_scale,
-                                const std::string& what) {
+                                const std::string& what,
+                                const AttentionDropout& dropout = AttentionDropout{}) {
   const Device gpu = cuda_device(0);
   Tensor q = randn_like_scaled(shape, qk_scale).to(dt), k = randn_like_scaled(shape, qk_scale).to(dt),
          v = randn(shape, DType::f64).to(dt), dout = randn(shape, DType::f64).to(dt);
   set_poison_allocations(true);  // NaN in every new buffer: an element never written shows
-  const Pass g = run_kernels(q.to(gpu), k.to(gpu), v.to(gpu), dout.to(gpu));
+  const Pass g = run_kernels(q.to(gpu), k.to(gpu), v.to(gpu), dout.to(gpu), Tensor(), dropout);
   set_poison_allocations(false);
   const Pass ref = run_kernels(q.to(DType::f32), k.to(DType::f32), v.to(DType::f32),
-                               dout.to(DType::f32));
+                               dout.to(DType::f32), Tensor(), dropout);
   const Tol tol = tol_for(dt);
   const double eo = normwise(g.o.to(kCPU), ref.o), eq = normwise(g.dq.to(kCPU), ref.dq),
                ek = normwise(g.dk.to(kCPU), ref.dk), ev = normwise(g.dv.to(kCPU), ref.dv);
@@ -362,3 +615,170 @@ TEST(AttentionBrokenStatistic, TheCudaBackwardWithoutLOrWithMAloneFailsTheCheck)
     EXPECT_GT(m_only, tol_for(DType::bf16).grad);
   }
 }
+
+// ---- CUDA, dropout on P -------------------------------------------------------------------
+
+namespace {
+
+// Restores the deterministic switch when a test ends.
+struct DeterministicGuard {
+  bool saved = deterministic();
+  explicit DeterministicGuard(bool on) { set_deterministic(on); }
+  ~DeterministicGuard() { set_deterministic(saved); }
+};
+
+}  // namespace
+
+// Every kernel with dropout against the CPU reference with the same key, at the tolerances of
+// the kernels without it: bf16 and f16 on the tensor cores at d = 32, 64, 128, f32 on the
+// CUDA-core path, and d = 48 (bf16 off the tensor cores).
+TEST(CudaAttentionDropout, EveryDtypeLengthAndHeadDimMatchesTheReference) {
+  MT_REQUIRE_CUDA();
+  manual_seed(30);
+  DeterministicGuard det(true);
+  const AttentionDropout a{.p = 0.2, .seed = 4242, .offset = 31};
+  for (DType dt : {DType::f32, DType::bf16, DType::f16})
+    for (int64_t d : {32, 64, 128})
+      for (int64_t T : {1, 7, 64, 257}) {
+        const Shape shape{2, 3, T, d};
+        expect_matches_reference(shape, dt, 1.0, case_name(dt, shape, " dropout 0.2"), a);
+      }
+  for (int64_t T : {7, 257})
+    expect_matches_reference({1, 2, T, 48}, DType::bf16, 1.0,
+                             case_name(DType::bf16, {1, 2, T, 48}, " dropout 0.2"), a);
+  // The atomic dQ variant takes its mask from the dK/dV pass.
+  set_deterministic(false);
+  for (DType dt : {DType::bf16, DType::f16})
+    expect_matches_reference({2, 3, 257, 64}, dt, 1.0, case_name(dt, {2, 3, 257, 64}, " dropout, atomic dq"), a);
+}
+
+// The mask each kernel applies, read back through the outputs (read_masks above), bit for bit
+// ops/dropout's: the tensor-core forward, dK/dV and dQ passes (bf16, f16), the atomic dQ variant,
+// and the CUDA-core kernels (f32, and bf16 at d = 48), at T not a multiple of 4 or of the tiles.
+TEST(CudaAttentionDropout, EveryKernelAppliesOpsDropoutsMaskBitForBit) {
+  MT_REQUIRE_CUDA();
+  manual_seed(31);
+  const Device gpu = cuda_device(0);
+  const AttentionDropout a{.p = 0.5, .seed = 99, .offset = 1000};
+  for (bool det : {true, false}) {
+    DeterministicGuard guard(det);
+    for (DType dt : {DType::bf16, DType::f16, DType::f32})
+      for (int64_t d : {32, 64, 128})
+        for (int64_t T : {1, 7, 64, 257}) {
+          if (!det && dt == DType::f32) continue;  // the CUDA-core path has no atomic variant
+          const Shape shape{1, 2, T, d};
+          const Tensor q = randn(shape, DType::f64);
+          expect_masks_match(read_masks(q, a, dt, gpu), ops_dropout_keep(shape, a), T,
+                             T >= 64 ? 0.5 : 0.0,
+                             case_name(dt, shape, det ? "" : " atomic dq"));
+        }
+  }
+  const Shape odd{1, 2, 71, 48};
+  expect_masks_match(read_masks(randn(odd, DType::f64), a, DType::bf16, gpu),
+                     ops_dropout_keep(odd, a), 71, 0.5, case_name(DType::bf16, odd));
+}
+
+// The same inputs and key give the same bits on every run, and another offset another mask.
+TEST(CudaAttentionDropout, SameBitsRunToRun) {
+  MT_REQUIRE_CUDA();
+  manual_seed(32);
+  DeterministicGuard det(true);
+  const Device gpu = cuda_device(0);
+  const Shape shape{2, 3, 1024, 64};
+  const AttentionDropout a{.p = 0.1, .seed = 7, .offset = 3};
+  for (DType dt : {DType::bf16, DType::f16, DType::f32}) {
+    Tensor q = randn(shape, dt, gpu), k = randn(shape, dt, gpu), v = randn(shape, dt, gpu),
+           dout = randn(shape, dt, gpu);
+    const Pass x = run_kernels(q, k, v, dout, Tensor(), a), y = run_kernels(q, k, v, dout, Tensor(), a);
+    for (const auto& [p1, p2, name] : {std::tuple{x.o, y.o, "O"}, std::tuple{x.lse, y.lse, "L"},
+                                       std::tuple{x.dq, y.dq, "dq"}, std::tuple{x.dk, y.dk, "dk"},
+                                       std::tuple{x.dv, y.dv, "dv"}})
+      EXPECT_EQ(p1.to(kCPU).to_vector(), p2.to(kCPU).to_vector()) << dtype_name(dt) << " " << name;
+    const Pass other = run_kernels(q, k, v, dout, Tensor(), {.p = 0.1, .seed = 7, .offset = 4});
+    EXPECT_NE(other.o.to(kCPU).to_vector(), x.o.to(kCPU).to_vector()) << dtype_name(dt);
+    // L is the softmax's statistic, before dropout: the same with or without it.
+    EXPECT_EQ(run_kernels(q, k, v, dout).lse.to(kCPU).to_vector(), x.lse.to(kCPU).to_vector());
+  }
+}
+
+// p = 0 and eval on the GPU are attention(q, k, v) to the bit (the kernels without dropout).
+TEST(CudaAttentionDropout, ZeroPAndEvalAreAttentionItself) {
+  MT_REQUIRE_CUDA();
+  manual_seed(33);
+  const Device gpu = cuda_device(0);
+  for (DType dt : {DType::bf16, DType::f32}) {
+    const Shape shape{2, 2, 129, 64};
+    const Tensor q = randn(shape, dt, gpu), k = randn(shape, dt, gpu), v = randn(shape, dt, gpu);
+    const auto plain = attention(q, k, v).to(kCPU).to_vector();
+    EXPECT_EQ(attention(q, k, v, {.p = 0.0, .seed = 1}).to(kCPU).to_vector(), plain);
+    EXPECT_EQ(attention(q, k, v, {.p = 0.3, .seed = 1, .training = false}).to(kCPU).to_vector(), plain);
+    EXPECT_NE(attention(q, k, v, {.p = 0.3, .seed = 1}).to(kCPU).to_vector(), plain);
+  }
+}
+
+TEST(CudaAttentionDropout, PassesTheOpCheckOnTheGpu) {
+  MT_REQUIRE_CUDA();
+  mt::check::Options gpu_only;
+  gpu_only.cpu = false;
+  for (int64_t d : {16, 64}) MT_EXPECT_OP_CHECK(attention_dropout_spec(d), gpu_only);
+}
+
+#ifdef MT_WITH_CUDA
+// A captured forward and backward replays with the word the device holds at that moment:
+// advance_dropout_base records `base += stride` in the graph, so two replays draw two masks, each
+// the mask an eager step of that step draws: O and the three gradients bitwise equal to eager
+// calls at the next offsets, on the tensor-core kernels (bf16) and the CUDA-core ones (f32).
+TEST(CudaAttentionDropout, EachGraphReplayDrawsTheNextStepsMaskAsEagerDoes) {
+  MT_REQUIRE_CUDA();
+  manual_seed(34);
+  DeterministicGuard det(true);
+  const Device dev = cuda_device(0);
+  const uint64_t stride = 1000;
+  for (DType dt : {DType::bf16, DType::f32}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Shape shape{2, 2, 67, 64};
+    const Tensor q0 = randn(shape, dt, dev), k0 = randn(shape, dt, dev), v0 = randn(shape, dt, dev),
+                 dout = randn(shape, dt, dev);
+    auto leaf = [](const Tensor& t) {
+      Tensor x = t.clone().detach();
+      x.set_requires_grad();
+      return x;
+    };
+    Tensor q = leaf(q0), k = leaf(k0), v = leaf(v0);
+    Tensor base = zeros({1}, DType::i64, dev);
+    const Tensor out = empty(shape, dt, dev);  // outlives the replays: made before the capture
+    advance_dropout_base(base, 4 * stride, stride);  // eagerly: step 4's word
+    const AttentionDropout a{.p = 0.2, .seed = 9, .offset = 3, .base = base};
+    // An eager step first: the .grad the captured backward adds into exists before the capture.
+    attention(q, k, v, a).backward(dout);
+    cuda::Graph g = cuda::Graph::capture(0, [&] {
+      advance_dropout_base(base, 0, stride);  // captured: += stride (the 0 is never used)
+      Tensor y = attention(q, k, v, a);
+      out.copy_(y);
+      y.backward(dout);
+    });
+    std::vector<std::vector<double>> outs;
+    for (int step = 5; step <= 6; ++step) {
+      for (Tensor* t : {&q, &k, &v}) t->grad().fill_(0.0);
+      g.replay();
+      EXPECT_EQ(base.to_vector(), std::vector<double>{double(step * stride)});
+      // The eager call of this step: the host offset alone, and the base word set eagerly.
+      Tensor eager_base = zeros({1}, DType::i64, dev);
+      advance_dropout_base(eager_base, step * stride, stride);
+      for (const AttentionDropout& e :
+           {AttentionDropout{.p = 0.2, .seed = 9, .offset = 3 + step * stride},
+            AttentionDropout{.p = 0.2, .seed = 9, .offset = 3, .base = eager_base}}) {
+        Tensor eq = leaf(q0), ek = leaf(k0), ev = leaf(v0);
+        Tensor y = attention(eq, ek, ev, e);
+        y.backward(dout);
+        EXPECT_EQ(out.to_vector(), y.to_vector()) << "step " << step << ": O";
+        EXPECT_EQ(q.grad().to_vector(), eq.grad().to_vector()) << "step " << step << ": dq";
+        EXPECT_EQ(k.grad().to_vector(), ek.grad().to_vector()) << "step " << step << ": dk";
+        EXPECT_EQ(v.grad().to_vector(), ev.grad().to_vector()) << "step " << step << ": dv";
+      }
+      outs.push_back(out.to_vector());
+    }
+    EXPECT_NE(outs[0], outs[1]);
+  }
+}
+#endif

@@ -1,6 +1,6 @@
 // The GPT model (nn/gpt.h) and its loss (train/lm_task.h): names, initialization, gradients by
 // finite differences through the whole model (the tied weight included), and microbatches adding
-// up to the full batch.
+// up to the full batch; dropout in training, the attention probabilities' included.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -157,6 +157,73 @@ TEST(Gpt, MicrobatchesAddUpToTheFullBatch) {
         ASSERT_NEAR(split[p][i], full[p][i], 1e-13 + 1e-11 * std::abs(full[p][i]))
             << "parameter " << p << " element " << i << " with " << sizes.size() << " microbatches";
   }
+}
+
+// nanoGPT's `dropout` in all three places: in training each block's attention also drops
+// probabilities (attn.attn_dropout's p and key, inside the fused op), every dropout has an offset
+// of its own, the step repeats itself bitwise, and evaluation drops nothing. The model whose
+// attention dropout alone is off (p = 0, same keys elsewhere) computes other logits and gradients.
+TEST(Gpt, TrainingDropsAttentionProbabilitiesWithTheirOwnKey) {
+  nn::GPTConfig c = tiny();
+  c.dropout = 0.3;
+  manual_seed(8);
+  nn::GPT model(c);
+  manual_seed(8);
+  nn::GPT no_attn_dropout(c);
+  for (const auto& [name, m] : no_attn_dropout.named_modules())
+    if (name.ends_with("attn_dropout")) dynamic_cast<nn::Dropout&>(*m).p = 0;
+  ASSERT_EQ(model.num_dropouts(), size_t(1 + 3 * c.n_layer));
+  model.set_dropout_key(11, 3);
+  no_attn_dropout.set_dropout_key(11, 3);
+  std::set<uint64_t> offsets;
+  int attn = 0;
+  for (const auto& [name, m] : model.named_modules())
+    if (auto* d = dynamic_cast<nn::Dropout*>(m.get())) {
+      offsets.insert(d->offset);
+      attn += name.ends_with("attn.attn_dropout");
+      EXPECT_EQ(d->p, 0.3) << name;
+    }
+  EXPECT_EQ(offsets.size(), model.num_dropouts());
+  EXPECT_EQ(attn, c.n_layer);
+
+  const Tensor ids = random_ids(3, 6, 11, 9), targets = random_ids(3, 6, 11, 10);
+  auto step = [&](nn::GPT& m) {
+    m.zero_grad();
+    Tensor loss = train::next_token_loss(m(ids), targets, c.vocab_size, 18.0);
+    loss.backward();
+    std::vector<std::vector<double>> out{loss.to_vector()};
+    for (const Tensor& p : m.parameters()) out.push_back(p.grad().to_vector());
+    return out;
+  };
+  model.train();
+  no_attn_dropout.train();
+  const auto a = step(model), b = step(no_attn_dropout);
+  EXPECT_NE(a[0], b[0]) << "the loss does not see the attention's dropout";
+  EXPECT_EQ(step(model), a) << "the same key must draw the same masks";
+  model.set_dropout_key(11, 4);  // another call: other masks
+  EXPECT_NE(step(model)[0], a[0]);
+  model.eval();
+  no_attn_dropout.eval();
+  EXPECT_EQ(model(ids).to_vector(), no_attn_dropout(ids).to_vector());
+}
+
+// The gradient of the loss with every dropout on (fixed keys: fixed masks), by central
+// differences in f64: the attention's dropout included.
+TEST(Gpt, GradientsWithDropoutMatchFiniteDifferences) {
+  manual_seed(12);
+  nn::GPTConfig c = tiny();
+  c.n_layer = 1;
+  c.dropout = 0.3;
+  nn::GPT model(c);
+  model.to(DType::f64);
+  model.set_dropout_key(2, 7);
+  Tensor ids = random_ids(2, 5, 11, 13), targets = random_ids(2, 5, 11, 14);
+  std::vector<Tensor> params = model.parameters();
+  test::expect_gradcheck(
+      [&](const std::vector<Tensor>&) {
+        return train::next_token_loss(model(ids), targets, c.vocab_size, 10.0).reshape({1});
+      },
+      params, "GPT with dropout", {.h = 1e-6, .atol = 1e-8, .rtol = 1e-6});
 }
 
 }  // namespace

@@ -49,7 +49,8 @@ const RegisterModel gpt({
                            ? std::string() : "must be 0 or in [model.vocab_size, 2^24]";
               }},
              {.name = "dropout", .type = ParamType::number, .default_value = "0.0",
-              .meaning = "dropout after the embeddings and each residual branch",
+              .meaning = "dropout after the embeddings, on each residual branch and on the "
+                         "attention probabilities (nanoGPT's three places), in training",
               .constraints = "[0, 1)",
               .check = [](const Params& p) {
                 return p.number("dropout") >= 0 && p.number("dropout") < 1 ? "" : "must be in [0, 1)";

@@ -10,6 +10,8 @@
 #include "core/autograd.h"
 #include "core/cpu_kernels.h"
 #include "core/registry.h"
+#include "ops/dropout/dropout.h"
+#include "ops/dropout/philox.h"
 
 namespace mt {
 namespace {
@@ -24,7 +26,8 @@ Tensor prepared(const Tensor& t) {
 struct AttentionFn : Function<AttentionFn> {
   static constexpr const char* name = "attention";
 
-  static Tensor forward(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v) {
+  static Tensor forward(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const AttentionDropout& dropout) {
     MT_CHECK(q.dim() == 4 && is_floating(q.dtype()), "attention: q must be a floating-point "
              "[B, H, T, d] tensor, got shape ", shape_str(q.shape()), " ", dtype_name(q.dtype()));
     MT_CHECK(k.shape() == q.shape() && v.shape() == q.shape(), "attention: q, k and v must have "
@@ -43,8 +46,9 @@ struct AttentionFn : Function<AttentionFn> {
     Tensor qc = prepared(q), kc = prepared(k), vc = prepared(v);
     Tensor o = empty(q.shape(), q.dtype(), q.device());
     Tensor lse = empty({q.size(0), q.size(1), q.size(2)}, grad_dtype_for(q.dtype()), q.device());
-    kernel<AttentionForwardFn>(name, Phase::Forward, q.device())(qc, kc, vc, o, lse);
+    kernel<AttentionForwardFn>(name, Phase::Forward, q.device())(qc, kc, vc, o, lse, dropout);
     ctx.save_for_backward({qc, kc, vc, o, lse});
+    ctx.set("dropout", dropout);  // the key (and the base word itself): the mask is regenerated
     return o;
   }
 
@@ -56,10 +60,10 @@ struct AttentionFn : Function<AttentionFn> {
     Tensor dq = empty(q.shape(), q.dtype(), q.device());
     Tensor dk = empty(q.shape(), q.dtype(), q.device());
     Tensor dv = empty(q.shape(), q.dtype(), q.device());
-    kernel<AttentionBackwardFn>(name, Phase::Backward, q.device())(q, k, v, o, lse, dout, dq, dk,
-                                                                   dv);
+    kernel<AttentionBackwardFn>(name, Phase::Backward, q.device())(
+        q, k, v, o, lse, dout, dq, dk, dv, ctx.get<AttentionDropout>("dropout"));
     return {ctx.needs_input_grad(0) ? dq : Tensor(), ctx.needs_input_grad(1) ? dk : Tensor(),
-            ctx.needs_input_grad(2) ? dv : Tensor()};
+            ctx.needs_input_grad(2) ? dv : Tensor(), Tensor()};  // q, k, v; the dropout: none
   }
 };
 
@@ -81,6 +85,39 @@ std::vector<double> scores(const double* q, const double* k, int64_t T, int64_t 
   return S;
 }
 
+// Z[i, j] of one head (attention.h), the mask materialized: 1 / (1 − p) where kept, 0 where
+// dropped, every entry 1 without dropout. Row i's words are e = (head·T + i)·T + j, one Philox
+// call per group of 4 consecutive e.
+class DropoutFactors {
+ public:
+  explicit DropoutFactors(const AttentionDropout& d)
+      : on_(d.p > 0), threshold_(on_ ? dropout_threshold(d.p) : 0), scale_(1.0 / (1.0 - d.p)),
+        seed_(d.seed),
+        offset_(d.offset + (d.base.defined() ? uint64_t(d.base.data<int64_t>()[0]) : 0)) {}
+
+  // Z[i, j] for j ≤ i (the causal part; the rest is never read), row-major T×T.
+  std::vector<double> head(int64_t h, int64_t T) const {
+    std::vector<double> Z(size_t(T * T), 1.0);
+    if (!on_) return Z;
+    for (int64_t i = 0; i < T; ++i) {
+      const uint64_t e0 = (uint64_t(h) * uint64_t(T) + uint64_t(i)) * uint64_t(T);
+      philox::U32x4 r{};
+      for (int64_t j = 0; j <= i; ++j) {
+        const uint64_t e = e0 + uint64_t(j);
+        if (j == 0 || e % 4 == 0) r = philox::draw(seed_, offset_, e / 4);
+        Z[size_t(i * T + j)] = r.v[e % 4] >= threshold_ ? scale_ : 0.0;
+      }
+    }
+    return Z;
+  }
+
+ private:
+  bool on_;
+  uint32_t threshold_;
+  double scale_;
+  uint64_t seed_, offset_;
+};
+
 // One head of t (rows [T, d] starting at `head`) widened to double.
 template <class scalar_t>
 std::vector<double> widen(const Tensor& t, int64_t head, int64_t n) {
@@ -91,7 +128,8 @@ std::vector<double> widen(const Tensor& t, int64_t head, int64_t n) {
 }
 
 void forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                 const Tensor& lse) {
+                 const Tensor& lse, const AttentionDropout& dropout) {
+  const DropoutFactors factors(dropout);
   MT_DISPATCH_FLOATING(q.dtype(), "attention", [&] {
     using acc = cpu::acc_t<scalar_t>;
     const int64_t heads = q.size(0) * q.size(1), T = q.size(2), d = q.size(3);
@@ -100,6 +138,7 @@ void forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
       const auto qh = widen<scalar_t>(q, h, T * d), kh = widen<scalar_t>(k, h, T * d),
                  vh = widen<scalar_t>(v, h, T * d);
       std::vector<double> P = scores(qh.data(), kh.data(), T, d, scale);
+      const std::vector<double> Z = factors.head(h, T);
       for (int64_t i = 0; i < T; ++i) {
         double* row = P.data() + i * T;
         double m = kNegInf, l = 0;
@@ -108,9 +147,11 @@ void forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
         const double L = m + std::log(l);
         lse.data<acc>()[h * T + i] = acc(L);
         for (int64_t j = 0; j < T; ++j) row[j] = j <= i ? std::exp(row[j] - L) : 0.0;  // P
-        std::vector<double> oi(size_t(d), 0.0);
-        for (int64_t j = 0; j <= i; ++j)
-          for (int64_t c = 0; c < d; ++c) oi[size_t(c)] += row[j] * vh[size_t(j * d + c)];
+        std::vector<double> oi(size_t(d), 0.0);  // Σ_j P[i, j]·Z[i, j]·v_j (Z = 1: exactly P)
+        for (int64_t j = 0; j <= i; ++j) {
+          const double pz = row[j] * Z[size_t(i * T + j)];
+          for (int64_t c = 0; c < d; ++c) oi[size_t(c)] += pz * vh[size_t(j * d + c)];
+        }
         for (int64_t c = 0; c < d; ++c)
           o.data<scalar_t>()[(h * T + i) * d + c] = cpu::from_acc<scalar_t>(acc(oi[size_t(c)]));
       }
@@ -119,10 +160,12 @@ void forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
 }
 
 // P = exp(S − L) from the saved L (not from a fresh softmax: the contract the CUDA kernels
-// follow, so a wrong L shows on both devices), D = rowsum(dO ∘ O), dS = P ∘ (dP − D).
+// follow, so a wrong L shows on both devices), D = rowsum(dO ∘ O), dP = Z ∘ (dO vᵀ),
+// dS = P ∘ (dP − D); the mask Z drawn again from the forward's key.
 void backward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                   const Tensor& lse, const Tensor& dout, const Tensor& dq, const Tensor& dk,
-                  const Tensor& dv) {
+                  const Tensor& dv, const AttentionDropout& dropout) {
+  const DropoutFactors factors(dropout);
   MT_DISPATCH_FLOATING(q.dtype(), "attention", [&] {
     using acc = cpu::acc_t<scalar_t>;
     const int64_t heads = q.size(0) * q.size(1), T = q.size(2), d = q.size(3);
@@ -132,6 +175,7 @@ void backward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
                  vh = widen<scalar_t>(v, h, T * d), oh = widen<scalar_t>(o, h, T * d),
                  gh = widen<scalar_t>(dout, h, T * d);
       std::vector<double> P = scores(qh.data(), kh.data(), T, d, scale);
+      const std::vector<double> Z = factors.head(h, T);
       std::vector<double> dS(size_t(T * T), 0.0);
       for (int64_t i = 0; i < T; ++i) {
         const double L = double(lse.data<acc>()[h * T + i]);
@@ -144,16 +188,16 @@ void backward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
             continue;
           }
           p = std::exp(p - L);
-          double dp = 0;  // dP[i, j] = dO_i · v_j
+          double dp = 0;  // dP[i, j] = Z[i, j] · (dO_i · v_j)
           for (int64_t c = 0; c < d; ++c) dp += gh[size_t(i * d + c)] * vh[size_t(j * d + c)];
-          dS[size_t(i * T + j)] = p * (dp - D);
+          dS[size_t(i * T + j)] = p * (Z[size_t(i * T + j)] * dp - D);
         }
       }
-      // dQ_i = s · Σ_j dS[i, j] k_j,  dK_j = s · Σ_i dS[i, j] q_i,  dV_j = Σ_i P[i, j] dO_i
+      // dQ_i = s · Σ_j dS[i, j] k_j,  dK_j = s · Σ_i dS[i, j] q_i,  dV_j = Σ_i P[i, j] Z[i, j] dO_i
       std::vector<double> dQ(size_t(T * d), 0.0), dK(dQ), dV(dQ);
       for (int64_t i = 0; i < T; ++i)
         for (int64_t j = 0; j <= i; ++j) {
-          const double p = P[size_t(i * T + j)], ds = dS[size_t(i * T + j)];
+          const double p = P[size_t(i * T + j)] * Z[size_t(i * T + j)], ds = dS[size_t(i * T + j)];
           for (int64_t c = 0; c < d; ++c) {
             dQ[size_t(i * d + c)] += ds * kh[size_t(j * d + c)];
             dK[size_t(j * d + c)] += ds * qh[size_t(i * d + c)];
@@ -172,11 +216,28 @@ void backward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
 }  // namespace
 
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v) {
-  return AttentionFn::apply(q, k, v);
+  return AttentionFn::apply(q, k, v, AttentionDropout{});
 }
 
-MT_DEFINE_OP(attention, "O = softmax_causal(q k^T/sqrt(d)) v, L = logsumexp; "
-             "dS = P*(dP - rowsum(dO*O)), dq = dS k/sqrt(d), dk = dS^T q/sqrt(d), dv = P^T dO",
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                 const AttentionDropout& dropout) {
+  MT_CHECK(dropout.p >= 0 && dropout.p < 1, "attention: dropout p must be in [0, 1), got ",
+           dropout.p);
+  if (!dropout.training || dropout.p == 0) return attention(q, k, v);
+  const Tensor& base = dropout.base;
+  if (base.defined()) {
+    MT_CHECK(base.dtype() == DType::i64 && base.numel() == 1 && base.is_contiguous(),
+             "attention: the dropout offset base must be one i64 element, got shape ",
+             shape_str(base.shape()), " ", dtype_name(base.dtype()));
+    MT_CHECK(q.defined() && base.device() == q.device(), "attention: the dropout offset base is on ",
+             base.device().str(), " but q is on ", q.defined() ? q.device().str() : "nothing");
+  }
+  return AttentionFn::apply(q, k, v, dropout);
+}
+
+MT_DEFINE_OP(attention, "O = (softmax_causal(q k^T/sqrt(d)) * Z) v, L = logsumexp, "
+             "Z = dropout mask/(1-p) (1 without dropout); dP = Z*(dO v^T), "
+             "dS = P*(dP - rowsum(dO*O)), dq = dS k/sqrt(d), dk = dS^T q/sqrt(d), dv = (P*Z)^T dO",
              AttentionForwardFn, AttentionBackwardFn);
 MT_REGISTER_KERNEL(attention, Forward, CPU, forward_cpu);
 MT_REGISTER_KERNEL(attention, Backward, CPU, backward_cpu);

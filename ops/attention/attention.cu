@@ -29,6 +29,14 @@
 //                 map rounds it into dq.
 // CUDA-core path (f32; bf16 and f16 at other d ≤ 256): one warp per row (forward, dQ) or per key
 // (dK, dV), lane ℓ scoring key (or query) j0 + ℓ of each group of 32, fp32 throughout.
+// Dropout on P (attention.h): each kernel but D's is a template of kDrop, and the launchers pick
+// the instantiation without it for p = 0, so that path is the kernel as it was. With it, every
+// thread reads the base word once when it starts and draws the words of the probabilities it
+// holds: the forward and the dQ pass hold a row's keys 2t and 2t + 1 (one Philox call for both),
+// the dK/dV pass a key's queries 2t and 2t + 1 (two rows: one call each), the CUDA-core lanes one
+// element each; elements past the diagonal or T draw nothing. Dropped values are zeroed in P
+// before P·V (after ℓ took them) and in Pᵀ before Pᵀ·dO; the 1/(1 − p) of the kept ones
+// multiplies O with 1/ℓ and dV at its store, while dP is scaled element by element before − D.
 //
 // Accumulation: O, L, D, dQ, dK, dV all '='. Every sum has a fixed order (mma k-order, the quad
 // shuffles, the tile walk), and the grid depends only on the shape, so the same inputs give the
@@ -51,6 +59,8 @@
 #include "core/registry.h"
 #include "core/switches.h"
 #include "ops/attention/attention.h"
+#include "ops/dropout/dropout.h"
+#include "ops/dropout/philox.h"
 
 namespace mt::cuda {
 namespace {
@@ -129,6 +139,48 @@ __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
+}
+
+// ---- dropout on P (attention.h) ---------------------------------------------------------------
+// Each kernel is instantiated twice, kDrop false (no dropout: the code below has no trace of it)
+// and true. Element e = (bh·T + i)·T + j of P is kept where word e % 4 of Philox group e / 4
+// clears the threshold, as on the CPU.
+
+struct Drop {
+  uint32_t threshold;
+  float scale;
+  uint64_t seed, offset;
+};
+
+// The key as the kernel uses it: the device word added to the offset, read when the kernel runs
+// (a CUDA graph replay reads that replay's word). Without dropout nothing is read.
+template <bool kDrop>
+__device__ __forceinline__ Drop drop_of(const AttentionDropoutArgs& a) {
+  if constexpr (!kDrop) return Drop{};
+  else return {a.threshold, a.scale, a.seed, a.offset + (a.base != nullptr ? *a.base : 0)};
+}
+
+__device__ __forceinline__ uint32_t word(const philox::U32x4& r, uint32_t w) {
+  return w == 0 ? r.v[0] : w == 1 ? r.v[1] : w == 2 ? r.v[2] : r.v[3];  // selects, no local array
+}
+
+// Whether element e of P is kept.
+__device__ __forceinline__ bool kept(const Drop& dr, uint64_t e) {
+  return word(philox::draw(dr.seed, dr.offset, e / 4), uint32_t(e % 4)) >= dr.threshold;
+}
+
+// Elements e and e + 1 (two adjacent keys of one row, as a thread holds them in an accumulator
+// tile): one draw serves both unless e is the last word of its group.
+__device__ __forceinline__ void kept_pair(const Drop& dr, uint64_t e, bool& k0, bool& k1) {
+  const philox::U32x4 r = philox::draw(dr.seed, dr.offset, e / 4);
+  const uint32_t w = uint32_t(e % 4);
+  k0 = word(r, w) >= dr.threshold;
+  k1 = (w < 3 ? word(r, w + 1) : philox::draw(dr.seed, dr.offset, e / 4 + 1).v[0]) >= dr.threshold;
+}
+
+// The index of P[row, 0] for head bh.
+__device__ __forceinline__ uint64_t p_row(int bh, int row, int T_len) {
+  return (uint64_t(bh) * uint64_t(T_len) + uint64_t(row)) * uint64_t(T_len);
 }
 
 // ---- warp-level tile products -----------------------------------------------------------------
@@ -260,10 +312,11 @@ __device__ __forceinline__ void zero(float (&acc)[MT][N][4]) {
 // ---- tensor-core forward ----------------------------------------------------------------------
 // Block: kWarps warps of 16·MT query rows each (kBM rows); K/V tiles of BC keys.
 
-template <class T, int D, int MT, int BC>
+template <class T, int D, int MT, int BC, bool kDrop>
 __global__ void __launch_bounds__(kThreads)
     forward_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-               T* __restrict__ o, float* __restrict__ lse, int T_len, float scale_log2) {
+               T* __restrict__ o, float* __restrict__ lse, int T_len, float scale_log2,
+               AttentionDropoutArgs dropout) {
   constexpr int kS = D + kPad, kBM = kWarps * 16 * MT;
   constexpr bool kHoldQ = D <= 64;  // q's fragments in registers; at d = 128 re-read per tile
   extern __shared__ __align__(16) unsigned char smem[];
@@ -275,6 +328,7 @@ __global__ void __launch_bounds__(kThreads)
   const int w0 = q0 + warp * 16 * MT;                            // this warp's first row
   const int64_t base = int64_t(blockIdx.y) * T_len * D;
   const int tiles = int(ceil_div(min(q0 + kBM, T_len), BC));  // keys up to the block's last row
+  [[maybe_unused]] const Drop dr = drop_of<kDrop>(dropout);
   load_tile<T, D, kBM, kThreads>(sQ, q + base, q0, T_len);
   load_tile<T, D, BC, kThreads>(sK, k + base, 0, T_len);
   load_tile<T, D, BC, kThreads>(sV, v + base, 0, T_len);
@@ -336,6 +390,17 @@ __global__ void __launch_bounds__(kThreads)
             s[m][n][e] = p;
             l[m][h] += p;
           }
+        if constexpr (kDrop) {  // after ℓ: P·Z into the product, Z's 1/(1 − p) at the end
+          const int row = w0 + 16 * m + g + 8 * h, j = kt * BC + 2 * t;
+#pragma unroll
+          for (int n = 0; n < BC / 8; ++n) {
+            if (row >= T_len || j + n * 8 > row) continue;  // masked already: p = 0
+            bool k0, k1;
+            kept_pair(dr, p_row(int(blockIdx.y), row, T_len) + uint64_t(j + n * 8), k0, k1);
+            if (!k0) s[m][n][2 * h] = 0.0f;
+            if (!k1) s[m][n][2 * h + 1] = 0.0f;
+          }
+        }
       }
     uint32_t pa[MT][BC / 16][4];
     to_a<MT, BC, T>(s, pa);
@@ -352,7 +417,8 @@ __global__ void __launch_bounds__(kThreads)
       const int row = w0 + 16 * m + g + 8 * h;
       if (t == 0 && row < T_len)
         lse[int64_t(blockIdx.y) * T_len + row] = (m_run[m][h] + log2f(sum)) * kLn2;
-      const float inv = 1.0f / sum;
+      float inv = 1.0f / sum;
+      if constexpr (kDrop) inv *= dr.scale;
 #pragma unroll
       for (int n = 0; n < D / 8; ++n) acc[m][n][2 * h] *= inv, acc[m][n][2 * h + 1] *= inv;
     }
@@ -376,12 +442,13 @@ __global__ void __launch_bounds__(kThreads)
 
 // ---- tensor-core backward, pass 2: dK, dV (and the atomic dQ) ---------------------------------
 
-template <class T, int D, int BR, bool kAtomicDq>
+template <class T, int D, int BR, bool kAtomicDq, bool kDrop>
 __global__ void __launch_bounds__(kThreads)
     dkdv_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
             const T* __restrict__ dout, const float* __restrict__ lse,
             const float* __restrict__ Dvec, T* __restrict__ dk, T* __restrict__ dv,
-            float* __restrict__ dq_acc, int T_len, float scale, float scale_log2) {
+            float* __restrict__ dq_acc, int T_len, float scale, float scale_log2,
+            AttentionDropoutArgs dropout) {
   constexpr int kS = D + kPad, kSS = BR + kPad;
   extern __shared__ __align__(16) unsigned char smem[];
   T* sK = reinterpret_cast<T*>(smem);
@@ -397,6 +464,7 @@ __global__ void __launch_bounds__(kThreads)
   const float* lse_h = lse + int64_t(blockIdx.y) * T_len;
   const float* D_h = Dvec + int64_t(blockIdx.y) * T_len;
   const int first = k0 / BR, tiles = int(ceil_div(T_len, BR));
+  [[maybe_unused]] const Drop dr = drop_of<kDrop>(dropout);
 
   auto load_q_tile = [&](int qi, int buf) {
     load_tile<T, D, BR, kThreads>(sQ + buf * BR * kS, q + base, qi * BR, T_len);
@@ -441,8 +509,14 @@ __global__ void __launch_bounds__(kThreads)
         const int il = n * 8 + 2 * t + e % 2, i = i0 + il, j = j_base + 8 * (e / 2);
         float p = fast_exp2(s[0][n][e] * scale_log2 - L[il]);
         if (edge && (i < j || i >= T_len)) p = 0.0f;
-        s[0][n][e] = p;
-        dp[0][n][e] = p * (dp[0][n][e] - Dr[il]);  // dSᵀ
+        float pz = p, dpz = dp[0][n][e];
+        if constexpr (kDrop) {  // Z: P·Z into dV (1/(1 − p) at its store), dP = Z ∘ (dO·vᵀ)
+          const bool keep = i >= j && i < T_len && kept(dr, p_row(int(blockIdx.y), i, T_len) + j);
+          pz = keep ? p : 0.0f;
+          dpz = keep ? dpz * dr.scale : 0.0f;
+        }
+        s[0][n][e] = pz;
+        dp[0][n][e] = p * (dpz - Dr[il]);  // dSᵀ
       }
     uint32_t pa[1][BR / 16][4], dsa[1][BR / 16][4];
     to_a<1, BR, T>(s, pa);
@@ -491,18 +565,18 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   store_rows<1, D, T>(dk + base, dk_acc, k0 + warp * 16, T_len, scale);
-  store_rows<1, D, T>(dv + base, dv_acc, k0 + warp * 16, T_len, 1.0f);
+  store_rows<1, D, T>(dv + base, dv_acc, k0 + warp * 16, T_len, kDrop ? dr.scale : 1.0f);
 }
 
 // ---- tensor-core backward, pass 3: dQ without atomics -------------------------------------------
 // Block: kWarps warps of 16·MT query rows each (kBM rows); K/V tiles of BC keys.
 
-template <class T, int D, int MT, int BC>
+template <class T, int D, int MT, int BC, bool kDrop>
 __global__ void __launch_bounds__(kThreads)
     dq_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
           const T* __restrict__ dout, const float* __restrict__ lse,
           const float* __restrict__ Dvec, T* __restrict__ dq, int T_len, float scale,
-          float scale_log2) {
+          float scale_log2, AttentionDropoutArgs dropout) {
   constexpr int kS = D + kPad, kBM = kWarps * 16 * MT;
   extern __shared__ __align__(16) unsigned char smem[];
   T* sQ = reinterpret_cast<T*>(smem);
@@ -523,6 +597,7 @@ __global__ void __launch_bounds__(kThreads)
       Dr[m][h] = i < T_len ? Dvec[int64_t(blockIdx.y) * T_len + i] : 0.0f;
     }
   const int tiles = int(ceil_div(min(q0 + kBM, T_len), BC));  // keys up to the last row
+  [[maybe_unused]] const Drop dr = drop_of<kDrop>(dropout);
   load_tile<T, D, kBM, kThreads>(sQ, q + base, q0, T_len);
   load_tile<T, D, kBM, kThreads>(sdO, dout + base, q0, T_len);
   load_tile<T, D, BC, kThreads>(sK, k + base, 0, T_len);
@@ -551,14 +626,27 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int m = 0; m < MT; ++m)
 #pragma unroll
-      for (int n = 0; n < BC / 8; ++n)
+      for (int n = 0; n < BC / 8; ++n) {
+        [[maybe_unused]] bool keep[4] = {true, true, true, true};
+        if constexpr (kDrop) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int i = w0 + 16 * m + g + 8 * h, j = j0 + n * 8 + 2 * t;
+            if (i < T_len && j <= i)  // else masked: p = 0
+              kept_pair(dr, p_row(int(blockIdx.y), i, T_len) + uint64_t(j), keep[2 * h],
+                        keep[2 * h + 1]);
+          }
+        }
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int i = w0 + 16 * m + g + 8 * (e / 2), j = j0 + n * 8 + 2 * t + e % 2;
           float p = fast_exp2(s[m][n][e] * scale_log2 - L[m][e / 2]);
           if (edge && j > i) p = 0.0f;
-          dp[m][n][e] = p * (dp[m][n][e] - Dr[m][e / 2]);  // dS
+          float dpz = dp[m][n][e];
+          if constexpr (kDrop) dpz = keep[e] ? dpz * dr.scale : 0.0f;  // dP = Z ∘ (dO·vᵀ)
+          dp[m][n][e] = p * (dpz - Dr[m][e / 2]);  // dS
         }
+      }
     uint32_t dsa[MT][BC / 16][4];
     to_a<MT, BC, T>(dp, dsa);
     mma_reg<true, MT, D, BC>(dq_acc, dsa, K, kS);  // dQ += dS · K
@@ -578,15 +666,17 @@ __global__ void round_kernel(const float* __restrict__ in, T* __restrict__ out, 
 // Lane ℓ owns columns ℓ, ℓ + 32, ... (U of them, d ≤ 32·U); the warp's own row sits in shared
 // memory in fp32, and each lane scores one key (query) of a group of 32 against it.
 
-template <class T, int U>
+template <class T, int U, bool kDrop>
 __global__ void __launch_bounds__(kThreads)
     forward_simple(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                   T* __restrict__ o, float* __restrict__ lse, int T_len, int d, float scale) {
+                   T* __restrict__ o, float* __restrict__ lse, int T_len, int d, float scale,
+                   AttentionDropoutArgs dropout) {
   __shared__ float sq[kWarps][32 * U];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int i = int(blockIdx.x) * kWarps + warp;
   if (i >= T_len) return;
   const int64_t base = int64_t(blockIdx.y) * T_len * d;
+  [[maybe_unused]] const Drop dr = drop_of<kDrop>(dropout);
   for (int c = lane; c < d; c += 32) sq[warp][c] = to_float(q[base + int64_t(i) * d + c]) * scale;
   __syncwarp();
   float m = -kInf, l = 0.0f, acc[U] = {};
@@ -606,11 +696,14 @@ __global__ void __launch_bounds__(kThreads)
     const float corr = expf(m - m_new);
     const float p = j <= i ? expf(x - m_new) : 0.0f;
     l = l * corr + warp_sum(p);
+    float pz = p;  // P·Z into the sum, Z's 1/(1 − p) at the end
+    if constexpr (kDrop)
+      if (j <= i && !kept(dr, p_row(int(blockIdx.y), i, T_len) + uint64_t(j))) pz = 0.0f;
 #pragma unroll
     for (int u = 0; u < U; ++u) acc[u] *= corr;
     const int n = min(32, i - j0 + 1);
     for (int jj = 0; jj < n; ++jj) {
-      const float pj = __shfl_sync(0xffffffffu, p, jj);
+      const float pj = __shfl_sync(0xffffffffu, pz, jj);
       const T* vr = v + base + int64_t(j0 + jj) * d;
 #pragma unroll
       for (int u = 0; u < U; ++u)
@@ -620,21 +713,25 @@ __global__ void __launch_bounds__(kThreads)
   }
 #pragma unroll
   for (int u = 0; u < U; ++u)
-    if (lane + 32 * u < d) o[base + int64_t(i) * d + lane + 32 * u] = from_float<T>(acc[u] / l);
+    if (lane + 32 * u < d)
+      o[base + int64_t(i) * d + lane + 32 * u] =
+          from_float<T>(kDrop ? acc[u] / l * dr.scale : acc[u] / l);
   if (lane == 0) lse[int64_t(blockIdx.y) * T_len + i] = m + logf(l);
 }
 
 // dQ_i for the warp's row i: keys j ≤ i scored by lane.
-template <class T, int U>
+template <class T, int U, bool kDrop>
 __global__ void __launch_bounds__(kThreads)
     dq_simple(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
               const T* __restrict__ dout, const float* __restrict__ lse,
-              const float* __restrict__ Dvec, T* __restrict__ dq, int T_len, int d, float scale) {
+              const float* __restrict__ Dvec, T* __restrict__ dq, int T_len, int d, float scale,
+              AttentionDropoutArgs dropout) {
   __shared__ float sq[kWarps][32 * U], sg[kWarps][32 * U];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int i = int(blockIdx.x) * kWarps + warp;
   if (i >= T_len) return;
   const int64_t base = int64_t(blockIdx.y) * T_len * d, row = int64_t(blockIdx.y) * T_len + i;
+  [[maybe_unused]] const Drop dr = drop_of<kDrop>(dropout);
   for (int c = lane; c < d; c += 32) {
     sq[warp][c] = to_float(q[base + int64_t(i) * d + c]);
     sg[warp][c] = to_float(dout[base + int64_t(i) * d + c]);
@@ -654,6 +751,8 @@ __global__ void __launch_bounds__(kThreads)
         dp += sg[warp][c] * to_float(vr[c]);
       }
       const float p = expf(s * scale - L);
+      if constexpr (kDrop)  // dP = Z ∘ (dO·vᵀ)
+        dp = kept(dr, p_row(int(blockIdx.y), i, T_len) + uint64_t(j)) ? dp * dr.scale : 0.0f;
       ds = p * (dp - Di);
     }
     const int n = min(32, i - j0 + 1);
@@ -671,17 +770,18 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // dK_j, dV_j for the warp's key j: queries i ≥ j scored by lane.
-template <class T, int U>
+template <class T, int U, bool kDrop>
 __global__ void __launch_bounds__(kThreads)
     dkdv_simple(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                 const T* __restrict__ dout, const float* __restrict__ lse,
                 const float* __restrict__ Dvec, T* __restrict__ dk, T* __restrict__ dv,
-                int T_len, int d, float scale) {
+                int T_len, int d, float scale, AttentionDropoutArgs dropout) {
   __shared__ float sk[kWarps][32 * U], sv[kWarps][32 * U];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int j = int(blockIdx.x) * kWarps + warp;
   if (j >= T_len) return;
   const int64_t base = int64_t(blockIdx.y) * T_len * d, rows = int64_t(blockIdx.y) * T_len;
+  [[maybe_unused]] const Drop dr = drop_of<kDrop>(dropout);
   for (int c = lane; c < d; c += 32) {
     sk[warp][c] = to_float(k[base + int64_t(j) * d + c]);
     sv[warp][c] = to_float(v[base + int64_t(j) * d + c]);
@@ -690,7 +790,7 @@ __global__ void __launch_bounds__(kThreads)
   float dk_acc[U] = {}, dv_acc[U] = {};
   for (int i0 = j; i0 < T_len; i0 += 32) {
     const int i = i0 + lane;
-    float p = 0.0f, ds = 0.0f;
+    float p = 0.0f, ds = 0.0f;  // p: P·Z for dV (Z's 1/(1 − p) at the store)
     if (i < T_len) {
       const T* qr = q + base + int64_t(i) * d;
       const T* gr = dout + base + int64_t(i) * d;
@@ -700,7 +800,13 @@ __global__ void __launch_bounds__(kThreads)
         dp += to_float(gr[c]) * sv[warp][c];
       }
       p = expf(s * scale - lse[rows + i]);
-      ds = p * (dp - Dvec[rows + i]);
+      if constexpr (kDrop) {
+        const bool keep = kept(dr, p_row(int(blockIdx.y), i, T_len) + uint64_t(j));
+        ds = p * ((keep ? dp * dr.scale : 0.0f) - Dvec[rows + i]);  // dP = Z ∘ (dO·vᵀ)
+        p = keep ? p : 0.0f;
+      } else {
+        ds = p * (dp - Dvec[rows + i]);
+      }
     }
     const int n = min(32, T_len - i0);
     for (int ii = 0; ii < n; ++ii) {
@@ -719,7 +825,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int u = 0; u < U; ++u)
     if (lane + 32 * u < d) {
       dk[base + int64_t(j) * d + lane + 32 * u] = from_float<T>(dk_acc[u] * scale);
-      dv[base + int64_t(j) * d + lane + 32 * u] = from_float<T>(dv_acc[u]);
+      dv[base + int64_t(j) * d + lane + 32 * u] =
+          from_float<T>(kDrop ? dv_acc[u] * dr.scale : dv_acc[u]);
     }
 }
 
@@ -747,6 +854,13 @@ void with_lane_cols(int64_t d, F&& f) {
   if (d <= 64) return f(std::integral_constant<int, 2>{});
   if (d <= 128) return f(std::integral_constant<int, 4>{});
   return f(std::integral_constant<int, 8>{});
+}
+
+// Calls f(kDrop): the kernels with dropout on P, or without (today's, unchanged).
+template <class F>
+void with_dropout(bool on, F&& f) {
+  if (on) return f(std::true_type{});
+  return f(std::false_type{});
 }
 
 void check_shape(const char* op, int64_t heads, int64_t T, int64_t d) {
@@ -778,35 +892,41 @@ bool attention_uses_tensor_cores(DType dt, int64_t d) {
 }
 
 void attention_forward(const void* q, const void* k, const void* v, void* o, float* lse,
-                       int64_t heads, int64_t T, int64_t d, DType dt, cudaStream_t s) {
+                       int64_t heads, int64_t T, int64_t d, DType dt, cudaStream_t s,
+                       const AttentionDropoutArgs& dropout) {
   check_shape("attention_forward", heads, T, d);
   if (heads == 0 || T == 0) return;
   const float scale = float(1.0 / std::sqrt(double(d)));
   dispatch_float</*kWithF64=*/false>(dt, "attention_forward", [&](auto tag) {
-    using Tp = decltype(tag);
-    auto qp = static_cast<const Tp*>(q), kp = static_cast<const Tp*>(k),
-         vp = static_cast<const Tp*>(v);
-    auto op = static_cast<Tp*>(o);
-    if constexpr (!std::is_same_v<Tp, float>) {
-      if (attention_uses_tensor_cores(dt, d)) {
-        with_head_dim(d, [&](auto dim) {
-          constexpr int D = decltype(dim)::value;
-          constexpr int BC = fwd_keys<D>(), kBM = kWarps * 16 * kFwdMT;
-          auto kernel = forward_tc<Tp, D, kFwdMT, BC>;
-          const size_t bytes = size_t(kBM + 4 * BC) * (D + kPad) * sizeof(Tp);
-          allow_shared(kernel, bytes);
-          const dim3 grid(unsigned(ceil_div(T, kBM)), unsigned(heads));
-          kernel<<<grid, kThreads, bytes, s>>>(qp, kp, vp, op, lse, int(T), scale * kLog2e);
-          MT_CUDA_CHECK_LAUNCH();
-        });
-        return;
+    with_dropout(dropout.on, [&](auto drop) {
+      using Tp = decltype(tag);
+      constexpr bool kDrop = decltype(drop)::value;
+      auto qp = static_cast<const Tp*>(q), kp = static_cast<const Tp*>(k),
+           vp = static_cast<const Tp*>(v);
+      auto op = static_cast<Tp*>(o);
+      if constexpr (!std::is_same_v<Tp, float>) {
+        if (attention_uses_tensor_cores(dt, d)) {
+          with_head_dim(d, [&](auto dim) {
+            constexpr int D = decltype(dim)::value;
+            constexpr int BC = fwd_keys<D>(), kBM = kWarps * 16 * kFwdMT;
+            auto kernel = forward_tc<Tp, D, kFwdMT, BC, kDrop>;
+            const size_t bytes = size_t(kBM + 4 * BC) * (D + kPad) * sizeof(Tp);
+            allow_shared(kernel, bytes);
+            const dim3 grid(unsigned(ceil_div(T, kBM)), unsigned(heads));
+            kernel<<<grid, kThreads, bytes, s>>>(qp, kp, vp, op, lse, int(T), scale * kLog2e,
+                                                 dropout);
+            MT_CUDA_CHECK_LAUNCH();
+          });
+          return;
+        }
       }
-    }
-    with_lane_cols(d, [&](auto cols) {
-      constexpr int U = decltype(cols)::value;
-      const dim3 grid(unsigned(ceil_div(T, kWarps)), unsigned(heads));
-      forward_simple<Tp, U><<<grid, kThreads, 0, s>>>(qp, kp, vp, op, lse, int(T), int(d), scale);
-      MT_CUDA_CHECK_LAUNCH();
+      with_lane_cols(d, [&](auto cols) {
+        constexpr int U = decltype(cols)::value;
+        const dim3 grid(unsigned(ceil_div(T, kWarps)), unsigned(heads));
+        forward_simple<Tp, U, kDrop><<<grid, kThreads, 0, s>>>(qp, kp, vp, op, lse, int(T), int(d),
+                                                              scale, dropout);
+        MT_CUDA_CHECK_LAUNCH();
+      });
     });
   });
 }
@@ -814,69 +934,72 @@ void attention_forward(const void* q, const void* k, const void* v, void* o, flo
 void attention_backward(const void* q, const void* k, const void* v, const void* o,
                         const float* lse, const void* dout, void* dq, void* dk, void* dv,
                         int64_t heads, int64_t T, int64_t d, DType dt, bool deterministic,
-                        cudaStream_t s) {
+                        cudaStream_t s, const AttentionDropoutArgs& dropout) {
   check_shape("attention_backward", heads, T, d);
   if (heads == 0 || T == 0) return;
   const float scale = float(1.0 / std::sqrt(double(d)));
   const int device = current_device();
   float* Dvec = static_cast<float*>(alloc_on(s, size_t(heads * T) * sizeof(float), device));
   dispatch_float</*kWithF64=*/false>(dt, "attention_backward", [&](auto tag) {
-    using Tp = decltype(tag);
-    auto qp = static_cast<const Tp*>(q), kp = static_cast<const Tp*>(k),
-         vp = static_cast<const Tp*>(v), gp = static_cast<const Tp*>(dout);
-    auto dqp = static_cast<Tp*>(dq), dkp = static_cast<Tp*>(dk), dvp = static_cast<Tp*>(dv);
-    rowdot_kernel<Tp><<<unsigned(ceil_div(heads * T, kWarps)), kThreads, 0, s>>>(
-        gp, static_cast<const Tp*>(o), Dvec, heads * T, int(d));
-    MT_CUDA_CHECK_LAUNCH();
-    if constexpr (!std::is_same_v<Tp, float>) {
-      if (attention_uses_tensor_cores(dt, d)) {
-        with_head_dim(d, [&](auto dim) {
-          constexpr int D = decltype(dim)::value, BR = dkdv_rows<D>();
-          const size_t tiles_bytes = size_t(2 * kTile + 4 * BR) * (D + kPad) * sizeof(Tp) +
-                                     size_t(4 * BR) * sizeof(float);
-          const dim3 kgrid(unsigned(ceil_div(T, kTile)), unsigned(heads));
-          if (deterministic) {
-            auto dkdv = dkdv_tc<Tp, D, BR, false>;
-            allow_shared(dkdv, tiles_bytes);
-            dkdv<<<kgrid, kThreads, tiles_bytes, s>>>(qp, kp, vp, gp, lse, Dvec, dkp, dvp, nullptr,
-                                                      int(T), scale, scale * kLog2e);
-            MT_CUDA_CHECK_LAUNCH();
-            constexpr int MT = kDqMT, kBM = kWarps * 16 * MT;
-            auto dqk = dq_tc<Tp, D, MT, dq_keys<D>()>;
-            const size_t dq_bytes = size_t(2 * kBM + 4 * dq_keys<D>()) * (D + kPad) * sizeof(Tp);
-            allow_shared(dqk, dq_bytes);
-            const dim3 qgrid(unsigned(ceil_div(T, kBM)), unsigned(heads));
-            dqk<<<qgrid, kThreads, dq_bytes, s>>>(qp, kp, vp, gp, lse, Dvec, dqp, int(T), scale,
-                                                  scale * kLog2e);
-            MT_CUDA_CHECK_LAUNCH();
-          } else {
-            const int64_t n = heads * T * d;
-            float* dq_acc = static_cast<float*>(alloc_on(s, size_t(n) * sizeof(float), device));
-            MT_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, size_t(n) * sizeof(float), s));
-            auto dkdv = dkdv_tc<Tp, D, BR, true>;
-            const size_t bytes = tiles_bytes + size_t(kTile) * (BR + kPad) * sizeof(Tp);
-            allow_shared(dkdv, bytes);
-            dkdv<<<kgrid, kThreads, bytes, s>>>(qp, kp, vp, gp, lse, Dvec, dkp, dvp, dq_acc,
-                                                int(T), scale, scale * kLog2e);
-            MT_CUDA_CHECK_LAUNCH();
-            round_kernel<Tp><<<unsigned(std::min<int64_t>(ceil_div(n, 256), 65535)), 256, 0, s>>>(
-                dq_acc, dqp, n);
-            MT_CUDA_CHECK_LAUNCH();
-            free_on(s, dq_acc);
-          }
-        });
-        return;
+    with_dropout(dropout.on, [&](auto drop) {
+      using Tp = decltype(tag);
+      constexpr bool kDrop = decltype(drop)::value;
+      auto qp = static_cast<const Tp*>(q), kp = static_cast<const Tp*>(k),
+           vp = static_cast<const Tp*>(v), gp = static_cast<const Tp*>(dout);
+      auto dqp = static_cast<Tp*>(dq), dkp = static_cast<Tp*>(dk), dvp = static_cast<Tp*>(dv);
+      rowdot_kernel<Tp><<<unsigned(ceil_div(heads * T, kWarps)), kThreads, 0, s>>>(
+          gp, static_cast<const Tp*>(o), Dvec, heads * T, int(d));
+      MT_CUDA_CHECK_LAUNCH();
+      if constexpr (!std::is_same_v<Tp, float>) {
+        if (attention_uses_tensor_cores(dt, d)) {
+          with_head_dim(d, [&](auto dim) {
+            constexpr int D = decltype(dim)::value, BR = dkdv_rows<D>();
+            const size_t tiles_bytes = size_t(2 * kTile + 4 * BR) * (D + kPad) * sizeof(Tp) +
+                                       size_t(4 * BR) * sizeof(float);
+            const dim3 kgrid(unsigned(ceil_div(T, kTile)), unsigned(heads));
+            if (deterministic) {
+              auto dkdv = dkdv_tc<Tp, D, BR, false, kDrop>;
+              allow_shared(dkdv, tiles_bytes);
+              dkdv<<<kgrid, kThreads, tiles_bytes, s>>>(qp, kp, vp, gp, lse, Dvec, dkp, dvp, nullptr,
+                                                        int(T), scale, scale * kLog2e, dropout);
+              MT_CUDA_CHECK_LAUNCH();
+              constexpr int MT = kDqMT, kBM = kWarps * 16 * MT;
+              auto dqk = dq_tc<Tp, D, MT, dq_keys<D>(), kDrop>;
+              const size_t dq_bytes = size_t(2 * kBM + 4 * dq_keys<D>()) * (D + kPad) * sizeof(Tp);
+              allow_shared(dqk, dq_bytes);
+              const dim3 qgrid(unsigned(ceil_div(T, kBM)), unsigned(heads));
+              dqk<<<qgrid, kThreads, dq_bytes, s>>>(qp, kp, vp, gp, lse, Dvec, dqp, int(T), scale,
+                                                    scale * kLog2e, dropout);
+              MT_CUDA_CHECK_LAUNCH();
+            } else {
+              const int64_t n = heads * T * d;
+              float* dq_acc = static_cast<float*>(alloc_on(s, size_t(n) * sizeof(float), device));
+              MT_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, size_t(n) * sizeof(float), s));
+              auto dkdv = dkdv_tc<Tp, D, BR, true, kDrop>;
+              const size_t bytes = tiles_bytes + size_t(kTile) * (BR + kPad) * sizeof(Tp);
+              allow_shared(dkdv, bytes);
+              dkdv<<<kgrid, kThreads, bytes, s>>>(qp, kp, vp, gp, lse, Dvec, dkp, dvp, dq_acc,
+                                                  int(T), scale, scale * kLog2e, dropout);
+              MT_CUDA_CHECK_LAUNCH();
+              round_kernel<Tp><<<unsigned(std::min<int64_t>(ceil_div(n, 256), 65535)), 256, 0, s>>>(
+                  dq_acc, dqp, n);
+              MT_CUDA_CHECK_LAUNCH();
+              free_on(s, dq_acc);
+            }
+          });
+          return;
+        }
       }
-    }
-    with_lane_cols(d, [&](auto cols) {
-      constexpr int U = decltype(cols)::value;
-      const dim3 grid(unsigned(ceil_div(T, kWarps)), unsigned(heads));
-      dq_simple<Tp, U><<<grid, kThreads, 0, s>>>(qp, kp, vp, gp, lse, Dvec, dqp, int(T), int(d),
-                                                 scale);
-      MT_CUDA_CHECK_LAUNCH();
-      dkdv_simple<Tp, U><<<grid, kThreads, 0, s>>>(qp, kp, vp, gp, lse, Dvec, dkp, dvp, int(T),
-                                                   int(d), scale);
-      MT_CUDA_CHECK_LAUNCH();
+      with_lane_cols(d, [&](auto cols) {
+        constexpr int U = decltype(cols)::value;
+        const dim3 grid(unsigned(ceil_div(T, kWarps)), unsigned(heads));
+        dq_simple<Tp, U, kDrop><<<grid, kThreads, 0, s>>>(qp, kp, vp, gp, lse, Dvec, dqp, int(T),
+                                                          int(d), scale, dropout);
+        MT_CUDA_CHECK_LAUNCH();
+        dkdv_simple<Tp, U, kDrop><<<grid, kThreads, 0, s>>>(qp, kp, vp, gp, lse, Dvec, dkp, dvp,
+                                                            int(T), int(d), scale, dropout);
+        MT_CUDA_CHECK_LAUNCH();
+      });
     });
   });
   free_on(s, Dvec);  // stream-ordered: released after the passes that read it
@@ -888,20 +1011,29 @@ void attention_backward(const void* q, const void* k, const void* v, const void*
 namespace mt {
 namespace {
 
+// The op's dropout as the launchers take it: the threshold, 1/(1 − p) in fp32, the base's address.
+cuda::AttentionDropoutArgs dropout_args(const AttentionDropout& d) {
+  if (d.p == 0) return {};
+  return {.on = true, .threshold = dropout_threshold(d.p), .scale = float(1.0 / (1.0 - d.p)),
+          .seed = d.seed, .offset = d.offset,
+          .base = d.base.defined() ? static_cast<const uint64_t*>(d.base.data_ptr()) : nullptr};
+}
+
 void attention_forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                            const Tensor& lse) {
+                            const Tensor& lse, const AttentionDropout& dropout) {
   cuda::attention_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
                           cuda::ptr<float>(lse), q.size(0) * q.size(1), q.size(2), q.size(3),
-                          q.dtype(), cuda::stream_of(q));
+                          q.dtype(), cuda::stream_of(q), dropout_args(dropout));
 }
 
 void attention_backward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                              const Tensor& lse, const Tensor& dout, const Tensor& dq,
-                             const Tensor& dk, const Tensor& dv) {
+                             const Tensor& dk, const Tensor& dv, const AttentionDropout& dropout) {
   cuda::attention_backward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
                            cuda::ptr<const float>(lse), dout.data_ptr(), dq.data_ptr(),
                            dk.data_ptr(), dv.data_ptr(), q.size(0) * q.size(1), q.size(2),
-                           q.size(3), q.dtype(), deterministic(), cuda::stream_of(q));
+                           q.size(3), q.dtype(), deterministic(), cuda::stream_of(q),
+                           dropout_args(dropout));
 }
 
 }  // namespace

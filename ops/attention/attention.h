@@ -39,6 +39,34 @@
 // Accumulation: every output is written with '=': O and L by the forward; dQ, dK and dV (new
 // tensors in the input dtype) by the backward, all sums in fp32 (f64 in f64) in a fixed order,
 // so the same inputs give the same bits on every run. The engine adds them into .grad (+=).
+//
+// Dropout on P (nanoGPT's attn_dropout; PyTorch's scaled_dot_product_attention(dropout_p) in
+// training): each probability is kept with probability 1 − p and scaled by 1 / (1 − p), or zeroed:
+//   Z[i, j]  = keep[i, j] / (1 − p),   keep[i, j] = r_e >= round(p · 2³²)
+//   r_e      = word e % 4 of philox::draw(seed, offset (+ base[0]), e / 4),
+//   e        = ((b·H + h)·T + i)·T + j      (the element's index in P [B, H, T, T], contiguous)
+// the very mask ops/dropout draws for a [B, H, T, T] tensor with the same (seed, offset, base):
+// one convention, its counter, its device-side offset word for CUDA graphs (dropout.h). Then
+//   forward   m, ℓ and L from S exactly as above (the statistics see no dropout);
+//             O_i = Σ_{j ≤ i} P[i, j] · Z[i, j] · v_j
+//   backward  dV_j     = Σ_{i ≥ j} P[i, j] · Z[i, j] · dO_i
+//             dP[i, j] = Z[i, j] · (dO_i · v_j)
+//             D_i      = Σ_j P[i, j] · dP[i, j] = dO_i · Σ_j P[i, j] · Z[i, j] · v_j = dO_i · O_i
+//             dS = P ∘ (dP − D); dQ and dK from dS as above
+// so D is still rowsum(dO ∘ O) (O now the dropped output), and the softmax's backward is
+// unchanged: dropout acts on P after the softmax, dP is the gradient with respect to P itself.
+// Saved vs recomputed: only O and L, as without dropout. The mask is REGENERATED in the backward
+// from (seed, offset, base, e), never saved: packed to 1 bit it would still be T²/8 bytes a head
+// (128 KiB at T = 1024, 32 times L), written by the forward and read back by the backward, where
+// regenerating costs one Philox call (10 rounds of two 32-bit multiplies) per 4 probabilities on
+// the CPU, per 2 in the CUDA forward and dQ pass (a thread's accumulators hold pairs of adjacent
+// keys of a row: one call serves both unless the pair straddles two groups of 4, which only an
+// odd T allows), and per 1 in the dK/dV pass (its tile is Pᵀ: a thread's pairs are two rows).
+// The backward reads the base word again: advance it only before a step's first forward.
+// p = 0, or training = false: no dropout, the same kernels (and bits) as attention(q, k, v); on
+// CUDA, dropout is a compile-time switch of each kernel, so the p = 0 kernels are unchanged.
+#include <cstdint>
+
 #include "core/tensor.h"
 
 namespace mt {
@@ -47,15 +75,32 @@ namespace mt {
 // on CUDA d ≤ kAttentionMaxD (tensor cores for bf16 and f16 at d = 32, 64, 128).
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v);
 
+// Dropout on the attention probabilities (above). p in [0, 1); base: undefined (the offset
+// alone) or an i64 [1] tensor on q's device whose word is added to the offset when the kernels
+// run, forward and backward (ops/dropout/dropout.h).
+struct AttentionDropout {
+  double p = 0;
+  uint64_t seed = 0, offset = 0;
+  Tensor base;
+  bool training = true;
+};
+
+// attention(q, k, v) with dropout on P; p = 0 or !training is attention(q, k, v) itself.
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionDropout& dropout);
+
 inline constexpr int64_t kAttentionMaxD = 256;
 
 // Kernels on contiguous [B, H, T, d] tensors; lse [B, H, T] in the grad dtype (f32, f64 for f64).
-// o '=', lse '='.
+// dropout: p = 0 (no dropout), or p in (0, 1) with its key, base checked (the op has applied
+// `training` already: the kernels do not read it). o '=', lse '='.
 using AttentionForwardFn = void(const Tensor& q, const Tensor& k, const Tensor& v,
-                                const Tensor& o, const Tensor& lse);
-// dq, dk, dv '=' (all three defined), in the input dtype; D = rowsum(dout ∘ o) computed inside.
+                                const Tensor& o, const Tensor& lse,
+                                const AttentionDropout& dropout);
+// dq, dk, dv '=' (all three defined), in the input dtype; D = rowsum(dout ∘ o) computed inside;
+// the forward's dropout, its mask regenerated.
 using AttentionBackwardFn = void(const Tensor& q, const Tensor& k, const Tensor& v,
                                  const Tensor& o, const Tensor& lse, const Tensor& dout,
-                                 const Tensor& dq, const Tensor& dk, const Tensor& dv);
+                                 const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                 const AttentionDropout& dropout);
 
 }  // namespace mt
