@@ -472,8 +472,8 @@ namespace {
 mt::check::OpSpec attention_dropout_spec(int64_t d) {
   mt::check::OpSpec s = attention_spec(d);
   s.name = "attention with dropout (d = " + std::to_string(d) + ")";
-  // T = 1 is left to attention_spec: with one key the softmax is constant, so dQ is 0 in exact
-  // arithmetic, and with dropout the two sides' roundings of it (dP = Z·(dO·v) against
+  // T = 1 is left to attention_spec: with one key the softmax is constant, so dQ and dK are 0 in
+  // exact arithmetic, and with dropout the two sides' roundings of them (dP = Z·(dO·v) against
   // D = dO·(Z·v)) no longer cancel exactly: a relative error of rounding noise against rounding
   // noise. The CPU gradient check and the CUDA reference test below cover T = 1 with dropout.
   s.sizes = {2, 7, 64, 257};
@@ -536,12 +536,13 @@ double expect_matches_reference(const Shape& shape, DType dt, double qk_scale,
   const Pass ref = run_kernels(q.to(DType::f32), k.to(DType::f32), v.to(DType::f32),
                                dout.to(DType::f32), Tensor(), dropout);
   const Tol tol = tol_for(dt);
-  // With one key (T = 1) dQ is 0 in exact arithmetic (the softmax of one score is constant):
-  // both sides hold rounding noise, so it is measured against dO's size instead of its own.
-  const double eq = shape[2] == 1 ? max_diff(g.dq, ref.dq) / max_diff(dout, zeros(shape))
-                                  : normwise(g.dq.to(kCPU), ref.dq);
-  const double eo = normwise(g.o.to(kCPU), ref.o), ek = normwise(g.dk.to(kCPU), ref.dk),
-               ev = normwise(g.dv.to(kCPU), ref.dv);
+  // With one key (T = 1) dQ and dK are 0 in exact arithmetic (the softmax of one score is
+  // constant, so dS = 0): both sides hold rounding noise, measured against dO's size instead.
+  const bool one_key = shape[2] == 1;
+  const double dout_size = max_diff(dout, zeros(shape));
+  const double eq = one_key ? max_diff(g.dq, ref.dq) / dout_size : normwise(g.dq.to(kCPU), ref.dq);
+  const double ek = one_key ? max_diff(g.dk, ref.dk) / dout_size : normwise(g.dk.to(kCPU), ref.dk);
+  const double eo = normwise(g.o.to(kCPU), ref.o), ev = normwise(g.dv.to(kCPU), ref.dv);
   const auto L = g.lse.to(kCPU).to_vector(), Lr = ref.lse.to_vector();
   double el = 0;
   for (size_t i = 0; i < L.size(); ++i)
