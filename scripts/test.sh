@@ -20,9 +20,10 @@ bash scripts/build.sh "${cuda[@]}" "$@"
 build=${MT_BUILD_DIR:-build}
 rc=0
 ctest --test-dir "$build" --output-on-failure -j "$(nproc)" --timeout 600 || rc=$?
-# mt_tests runs as shards (CMakeLists.txt: MT_TEST_SHARDS): add up what its shards reported.
+# mt_tests runs as shards (CMakeLists.txt: MT_TEST_SHARDS): add up what its shards reported. A
+# shard that crashed or hung reports nothing, so the count of shards that finished is printed too.
 awk '/^\[  PASSED  \] [0-9]+ test/ { p += $4 } /^\[  SKIPPED \] [0-9]+ test/ { s += $4 }
-     /^\[  FAILED  \] [0-9]+ test/ { f += $4 }
-     END { if (p + s + f) printf "mt_tests: %d passed, %d skipped, %d failed\n", p, s, f }' \
+     /^\[  FAILED  \] [0-9]+ test/ { f += $4 } /^\[==========\] [0-9]+ tests? from .* ran\./ { r++ }
+     END { if (r) printf "mt_tests: %d passed, %d skipped, %d failed (%d shards finished)\n", p, s, f, r }' \
   "$build/Testing/Temporary/LastTest.log" 2>/dev/null || true
 exit "$rc"

@@ -514,11 +514,16 @@ Tol tol_for(DType dt) {
   }
 }
 
-// max |a − b| over the elements, on the CPU in f64.
+// max |a − b| over the elements, on the CPU in f64; infinity where a difference is not finite
+// (an element a kernel never wrote still holds the NaN poison).
 double max_diff(const Tensor& a, const Tensor& b) {
   const auto x = a.to(kCPU).to(DType::f64).to_vector(), y = b.to(kCPU).to(DType::f64).to_vector();
   double m = 0;
-  for (size_t i = 0; i < x.size(); ++i) m = std::max(m, std::abs(x[i] - y[i]));
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double diff = std::abs(x[i] - y[i]);
+    if (!std::isfinite(diff)) return INFINITY;
+    m = std::max(m, diff);
+  }
   return m;
 }
 

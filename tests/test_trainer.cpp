@@ -511,8 +511,8 @@ TEST(DistTrainer, CpuRanksTrainLikeOneRankWithTheSameGlobalBatch) {
 TEST(DistTrainer, AFailingRankStopsTheOthersWithItsOwnError) {
   TempDir d;
   Config cfg = small_config(d);
-  // The group's timeout is an hour: only the abort can stop ranks 0 and 2 before ctest's own limit
-  // (10 minutes) fails a run in which the abort did not wake them.
+  // The group's timeout is an hour: only the abort can stop ranks 0 and 2 before the shard's ctest
+  // limit (10 minutes, CMakeLists.txt) fails a run in which the abort did not wake them.
   try {
     app::run_local_ranks(
         cfg, 3, "",

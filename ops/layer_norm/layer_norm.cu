@@ -11,8 +11,9 @@
 //               backward twice. Sums are shuffle butterflies. Blocks of 8 warps, one wave of them
 //               (as many as fit on the GPU at once, fewer for few rows); each warp strides over
 //               rows, warp w of the grid taking rows w, w + all warps, ...; the forward loads its
-//               next row before it works on the current one, so one row is always in flight
-//               (the backward fits three blocks an SM instead, whose loads do the same). Each block first copies weight (and bias) into shared memory
+//               next row before it works on the current one, so one row is always in flight.
+//               The backward fits more blocks an SM instead (three for rows of at most 3 packs
+//               a lane, two for wider ones), whose loads do the same. Each block first copies weight (and bias) into shared memory
 //               in the order the lanes read them (staged_index): 2·d floats a row read from global
 //               memory, 8 times the bytes of a bf16 row, were what held the first version of these
 //               kernels to 40% of copy bandwidth. The backward adds each lane's columns' dy·x̂
