@@ -46,12 +46,13 @@ expect_output("${h200};--bytes-per-element;4;--recompute-flops;100"
 # The defaults are the H200 figures measured by bench_crossover (4264 GB/s, 65.0, 788.6 TFLOP/s).
 expect_output("--recompute-flops=100" "61.0 flops/element    739.8 flops/element")
 # docs/lab.md's two commands: LayerNorm's x̂ (2 flops, a bf16 value) is recomputed; dropout's
-# mask packed to bits (0.125 bytes) against about 50 flops of Philox is, charged in full, saved.
+# mask packed to bits (0.125 bytes) against about 25 flops of Philox is, charged in full, saved in
+# the fp32 column (the one that applies: Philox is no matrix product).
 expect_output("--recompute-flops;2;--bytes-per-element;2"
   "cheaper                   recompute             recompute")
-expect_output("--recompute-flops;50;--bytes-per-element;0.125"
+expect_output("--recompute-flops;25;--bytes-per-element;0.125"
   "crossover                 3.8 flops/element     46.2 flops/element"
-  "cheaper                   save                  save")
+  "cheaper                   save                  recompute")
 expect_output("--json" "\"crossover_flops_per_element\": 60.97560975609")
 expect_error("--bandwidth;0" "--bandwidth must be > 0")
 expect_error("--width;wide" "--width needs a number")

@@ -67,6 +67,30 @@ TEST(Dropout, MaskIsAPureFunctionOfSeedOffsetAndPositionWithTheKeepRate) {
   EXPECT_NEAR(double(kept), 0.9 * double(n), 6 * std::sqrt(n * p * (1 - p)));
 }
 
+// The mask's convention, spelled out (dropout.h): element i keeps when half i % 8 of draw i / 8
+// is at least round(p · 2^16). The halves go low, high through the words in order.
+TEST(Dropout, ElementIKeepsWhenItsSixteenBitHalfClearsTheThreshold) {
+  const philox::U32x4 zero = philox::philox4x32_10(philox::U32x4{{0, 0, 0, 0}}, 0, 0);
+  EXPECT_EQ(philox::half16(zero, 0), 0xe8d5u);  // word 0 is 0x6627e8d5
+  EXPECT_EQ(philox::half16(zero, 1), 0x6627u);
+  EXPECT_EQ(philox::half16(zero, 6), 0xdbd8u);  // word 3 is 0x9b00dbd8
+  EXPECT_EQ(philox::half16(zero, 7), 0x9b00u);
+  EXPECT_EQ(dropout_threshold16(0.1), 6554u);
+  EXPECT_EQ(dropout_threshold16(0.0), 0u);
+  const int64_t n = 37;  // four whole draws and five elements of a fifth
+  const double p = 0.3;
+  const auto mask = mask_of(n, p, 11, 5);
+  const double s = double(float(1 / (1 - p)));
+  int dropped = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t half = philox::half16(philox::draw(11, 5, uint64_t(i / 8)), int(i % 8));
+    EXPECT_EQ(mask[size_t(i)], half >= dropout_threshold16(p) ? s : 0.0) << i;
+    dropped += mask[size_t(i)] == 0;
+  }
+  EXPECT_GT(dropped, 0);
+  EXPECT_LT(dropped, n);
+}
+
 TEST(Dropout, GradientCheckAndTheBackwardUsesTheForwardsMask) {
   manual_seed(1);
   Tensor x = random_leaf({4, 25});

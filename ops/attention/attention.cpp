@@ -91,7 +91,7 @@ std::vector<double> scores(const double* q, const double* k, int64_t T, int64_t 
 class DropoutFactors {
  public:
   explicit DropoutFactors(const AttentionDropout& d)
-      : on_(d.p > 0), threshold_(on_ ? dropout_threshold(d.p) : 0), scale_(1.0 / (1.0 - d.p)),
+      : on_(d.p > 0), threshold_(on_ ? dropout_threshold32(d.p) : 0), scale_(1.0 / (1.0 - d.p)),
         seed_(d.seed),
         offset_(d.offset + (d.base.defined() ? uint64_t(d.base.data<int64_t>()[0]) : 0)) {}
 

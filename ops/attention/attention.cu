@@ -1014,7 +1014,7 @@ namespace {
 // The op's dropout as the launchers take it: the threshold, 1/(1 − p) in fp32, the base's address.
 cuda::AttentionDropoutArgs dropout_args(const AttentionDropout& d) {
   if (d.p == 0) return {};
-  return {.on = true, .threshold = dropout_threshold(d.p), .scale = float(1.0 / (1.0 - d.p)),
+  return {.on = true, .threshold = dropout_threshold32(d.p), .scale = float(1.0 / (1.0 - d.p)),
           .seed = d.seed, .offset = d.offset,
           .base = d.base.defined() ? static_cast<const uint64_t*>(d.base.data_ptr()) : nullptr};
 }

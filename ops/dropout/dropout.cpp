@@ -19,7 +19,7 @@ struct DropoutFnNode : Function<DropoutFnNode> {
                         const Tensor& base) {
     Tensor xc = x.contiguous();
     Tensor y = empty(x.shape(), x.dtype(), x.device());
-    const uint32_t threshold = dropout_threshold(p);
+    const uint32_t threshold = dropout_threshold16(p);
     const double s = 1.0 / (1.0 - p);
     // The same kernel serves both phases: the mask depends only on (seed, offset, position).
     kernel<DropoutFn>(name, Phase::Forward, x.device())(xc, threshold, s, seed, offset, base, y);
@@ -42,7 +42,8 @@ struct DropoutFnNode : Function<DropoutFnNode> {
 };
 
 // ---- CPU reference kernel -------------------------------------------------------------------
-// out '=' (in's dtype): in_i · s where word i of the Philox stream clears the threshold, else 0.
+// out '=' (in's dtype): in_i · s where 16-bit half i of the Philox stream clears the threshold,
+// else 0.
 void apply_cpu(const Tensor& in, uint32_t threshold, double scale, uint64_t seed,
                uint64_t call_offset, const Tensor& base, const Tensor& out) {
   const uint64_t offset = call_offset + (base.defined() ? uint64_t(base.data<int64_t>()[0]) : 0);
@@ -52,11 +53,12 @@ void apply_cpu(const Tensor& in, uint32_t threshold, double scale, uint64_t seed
     scalar_t* op = out.data<scalar_t>();
     const acc s = acc(scale);
     const int64_t n = in.numel();
-    for (int64_t g = 0; g * 4 < n; ++g) {
+    for (int64_t g = 0; g * 8 < n; ++g) {
       const philox::U32x4 r = philox::draw(seed, offset, uint64_t(g));
-      for (int k = 0; k < 4 && g * 4 + k < n; ++k) {
-        const int64_t i = g * 4 + k;
-        op[i] = cpu::from_acc<scalar_t>(r.v[k] >= threshold ? cpu::to_acc(ip[i]) * s : acc(0));
+      for (int k = 0; k < 8 && g * 8 + k < n; ++k) {
+        const int64_t i = g * 8 + k;
+        op[i] = cpu::from_acc<scalar_t>(philox::half16(r, k) >= threshold ? cpu::to_acc(ip[i]) * s
+                                                                          : acc(0));
       }
     }
   });
@@ -77,7 +79,12 @@ void check_base(const char* what, const Tensor& base, Device device) {
 
 }  // namespace
 
-uint32_t dropout_threshold(double p) {
+uint32_t dropout_threshold16(double p) {
+  MT_CHECK(p >= 0 && p < 1, "dropout: p must be in [0, 1), got ", p);
+  return uint32_t(std::round(std::ldexp(p, 16)));  // 65536 (p near 1) drops every element
+}
+
+uint32_t dropout_threshold32(double p) {
   MT_CHECK(p >= 0 && p < 1, "dropout: p must be in [0, 1), got ", p);
   const double t = std::round(std::ldexp(p, 32));
   return t >= 4294967295.0 ? 0xffffffffu : uint32_t(t);
@@ -100,7 +107,7 @@ void advance_dropout_base(const Tensor& base, uint64_t value, uint64_t stride) {
 }
 
 MT_DEFINE_OP(dropout,
-             "y = x*keep/(1-p), keep = philox(seed, offset + base, i) >= p*2^32; "
+             "y = x*keep/(1-p), keep = philox16(seed, offset + base, i) >= p*2^16; "
              "dx = dy*keep/(1-p)",
              DropoutFn, DropoutFn);
 MT_REGISTER_KERNEL(dropout, Forward, CPU, apply_cpu);

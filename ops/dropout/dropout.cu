@@ -1,13 +1,13 @@
 // Dropout on the GPU: one grid-stride map that regenerates the mask from (seed, offset, i), and
 // the one-thread kernel that moves the device-side offset base from step to step. The math, why
 // the mask is not saved, the base and the grids are in dropout.h; the generator is philox.h's,
-// the CPU reference's, so both devices draw the same words.
+// the CPU reference's, so both devices draw the same bits.
 //
 // Bytes: the input read and the output written once (x -> y forward, dy -> dx backward); the
-// floor is those at copy bandwidth. One Philox call (10 rounds of two 32-bit multiplies) gives
-// the words of four elements: about 10 integer instructions an element, a third of what the
-// memory time leaves the SM, so the map hides it only with loads in flight while it computes:
-// each thread loads kUnroll packs before it draws their words (below).
+// floor is those at copy bandwidth. One Philox call (10 rounds of two 32-bit multiplies, high and
+// low) gives the 16-bit halves of eight elements: about 12 integer instructions an element, which
+// the map hides only with loads in flight while it computes: each thread loads two groups of
+// eight before it draws their words (below).
 #include "ops/dropout/dropout_cuda.h"
 
 #include <algorithm>
@@ -23,68 +23,59 @@
 namespace mt::cuda {
 namespace {
 
-// Packs of V elements loaded at once by each thread (16 elements a thread a round).
-template <int V>
-constexpr int kUnroll = V >= 16 ? 1 : 16 / V;
+constexpr int kGroup = 8;   // elements a Philox call serves: its eight 16-bit halves
+constexpr int kUnroll = 2;  // groups a thread loads before it computes
 
-// Pack `i` of V elements: V a multiple of 4 (whole Philox groups; packs start at multiples of V),
-// or V = 1 (one element, which draws its group and keeps one word).
-template <class T, int V>
-__device__ __forceinline__ Pack<T, V> apply_pack(const Pack<T, V>& x, int64_t i,
-                                                 uint32_t threshold, Acc<T> scale, uint64_t seed,
-                                                 uint64_t offset) {
-  static_assert(V == 1 || V % 4 == 0);
-  Pack<T, V> y;
-  if constexpr (V == 1) {
-    const philox::U32x4 r = philox::draw(seed, offset, uint64_t(i) / 4);
-    y.v[0] = r.v[i % 4] >= threshold ? convert<T>(widen(x.v[0]) * scale) : convert<T>(Acc<T>(0));
-  } else {
-#pragma unroll
-    for (int g = 0; g < V / 4; ++g) {
-      const philox::U32x4 r = philox::draw(seed, offset, uint64_t(i) * (V / 4) + g);
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const T v = x.v[4 * g + k];
-        y.v[4 * g + k] =
-            r.v[k] >= threshold ? convert<T>(widen(v) * scale) : convert<T>(Acc<T>(0));
-      }
-    }
-  }
-  return y;
+template <class T>
+__device__ __forceinline__ T keep_or_zero(T x, uint32_t half, uint32_t threshold, Acc<T> scale) {
+  return half >= threshold ? convert<T>(widen(x) * scale) : convert<T>(Acc<T>(0));
 }
 
-// Thread t handles packs t, t + threads, ...: kUnroll of them loaded together per round, then
-// the rest one at a time, then the n % V tail (V > 1: a multiple of 4 starts it, so element j's
-// word is j % 4 of group j / 4).
+// Thread t takes groups t, t + threads, ...: group g is elements 8g .. 8g + 7, kGroup / V loads
+// of V elements (16-byte packs, or V = 1 for an unaligned buffer), kUnroll groups loaded together
+// per round, then the rest one at a time, then the n % 8 last elements one by one.
 template <class T, int V>
 __global__ void __launch_bounds__(kMapThreads)
     dropout_kernel(const T* __restrict__ in, T* __restrict__ out, int64_t n, uint32_t threshold,
                    Acc<T> scale, uint64_t seed, uint64_t call_offset,
                    const uint64_t* __restrict__ base) {
-  constexpr int U = kUnroll<V>;
+  constexpr int G = kGroup / V;  // loads a group
   using P = Pack<T, V>;
   const uint64_t offset = call_offset + (base != nullptr ? *base : 0);  // read when it runs
   const P* ip = reinterpret_cast<const P*>(in);
   P* op = reinterpret_cast<P*>(out);
   const int64_t threads = int64_t(gridDim.x) * blockDim.x;
-  const int64_t packs = n / V;
-  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  for (; i + (U - 1) * threads < packs; i += U * threads) {
-    P x[U];
+  const int64_t groups = n / kGroup;
+  auto apply = [&](P (&x)[G], int64_t g) {
+    const philox::U32x4 r = philox::draw(seed, offset, uint64_t(g));
 #pragma unroll
-    for (int u = 0; u < U; ++u) x[u] = ip[i + u * threads];
+    for (int q = 0; q < G; ++q)
 #pragma unroll
-    for (int u = 0; u < U; ++u)
-      op[i + u * threads] = apply_pack<T, V>(x[u], i + u * threads, threshold, scale, seed, offset);
+      for (int k = 0; k < V; ++k)
+        x[q].v[k] = keep_or_zero(x[q].v[k], philox::half16(r, q * V + k), threshold, scale);
+#pragma unroll
+    for (int q = 0; q < G; ++q) op[g * G + q] = x[q];
+  };
+  int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (; g + (kUnroll - 1) * threads < groups; g += kUnroll * threads) {
+    P x[kUnroll][G];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+      for (int q = 0; q < G; ++q) x[u][q] = ip[(g + u * threads) * G + q];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) apply(x[u], g + u * threads);
   }
-  for (; i < packs; i += threads)
-    op[i] = apply_pack<T, V>(ip[i], i, threshold, scale, seed, offset);
-  if constexpr (V > 1) {
-    for (int64_t j = packs * V + int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < n;
-         j += threads) {
-      const philox::U32x4 r = philox::draw(seed, offset, uint64_t(j) / 4);
-      out[j] = r.v[j % 4] >= threshold ? convert<T>(widen(in[j]) * scale) : convert<T>(Acc<T>(0));
-    }
+  for (; g < groups; g += threads) {
+    P x[G];
+#pragma unroll
+    for (int q = 0; q < G; ++q) x[q] = ip[g * G + q];
+    apply(x, g);
+  }
+  for (int64_t e = groups * kGroup + int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n;
+       e += threads) {
+    const philox::U32x4 r = philox::draw(seed, offset, uint64_t(e) / kGroup);
+    out[e] = keep_or_zero(in[e], philox::half16(r, int(e % kGroup)), threshold, scale);
   }
 }
 
@@ -97,7 +88,7 @@ __global__ void advance_base_kernel(uint64_t* base, uint64_t value, uint64_t str
 constexpr int kWaves = 4;
 
 template <class T, int V>
-unsigned dropout_blocks(int64_t packs) {
+unsigned dropout_blocks(int64_t n) {
   static int per_sm = [] {
     int b = 0;
     MT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, dropout_kernel<T, V>,
@@ -105,9 +96,8 @@ unsigned dropout_blocks(int64_t packs) {
     return std::max(b, 1);
   }();
   const int64_t cap = int64_t(per_sm) * sm_count(current_device()) * kWaves;
-  const int64_t want = (packs + int64_t(kMapThreads) * kUnroll<V> - 1) /
-                       (int64_t(kMapThreads) * kUnroll<V>);
-  return unsigned(std::clamp<int64_t>(want, 1, cap));
+  const int64_t per_block = int64_t(kMapThreads) * kUnroll * kGroup;
+  return unsigned(std::clamp<int64_t>((n + per_block - 1) / per_block, 1, cap));
 }
 
 }  // namespace
@@ -120,12 +110,12 @@ void dropout_apply(const void* in, void* out, int64_t n, uint32_t threshold, dou
   MT_CHECK(in != nullptr && out != nullptr, "dropout: null pointer");
   dispatch_float(dt, "dropout", [&](auto tag) {
     using T = decltype(tag);
-    constexpr int V = 16 / sizeof(T) >= 4 ? 16 / sizeof(T) : 1;  // f64's pack of 2: one at a time
+    constexpr int V = 16 / sizeof(T);  // a 16-byte pack: 8 bf16/f16, 4 f32, 2 f64
     const T* pi = static_cast<const T*>(in);
     T* po = static_cast<T*>(out);
     const Acc<T> sc = Acc<T>(scale);
-    if (V > 1 && aligned(in, 16) && aligned(out, 16))
-      dropout_kernel<T, V><<<dropout_blocks<T, V>(n / V), kMapThreads, 0, s>>>(
+    if (aligned(in, 16) && aligned(out, 16))
+      dropout_kernel<T, V><<<dropout_blocks<T, V>(n), kMapThreads, 0, s>>>(
           pi, po, n, threshold, sc, seed, offset, base);
     else
       dropout_kernel<T, 1><<<dropout_blocks<T, 1>(n), kMapThreads, 0, s>>>(

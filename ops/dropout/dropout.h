@@ -1,8 +1,9 @@
 #pragma once
 // dropout: each element is kept with probability 1 − p and scaled by 1 / (1 − p), or zeroed.
 //
-//   r_i    = word i % 4 of Philox4x32-10(counter = (i / 4, offset), key = seed)   (philox.h)
-//   keep_i = r_i >= threshold,   threshold = round(p · 2³²)  (P(drop) = threshold / 2³² ≈ p)
+//   r_i    = 16-bit half i % 8 of Philox4x32-10(counter = (i / 8, offset), key = seed)
+//            (philox.h: draw, half16)
+//   keep_i = r_i >= threshold,   threshold = round(p · 2¹⁶)  (P(drop) = threshold / 2¹⁶ ≈ p)
 //   y_i    = keep_i ? x_i · s : 0,   s = 1 / (1 − p)        '=' into a new tensor, x's dtype
 //   dx_i   = keep_i ? dy_i · s : 0                           '=' into a new tensor
 // i is the element's index in x viewed as contiguous; s is rounded once to the math type (fp32,
@@ -27,19 +28,24 @@
 // The backward reads the word again instead of keeping a copy: advance it only before a step's
 // first forward, never between a forward and its backward.
 //
+// Sixteen bits an element: p is then a multiple of 2⁻¹⁶ (0.1 drops 0.100006 of the elements;
+// FlashAttention's dropout uses 8 bits), and one Philox call serves eight elements. With a whole
+// 32-bit word an element the integer work, about 25 instructions an element, was what limited
+// the kernel on the H200 (77% of copy bandwidth for bf16); at half of it the map is memory-bound.
+//
 // Saved vs recomputed: NOTHING tensor-sized is saved: the backward regenerates keep_i from
-// (seed, offset, i), 10 Philox rounds per 4 elements, arithmetic a memory-bound kernel hides. A
+// (seed, offset, i), 10 Philox rounds per 8 elements, arithmetic a memory-bound kernel hides. A
 // saved mask would cost a write in the forward and a read in the backward of at least 1 byte per
 // element (1 bit packed): 1/4 more traffic than the forward's 4 bytes per bf16 element, and the
 // memory held from forward to backward, for every dropout in the model.
 //
 // Grids (CUDA, dropout.cu): both passes are one grid-stride map, 256 threads a block, a few waves
-// of blocks (what fits on the GPU at once, times 4; fewer for small n). Each thread loads 16
-// elements at a time as 16-byte packs (two packs of 8 bf16/f16, four of 4 f32), then draws their
-// words (one Philox call gives four consecutive elements' words), so loads stay in flight while
-// it computes; the leftover packs go one at a time and the n % pack elements one by one.
-// Unaligned buffers take the same kernel one element at a time, which draws the same words. The
-// base word is read once by each thread. No reduction: nothing is added into.
+// of blocks (what fits on the GPU at once, times 4; fewer for small n). A thread takes groups of
+// eight elements (one Philox call each), two groups loaded at once as 16-byte packs (a pack of 8
+// bf16/f16, two of 4 f32, four of 2 f64) before it draws their words, so loads stay in flight
+// while it computes; the n % 8 last elements go one by one. Unaligned buffers take the same
+// kernel one element a load, which draws the same words. The base word is read once by each
+// thread. No reduction: nothing is added into.
 //
 // p = 0, or training = false: the identity, x itself is returned (no node, no copy). p must be
 // in [0, 1).
@@ -66,7 +72,10 @@ using DropoutFn = void(const Tensor& in, uint32_t threshold, double scale, uint6
 // advance_dropout_base's kernel.
 using DropoutBaseFn = void(const Tensor& base, uint64_t value, uint64_t stride);
 
-// The threshold for drop probability p (p in [0, 1)).
-uint32_t dropout_threshold(double p);
+// The threshold for drop probability p (p in [0, 1)) against a 16-bit half: round(p · 2¹⁶).
+uint32_t dropout_threshold16(double p);
+
+// The threshold against a whole 32-bit word, round(p · 2³²): attention's dropout (attention.h).
+uint32_t dropout_threshold32(double p);
 
 }  // namespace mt

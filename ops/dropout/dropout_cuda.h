@@ -10,7 +10,7 @@
 
 namespace mt::cuda {
 
-// out[i] = in[i] · scale where Philox word i of (seed, offset + *base) >= threshold, else 0
+// out[i] = in[i] · scale where the 16-bit half i of (seed, offset + *base) >= threshold, else 0
 // ('=', dt). base: a device word read when the kernel runs (nullable: 0). scale is rounded to
 // fp32 (f64 for f64), as on the CPU.
 void dropout_apply(const void* in, void* out, int64_t n, uint32_t threshold, double scale,

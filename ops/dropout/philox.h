@@ -3,7 +3,7 @@
 // counter-based generator. Four 32-bit words of output are a pure function of a 128-bit counter
 // and a 64-bit key, with no state to carry from one call to the next, so any thread can draw the
 // numbers of any position, in any order, on any device, and get the same bits. Dropout draws one
-// word per element (dropout.h).
+// 16-bit half of a word per element (dropout.h), attention's dropout a whole word (attention.h).
 #include <cstdint>
 
 #ifdef __CUDACC__
@@ -47,12 +47,21 @@ MT_PHILOX_HD U32x4 philox4x32_10(U32x4 c, uint32_t k0, uint32_t k1) {
   return c;
 }
 
-// The four words for the group of elements 4·group .. 4·group + 3 of the call keyed by
-// (seed, offset): the counter is (group, offset), the key the seed.
+// The four words of draw `group` of the call keyed by (seed, offset): the counter is
+// (group, offset), the key the seed. Which elements a group serves is the caller's convention
+// (dropout: eight, attention: four).
 MT_PHILOX_HD U32x4 draw(uint64_t seed, uint64_t offset, uint64_t group) {
   return philox4x32_10(U32x4{{uint32_t(group), uint32_t(group >> 32), uint32_t(offset),
                               uint32_t(offset >> 32)}},
                        uint32_t(seed), uint32_t(seed >> 32));
+}
+
+// Half k (k in [0, 8)) of a draw's 128 bits: the low 16 bits of word k / 2 for even k, the high
+// 16 bits for odd k. The word is chosen with selects, not an index, so that a kernel keeps r in
+// registers whatever k is.
+MT_PHILOX_HD uint32_t half16(const U32x4& r, int k) {
+  const uint32_t w = k < 4 ? (k < 2 ? r.v[0] : r.v[1]) : (k < 6 ? r.v[2] : r.v[3]);
+  return (k & 1) ? w >> 16 : w & 0xffffu;
 }
 
 }  // namespace mt::philox
