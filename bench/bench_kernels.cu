@@ -7,6 +7,9 @@
 // after kWarmup untimed ones, on random inputs in [-3, 3], with every buffer far larger than L2,
 // so nothing is served from cache between repetitions. Missing a target is reported, not an
 // error: the exit code is non-zero only when a CUDA call fails.
+//
+//   bench_kernels           every row and the goal lines
+//   bench_kernels gpt       the GPT ops' rows alone (a short run to put under Nsight Compute)
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -459,7 +462,9 @@ void bench_adamw(Table& table, int device, cudaStream_t s) {
              double(f), 0.0});
 }
 
-int run() {
+// sections: the groups of rows to run ("gpt" for bench_gpt_ops' alone, e.g. under a profiler);
+// empty runs them all and prints the goal lines.
+int run(const std::vector<std::string>& sections) {
   if (!mt::cuda::available()) {
     std::fprintf(stderr, "bench_kernels: no CUDA device\n");
     return 1;
@@ -476,6 +481,14 @@ int run() {
   const Result copy = bench_copy(device, s);
   Table table(gbps(copy));
   table.add(copy);
+  if (!sections.empty()) {  // the named groups only, and no goal lines (they need every row)
+    for (const std::string& name : sections) {
+      if (name == "gpt") bench_gpt_ops(table, DType::bf16, device, s);
+      else MT_THROW("unknown section '", name, "' (known: gpt)");
+    }
+    mt::cuda::synchronize(device);
+    return 0;
+  }
   for (DType dt : {DType::bf16, DType::f16}) bench_scaled_silu(table, dt, device, s);
   for (int64_t d : kRmsTargetD) bench_rms_norm(table, DType::bf16, kRmsRows, d, true, device, s);
   bench_rms_norm(table, DType::bf16, kRmsRows * 16, 256, false, device, s);  // warp teams
@@ -526,9 +539,9 @@ int run() {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   try {
-    return run();
+    return run(std::vector<std::string>(argv + 1, argv + argc));
   } catch (const mt::Error& e) {
     std::fprintf(stderr, "bench_kernels: %s\n", e.what());
     return 1;

@@ -16,6 +16,8 @@
 //   two or more dimensions (nanoGPT's groups).
 //
 //   gpt_step [--batch 16|64|all] [--microbatch M] [--export DIR] [--no-breakdown]
+//   gpt_step --gemms-alone [--microbatch M]   only the step's GEMMs, back to back (below): a
+//                                             short run to put under Nsight Compute
 //     16   16 × 1024 tokens per step
 //     64   64 × 1024 tokens per step
 //     M    sequences per microbatch (default 16): B = 64 runs as 64 / M microbatches, whose
@@ -61,6 +63,7 @@
 #include "core/tensor.h"
 #include "nn/gpt.h"
 #include "nn/serialize.h"
+#include "ops/linear/linear_cuda.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"
 #include "train/lm_task.h"
@@ -212,11 +215,59 @@ std::string family_of(const std::string& name) {
   return "copies, casts and views";
 }
 
+// The step's GEMMs alone, back to back: each Linear of the model and the tied head, forward and
+// backward, through the calls the linear op makes (the bias in the epilogue, dW added into an
+// existing fp32 .grad, the bias's column sums), on tensors of their own, once per microbatch of
+// M sequences, timed as one stream of work (median of 5). This is the GEMM family's floor at the
+// step's own shapes: what cuBLASLt takes for them with nothing in between. The bare 8192³ rate
+// is a lower floor than these shapes reach (K = 768 for all but one).
+double gemms_alone_ms(const nn::GPTConfig& cfg, int64_t M, int64_t microbatches) {
+  const Device dev = cuda_device(kDevice);
+  const int64_t C = cfg.n_embd, rows = M * kT;
+  struct Shape {
+    int64_t N, K;
+    bool bias;
+    int64_t count;
+  };
+  const Shape shapes[] = {{3 * C, C, true, cfg.n_layer}, {C, C, true, cfg.n_layer},
+                          {4 * C, C, true, cfg.n_layer}, {C, 4 * C, true, cfg.n_layer},
+                          {cfg.padded_vocab(), C, false, 1}};
+  struct Gemm {
+    Tensor x, W, b, y, dy, dx, dW, db;
+    int64_t N, K, count;
+  };
+  std::vector<Gemm> gemms;
+  for (const Shape& sh : shapes) {
+    Gemm g{.x = randn({rows, sh.K}, DType::bf16, dev), .W = randn({sh.N, sh.K}, DType::bf16, dev),
+           .b = sh.bias ? randn({sh.N}, DType::bf16, dev) : Tensor(),
+           .y = empty({rows, sh.N}, DType::bf16, dev), .dy = randn({rows, sh.N}, DType::bf16, dev),
+           .dx = empty({rows, sh.K}, DType::bf16, dev), .dW = zeros({sh.N, sh.K}, DType::f32, dev),
+           .db = sh.bias ? zeros({sh.N}, DType::f32, dev) : Tensor(),
+           .N = sh.N, .K = sh.K, .count = sh.count};
+    gemms.push_back(std::move(g));
+  }
+  cudaStream_t st = cuda::stream(kDevice);
+  const auto all = [&] {
+    for (int64_t m = 0; m < microbatches; ++m)
+      for (const Gemm& g : gemms)
+        for (int64_t i = 0; i < g.count; ++i) {
+          cuda::linear_forward_dt_bias(g.x.data_ptr(), g.W.data_ptr(),
+                                       g.b.defined() ? g.b.data_ptr() : nullptr, g.y.data_ptr(),
+                                       rows, g.N, g.K, DType::bf16, st);
+          cuda::linear_backward(g.x.data_ptr(), g.W.data_ptr(), g.dy.data_ptr(), g.dx.data_ptr(),
+                                static_cast<float*>(g.dW.data_ptr()), 1.0f,
+                                g.db.defined() ? static_cast<float*>(g.db.data_ptr()) : nullptr, rows, g.N, g.K,
+                                DType::bf16, st);
+        }
+  };
+  return median(time_each(kDevice, 1, 5, all));
+}
+
 // `steps` eager steps with every op timed (OpTimes) and events around the clip, AdamW and
 // zero_grad; prints per-op rows, per-family totals, and each family's floor beside it.
 // gemm_flop and attention_flop: the step's GEMM and attention work; floors at the bare GEMM rate.
 void print_breakdown(const Step& s, int steps, double gemm_tflops, double gemm_flop,
-                     double attention_flop) {
+                     double attention_flop, double gemms_alone) {
   OpTimes times;
   std::map<std::string, double> ms;
   s.eager();  // untimed: AdamW's state exists from here on
@@ -254,8 +305,11 @@ void print_breakdown(const Step& s, int steps, double gemm_tflops, double gemm_f
     double floor = -1;
     if (name.starts_with("GEMMs")) floor = gemm_flop / (gemm_tflops * 1e12) * 1e3;
     if (name == "attention") floor = attention_flop / (gemm_tflops * 1e12) * 1e3;
-    std::printf("gpt_step breakdown %-44s %8.3f ms %5.1f%%  floor %s\n", name.c_str(), t,
-                100 * t / step_ms, floor < 0 ? "-" : num("%.3f ms", floor).c_str());
+    std::printf("gpt_step breakdown %-44s %8.3f ms %5.1f%%  floor %s%s\n", name.c_str(), t,
+                100 * t / step_ms, floor < 0 ? "-" : num("%.3f ms", floor).c_str(),
+                name.starts_with("GEMMs")
+                    ? num("; the same GEMMs alone, back to back: %.3f ms", gemms_alone).c_str()
+                    : "");
   }
   std::printf("gpt_step breakdown %-44s %8.3f ms %5.1f%%\n", "the rest (between ops: host gaps)",
               step_ms - ops_ms - optimizer_ms, 100 * (step_ms - ops_ms - optimizer_ms) / step_ms);
@@ -325,7 +379,8 @@ bool run_batch(int64_t B, int64_t microbatch, const std::string& export_dir, boo
 
   if (breakdown) {
     restart();
-    print_breakdown(s, 3, gemm_tflops, gemm_flop, attention_flop);
+    print_breakdown(s, 3, gemm_tflops, gemm_flop, attention_flop,
+                    gemms_alone_ms(cfg, microbatch, int64_t(s.microbatches.size())));
   }
 
   const int timed = B >= 64 ? 10 : 20;
@@ -391,7 +446,7 @@ bool run_batch(int64_t B, int64_t microbatch, const std::string& export_dir, boo
 
 int usage(const char* message) {
   std::fprintf(stderr, "gpt_step: %s\nusage: gpt_step [--batch 16|64|all] [--microbatch M] "
-               "[--export DIR] [--no-breakdown]\n", message);
+               "[--export DIR] [--no-breakdown] | --gemms-alone [--microbatch M]\n", message);
   return 2;
 }
 
@@ -401,7 +456,7 @@ int main(int argc, char** argv) {
   std::vector<int64_t> batches = {16, 64};
   std::string export_dir;
   int64_t microbatch = 16;
-  bool breakdown = true;
+  bool breakdown = true, gemms_alone = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--batch" && i + 1 < argc) {
@@ -417,6 +472,8 @@ int main(int argc, char** argv) {
       export_dir = argv[++i];
     } else if (a == "--no-breakdown") {
       breakdown = false;
+    } else if (a == "--gemms-alone") {
+      gemms_alone = true;
     } else {
       return usage(("unknown argument '" + a + "'").c_str());
     }
@@ -426,6 +483,11 @@ int main(int argc, char** argv) {
     return 0;
   }
   try {
+    if (gemms_alone) {
+      std::printf("gpt_step GEMMs alone, one microbatch of %lld x %lld tokens: %.3f ms\n",
+                  (long long)microbatch, (long long)kT, gemms_alone_ms(gpt2_small(), microbatch, 1));
+      return 0;
+    }
     if (!export_dir.empty()) std::filesystem::create_directories(export_dir);
     const double gemm_tflops = bench::cublas_bf16_tflops(kDevice);
     const double copy_tb_s = bench::copy_tbps(kDevice);
