@@ -242,7 +242,7 @@ __global__ void __launch_bounds__(32 * kCombineWarps)
       for (int u = 0; u < kUnroll; ++u) {
         const int64_t c = c0 + int64_t(u) * kCombineWarps;
         in_run[u] = c < chunks && keys[c * kChunk] == key;
-        if (c < chunks && active) load_f32<V>(head + c * C + col, h[u]);
+        if (in_run[u] && active) load_f32<V>(head + c * C + col, h[u]);  // only the run's heads
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u)
