@@ -78,7 +78,7 @@ void bench(const Shape& sh, bool dropout, int device, cudaStream_t s) {
   }
   mt::cuda::AttentionDropoutArgs drop;
   if (dropout)
-    drop = {.on = true, .threshold = mt::dropout_threshold32(kDropout),
+    drop = {.on = true, .threshold = mt::dropout_threshold(kDropout),
             .scale = float(1.0 / (1.0 - kDropout)), .seed = 1, .offset = 0};
   auto fwd = [&] {
     mt::cuda::attention_forward(bufs[0], bufs[1], bufs[2], bufs[3], lse, heads, sh.T, sh.d,

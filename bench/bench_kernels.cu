@@ -372,7 +372,7 @@ void bench_gpt_ops(Table& table, DType dt, int device, cudaStream_t s) {
   DeviceBuffer base(sizeof(uint64_t), device);
   MT_CUDA_CHECK(cudaMemsetAsync(base.get(), 0, sizeof(uint64_t), s));
   table.add({"dropout p=0.1 [65536, 768]", name, median_ms(s, [&] {
-               mt::cuda::dropout_apply(x.get(), y.get(), n, mt::dropout_threshold16(0.1),
+               mt::cuda::dropout_apply(x.get(), y.get(), n, mt::dropout_threshold(0.1),
                                        1.0 / 0.9, 1234, 5, base.get<uint64_t>(), dt, s);
              }),
              2 * e, kGptMap});

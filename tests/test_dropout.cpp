@@ -75,8 +75,8 @@ TEST(Dropout, ElementIKeepsWhenItsSixteenBitHalfClearsTheThreshold) {
   EXPECT_EQ(philox::half16(zero, 1), 0x6627u);
   EXPECT_EQ(philox::half16(zero, 6), 0xdbd8u);  // word 3 is 0x9b00dbd8
   EXPECT_EQ(philox::half16(zero, 7), 0x9b00u);
-  EXPECT_EQ(dropout_threshold16(0.1), 6554u);
-  EXPECT_EQ(dropout_threshold16(0.0), 0u);
+  EXPECT_EQ(dropout_threshold(0.1), 6554u);
+  EXPECT_EQ(dropout_threshold(0.0), 0u);
   const int64_t n = 37;  // four whole draws and five elements of a fifth
   const double p = 0.3;
   const auto mask = mask_of(n, p, 11, 5);
@@ -84,7 +84,7 @@ TEST(Dropout, ElementIKeepsWhenItsSixteenBitHalfClearsTheThreshold) {
   int dropped = 0;
   for (int64_t i = 0; i < n; ++i) {
     const uint32_t half = philox::half16(philox::draw(11, 5, uint64_t(i / 8)), int(i % 8));
-    EXPECT_EQ(mask[size_t(i)], half >= dropout_threshold16(p) ? s : 0.0) << i;
+    EXPECT_EQ(mask[size_t(i)], half >= dropout_threshold(p) ? s : 0.0) << i;
     dropped += mask[size_t(i)] == 0;
   }
   EXPECT_GT(dropped, 0);

@@ -91,7 +91,7 @@ std::vector<double> scores(const double* q, const double* k, int64_t T, int64_t 
 class DropoutFactors {
  public:
   explicit DropoutFactors(const AttentionDropout& d)
-      : on_(d.p > 0), threshold_(on_ ? dropout_threshold32(d.p) : 0), scale_(1.0 / (1.0 - d.p)),
+      : on_(d.p > 0), threshold_(on_ ? dropout_threshold(d.p) : 0), scale_(1.0 / (1.0 - d.p)),
         seed_(d.seed),
         offset_(d.offset + (d.base.defined() ? uint64_t(d.base.data<int64_t>()[0]) : 0)) {}
 
@@ -104,8 +104,8 @@ class DropoutFactors {
       philox::U32x4 r{};
       for (int64_t j = 0; j <= i; ++j) {
         const uint64_t e = e0 + uint64_t(j);
-        if (j == 0 || e % 4 == 0) r = philox::draw(seed_, offset_, e / 4);
-        Z[size_t(i * T + j)] = r.v[e % 4] >= threshold_ ? scale_ : 0.0;
+        if (j == 0 || e % 8 == 0) r = philox::draw(seed_, offset_, e / 8);
+        Z[size_t(i * T + j)] = philox::half16(r, int(e % 8)) >= threshold_ ? scale_ : 0.0;
       }
     }
     return Z;

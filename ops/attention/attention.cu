@@ -143,8 +143,8 @@ __device__ __forceinline__ float fast_exp2(float x) {
 
 // ---- dropout on P (attention.h) ---------------------------------------------------------------
 // Each kernel is instantiated twice, kDrop false (no dropout: the code below has no trace of it)
-// and true. Element e = (bh·T + i)·T + j of P is kept where word e % 4 of Philox group e / 4
-// clears the threshold, as on the CPU.
+// and true. Element e = (bh·T + i)·T + j of P is kept where 16-bit half e % 8 of Philox draw
+// e / 8 clears the threshold, as on the CPU and in ops/dropout.
 
 struct Drop {
   uint32_t threshold;
@@ -160,22 +160,19 @@ __device__ __forceinline__ Drop drop_of(const AttentionDropoutArgs& a) {
   else return {a.threshold, a.scale, a.seed, a.offset + (a.base != nullptr ? *a.base : 0)};
 }
 
-__device__ __forceinline__ uint32_t word(const philox::U32x4& r, uint32_t w) {
-  return w == 0 ? r.v[0] : w == 1 ? r.v[1] : w == 2 ? r.v[2] : r.v[3];  // selects, no local array
-}
-
 // Whether element e of P is kept.
 __device__ __forceinline__ bool kept(const Drop& dr, uint64_t e) {
-  return word(philox::draw(dr.seed, dr.offset, e / 4), uint32_t(e % 4)) >= dr.threshold;
+  return philox::half16(philox::draw(dr.seed, dr.offset, e / 8), int(e % 8)) >= dr.threshold;
 }
 
 // Elements e and e + 1 (two adjacent keys of one row, as a thread holds them in an accumulator
-// tile): one draw serves both unless e is the last word of its group.
+// tile): one draw serves both unless e is the last half of its draw.
 __device__ __forceinline__ void kept_pair(const Drop& dr, uint64_t e, bool& k0, bool& k1) {
-  const philox::U32x4 r = philox::draw(dr.seed, dr.offset, e / 4);
-  const uint32_t w = uint32_t(e % 4);
-  k0 = word(r, w) >= dr.threshold;
-  k1 = (w < 3 ? word(r, w + 1) : philox::draw(dr.seed, dr.offset, e / 4 + 1).v[0]) >= dr.threshold;
+  const philox::U32x4 r = philox::draw(dr.seed, dr.offset, e / 8);
+  const int k = int(e % 8);
+  k0 = philox::half16(r, k) >= dr.threshold;
+  k1 = (k < 7 ? philox::half16(r, k + 1)
+              : philox::half16(philox::draw(dr.seed, dr.offset, e / 8 + 1), 0)) >= dr.threshold;
 }
 
 // The index of P[row, 0] for head bh.
@@ -1014,7 +1011,7 @@ namespace {
 // The op's dropout as the launchers take it: the threshold, 1/(1 − p) in fp32, the base's address.
 cuda::AttentionDropoutArgs dropout_args(const AttentionDropout& d) {
   if (d.p == 0) return {};
-  return {.on = true, .threshold = dropout_threshold32(d.p), .scale = float(1.0 / (1.0 - d.p)),
+  return {.on = true, .threshold = dropout_threshold(d.p), .scale = float(1.0 / (1.0 - d.p)),
           .seed = d.seed, .offset = d.offset,
           .base = d.base.defined() ? static_cast<const uint64_t*>(d.base.data_ptr()) : nullptr};
 }

@@ -42,8 +42,8 @@
 //
 // Dropout on P (nanoGPT's attn_dropout; PyTorch's scaled_dot_product_attention(dropout_p) in
 // training): each probability is kept with probability 1 − p and scaled by 1 / (1 − p), or zeroed:
-//   Z[i, j]  = keep[i, j] / (1 − p),   keep[i, j] = r_e >= round(p · 2³²)
-//   r_e      = word e % 4 of philox::draw(seed, offset (+ base[0]), e / 4),
+//   Z[i, j]  = keep[i, j] / (1 − p),   keep[i, j] = r_e >= round(p · 2¹⁶)
+//   r_e      = 16-bit half e % 8 of philox::draw(seed, offset (+ base[0]), e / 8),
 //   e        = ((b·H + h)·T + i)·T + j      (the element's index in P [B, H, T, T], contiguous)
 // the very mask ops/dropout draws for a [B, H, T, T] tensor with the same (seed, offset, base):
 // one convention, its counter, its device-side offset word for CUDA graphs (dropout.h). Then

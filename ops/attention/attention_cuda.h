@@ -12,8 +12,8 @@
 
 namespace mt::cuda {
 
-// Dropout on P (attention.h): element e of P [B·H, T, T] is kept where word e % 4 of
-// philox::draw(seed, offset + *base, e / 4) >= threshold, and kept values count `scale` times
+// Dropout on P (attention.h): element e of P [B·H, T, T] is kept where 16-bit half e % 8 of
+// philox::draw(seed, offset + *base, e / 8) >= threshold, and kept values count `scale` times
 // (1 / (1 − p) in fp32). on = false: none, the kernels without dropout. base: a device word read
 // when the kernels run (nullable: 0).
 struct AttentionDropoutArgs {

@@ -19,7 +19,7 @@ struct DropoutFnNode : Function<DropoutFnNode> {
                         const Tensor& base) {
     Tensor xc = x.contiguous();
     Tensor y = empty(x.shape(), x.dtype(), x.device());
-    const uint32_t threshold = dropout_threshold16(p);
+    const uint32_t threshold = dropout_threshold(p);
     const double s = 1.0 / (1.0 - p);
     // The same kernel serves both phases: the mask depends only on (seed, offset, position).
     kernel<DropoutFn>(name, Phase::Forward, x.device())(xc, threshold, s, seed, offset, base, y);
@@ -79,15 +79,9 @@ void check_base(const char* what, const Tensor& base, Device device) {
 
 }  // namespace
 
-uint32_t dropout_threshold16(double p) {
+uint32_t dropout_threshold(double p) {
   MT_CHECK(p >= 0 && p < 1, "dropout: p must be in [0, 1), got ", p);
   return uint32_t(std::round(std::ldexp(p, 16)));  // 65536 (p near 1) drops every element
-}
-
-uint32_t dropout_threshold32(double p) {
-  MT_CHECK(p >= 0 && p < 1, "dropout: p must be in [0, 1), got ", p);
-  const double t = std::round(std::ldexp(p, 32));
-  return t >= 4294967295.0 ? 0xffffffffu : uint32_t(t);
 }
 
 Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset, bool training,

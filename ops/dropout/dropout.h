@@ -73,9 +73,6 @@ using DropoutFn = void(const Tensor& in, uint32_t threshold, double scale, uint6
 using DropoutBaseFn = void(const Tensor& base, uint64_t value, uint64_t stride);
 
 // The threshold for drop probability p (p in [0, 1)) against a 16-bit half: round(p · 2¹⁶).
-uint32_t dropout_threshold16(double p);
-
-// The threshold against a whole 32-bit word, round(p · 2³²): attention's dropout (attention.h).
-uint32_t dropout_threshold32(double p);
+uint32_t dropout_threshold(double p);
 
 }  // namespace mt

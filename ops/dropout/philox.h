@@ -2,8 +2,8 @@
 // Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011): a
 // counter-based generator. Four 32-bit words of output are a pure function of a 128-bit counter
 // and a 64-bit key, with no state to carry from one call to the next, so any thread can draw the
-// numbers of any position, in any order, on any device, and get the same bits. Dropout draws one
-// 16-bit half of a word per element (dropout.h), attention's dropout a whole word (attention.h).
+// numbers of any position, in any order, on any device, and get the same bits. Dropout, and
+// attention's dropout on P, draw one 16-bit half of a word per element (dropout.h).
 #include <cstdint>
 
 #ifdef __CUDACC__
@@ -48,8 +48,7 @@ MT_PHILOX_HD U32x4 philox4x32_10(U32x4 c, uint32_t k0, uint32_t k1) {
 }
 
 // The four words of draw `group` of the call keyed by (seed, offset): the counter is
-// (group, offset), the key the seed. Which elements a group serves is the caller's convention
-// (dropout: eight, attention: four).
+// (group, offset), the key the seed. Dropout's draw `group` serves elements 8·group .. 8·group + 7.
 MT_PHILOX_HD U32x4 draw(uint64_t seed, uint64_t offset, uint64_t group) {
   return philox4x32_10(U32x4{{uint32_t(group), uint32_t(group >> 32), uint32_t(offset),
                               uint32_t(offset >> 32)}},
