@@ -14,7 +14,8 @@ it SURVIVED when everything passes. A snippet that no longer occurs exactly once
 reported ("snippet not found"), so a list that has gone stale says so instead of passing.
 
 It prints a table (mutation -> the failing tests, or SURVIVED) and exits 1 when a mutation of a
-must-catch area (MUST_CATCH below) survives or the unmutated tree fails its tests; survivors of
+must-catch area (MUST_CATCH below) survives or is skipped (a stale entry guards nothing), or the
+unmutated tree fails its tests; survivors and skipped entries of
 other areas are reported but do not fail the audit. Entries marked `equivalent:` are listed with
 their reason and not run.
 """
