@@ -224,28 +224,24 @@ std::string family_of(const std::string& name) {
 double gemms_alone_ms(const nn::GPTConfig& cfg, int64_t M, int64_t microbatches) {
   const Device dev = cuda_device(kDevice);
   const int64_t C = cfg.n_embd, rows = M * kT;
-  struct Shape {
-    int64_t N, K;
-    bool bias;
-    int64_t count;
-  };
-  const Shape shapes[] = {{3 * C, C, true, cfg.n_layer}, {C, C, true, cfg.n_layer},
-                          {4 * C, C, true, cfg.n_layer}, {C, 4 * C, true, cfg.n_layer},
-                          {cfg.padded_vocab(), C, false, 1}};
   struct Gemm {
     Tensor x, W, b, y, dy, dx, dW, db;
-    int64_t N, K, count;
+    int64_t N, K, count;  // count: how many of the model's Linears have this shape
   };
   std::vector<Gemm> gemms;
-  for (const Shape& sh : shapes) {
-    Gemm g{.x = randn({rows, sh.K}, DType::bf16, dev), .W = randn({sh.N, sh.K}, DType::bf16, dev),
-           .b = sh.bias ? randn({sh.N}, DType::bf16, dev) : Tensor(),
-           .y = empty({rows, sh.N}, DType::bf16, dev), .dy = randn({rows, sh.N}, DType::bf16, dev),
-           .dx = empty({rows, sh.K}, DType::bf16, dev), .dW = zeros({sh.N, sh.K}, DType::f32, dev),
-           .db = sh.bias ? zeros({sh.N}, DType::f32, dev) : Tensor(),
-           .N = sh.N, .K = sh.K, .count = sh.count};
-    gemms.push_back(std::move(g));
-  }
+  const auto add = [&](int64_t N, int64_t K, bool bias, int64_t count) {
+    gemms.push_back({.x = randn({rows, K}, DType::bf16, dev), .W = randn({N, K}, DType::bf16, dev),
+                     .b = bias ? randn({N}, DType::bf16, dev) : Tensor(),
+                     .y = empty({rows, N}, DType::bf16, dev), .dy = randn({rows, N}, DType::bf16, dev),
+                     .dx = empty({rows, K}, DType::bf16, dev), .dW = zeros({N, K}, DType::f32, dev),
+                     .db = bias ? zeros({N}, DType::f32, dev) : Tensor(),
+                     .N = N, .K = K, .count = count});
+  };
+  add(3 * C, C, true, cfg.n_layer);             // attn.c_attn
+  add(C, C, true, cfg.n_layer);                 // attn.c_proj
+  add(4 * C, C, true, cfg.n_layer);             // mlp.c_fc
+  add(C, 4 * C, true, cfg.n_layer);             // mlp.c_proj
+  add(cfg.padded_vocab(), C, false, 1);         // the tied head
   cudaStream_t st = cuda::stream(kDevice);
   const auto all = [&] {
     for (int64_t m = 0; m < microbatches; ++m)

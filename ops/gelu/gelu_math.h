@@ -3,14 +3,15 @@
 // the same expression in the same order. A is the accumulation type: float, or double for f64.
 //
 // The tanh form is computed as x · σ(2u) (gelu.h): one exponential and one division, where
-// tanh would cost a polynomial and an exponential. In CUDA kernels whose math is fp32 these are
-// the hardware's approximations (__expf and __fdividef, a few ulp: far below a bf16 rounding),
-// so the forward stays a map that memory, not arithmetic, limits; on the CPU and in f64 they are
-// std::exp and the rounded division.
+// tanh would cost a polynomial and an exponential. In CUDA kernels whose math is fp32, σ is
+// scaled_silu's sigmoid on the special-function unit (__expf and __fdividef, a few ulp: far below
+// a bf16 rounding), so the forward stays a map that memory, not arithmetic, limits; on the CPU and
+// in f64 it is std::exp and the rounded division.
 #include <cmath>
 #include <type_traits>
 
 #ifdef __CUDACC__
+#include "ops/scaled_silu/silu.cuh"  // mt::cuda::sigmoid
 #define MT_GELU_HD __host__ __device__ __forceinline__
 #else
 #define MT_GELU_HD inline
@@ -23,27 +24,14 @@ constexpr double kCubic = 0.044715;
 constexpr double kInvSqrt2 = 0.7071067811865476;      // 1/√2
 constexpr double kInvSqrt2Pi = 0.3989422804014327;    // 1/√(2π)
 
-template <class A>
-MT_GELU_HD A exp_(A x) {
-#ifdef __CUDA_ARCH__
-  if constexpr (std::is_same_v<A, float>) return __expf(x);
-#endif
-  return std::exp(x);
-}
-
-template <class A>
-MT_GELU_HD A div_(A a, A b) {
-#ifdef __CUDA_ARCH__
-  if constexpr (std::is_same_v<A, float>) return __fdividef(a, b);  // 0 once |b| > 2^126
-#endif
-  return a / b;
-}
-
 // σ(2u) = ½ (1 + tanh u), u = √(2/π) (x + 0.044715 x³).
 template <class A>
 MT_GELU_HD A tanh_sigmoid(A x) {
   const A u = A(kSqrt2OverPi) * (x + A(kCubic) * x * x * x);
-  return div_(A(1), A(1) + exp_(A(-2) * u));
+#ifdef __CUDA_ARCH__
+  if constexpr (std::is_same_v<A, float>) return cuda::sigmoid(A(2) * u);
+#endif
+  return A(1) / (A(1) + std::exp(A(-2) * u));
 }
 
 template <class A>
