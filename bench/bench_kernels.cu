@@ -286,10 +286,13 @@ void bench_rms_norm_scaled_silu(Table& table, DType dt, int64_t rows, int64_t d,
              3 * e + 4.0 * rows + 12.0 * d, 0.0});
 }
 
-// Cross-entropy over [rows, C] logits in dt, every 16th target ignored. Forward reads the logits
-// once (plus targets, lse written); backward reads them and writes dlogits.
-void bench_cross_entropy(Table& table, DType dt, int device, cudaStream_t s) {
-  const int64_t rows = 32768, C = 32768, n = rows * C;
+// Cross-entropy over [rows, C] logits in dt, the first `valid` columns classes, every 16th target
+// ignored if `ignore` (their rows' bytes are counted all the same: that row's figures are compared
+// across versions). Forward reads the logits once (plus targets, lse written); backward reads
+// them and writes dlogits.
+void bench_cross_entropy(Table& table, DType dt, int device, cudaStream_t s, int64_t rows,
+                         int64_t C, int64_t valid, bool ignore, const std::string& shape) {
+  const int64_t n = rows * C;
   const double e = double(n) * mt::dtype_size(dt);
   const std::string name = mt::dtype_name(dt);
   DeviceBuffer logits(size_t(e), device), dlogits(size_t(e), device);
@@ -297,23 +300,23 @@ void bench_cross_entropy(Table& table, DType dt, int device, cudaStream_t s) {
   DeviceBuffer loss(sizeof(float), device), dloss(sizeof(float), device);
   fill(logits.get(), n, dt, 7, s);
   std::vector<int64_t> t(rows);
-  for (int64_t r = 0; r < rows; ++r) t[r] = r % 16 == 15 ? -100 : (r * 7919) % C;
+  for (int64_t r = 0; r < rows; ++r) t[r] = ignore && r % 16 == 15 ? -100 : (r * 7919) % valid;
   mt::cuda::copy_h2d(targets.get(), t.data(), rows * sizeof(int64_t), device);
   const float one = 1.0f;
   mt::cuda::copy_h2d(dloss.get(), &one, sizeof one, device);
-  const float normalizer = float(rows - rows / 16);
+  const float normalizer = float(ignore ? rows - rows / 16 : rows);
   const double small = 12.0 * rows;  // targets read, lse written (or read)
-  table.add({"cross_entropy fwd C=32768", name, median_ms(s, [&] {
+  table.add({"cross_entropy fwd " + shape, name, median_ms(s, [&] {
                mt::cuda::cross_entropy_forward(logits.get(), targets.get<int64_t>(),
                                                loss.get<float>(), lse.get<float>(), nullptr, rows,
-                                               C, C, -100, normalizer, dt, s);
+                                               C, valid, -100, normalizer, dt, s);
              }),
              e + small, 0.0});
-  table.add({"cross_entropy bwd C=32768", name, median_ms(s, [&] {
+  table.add({"cross_entropy bwd " + shape, name, median_ms(s, [&] {
                mt::cuda::cross_entropy_backward(logits.get(), targets.get<int64_t>(),
                                                 lse.get<float>(), dloss.get<float>(),
-                                                dlogits.get(), rows, C, C, -100, normalizer, dt,
-                                                s);
+                                                dlogits.get(), rows, C, valid, -100, normalizer,
+                                                dt, s);
              }),
              2 * e + small, 0.0});
 }
@@ -403,6 +406,8 @@ void bench_gpt_ops(Table& table, DType dt, int device, cudaStream_t s) {
                                            kGptRows, kGptVocab, kGptC, dt, s);
              }),
              2 * e + 8.0 * kGptRows, 0.0});
+  // The classifier of one microbatch of 16 × 1024 tokens: the step's logits.
+  bench_cross_entropy(table, dt, device, s, 16384, kGptVocab, 50257, false, "[16384, 50304]");
 }
 
 // The elementwise ops and the deterministic sum on 2^28 elements.
@@ -502,7 +507,7 @@ int run(const std::vector<std::string>& sections) {
   for (int64_t d : kRmsTargetD)
     bench_rms_norm_scaled_silu(table, DType::bf16, kRmsRows, d, device, s);
   bench_rms_norm_scaled_silu(table, DType::bf16, 8192, 8192, device, s);  // the large step's shape
-  bench_cross_entropy(table, DType::bf16, device, s);
+  bench_cross_entropy(table, DType::bf16, device, s, 32768, 32768, 32768, true, "C=32768");
   bench_elementwise(table, DType::bf16, device, s);
   bench_bias_grad(table, DType::bf16, device, s);
   bench_adamw(table, device, s);

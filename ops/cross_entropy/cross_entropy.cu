@@ -4,9 +4,9 @@
 // Forward, two launches:
 //   1. lse_kernel, one block per row (256 threads, or one warp when C < 1024). Each thread runs
 //      an online max / sum over its columns in fp32 (m = running max, s = sum of exp(x - m),
-//      rescaled when m grows, once per 16-byte pack), so the row is read once; the block merges
-//      the (m, s) pairs and thread 0 stores lse[r] = m + log(s) ('='). Ignored rows store 0 and
-//      read nothing.
+//      each exp one ex2, rescaled when m grows, once per 16-byte pack; two packs loaded at a
+//      time), so the row is read once; the block merges the (m, s) pairs and thread 0 stores
+//      lse[r] = m + log(s) ('='). Ignored rows store 0 and read nothing.
 //   2. loss_kernel, one block of 1024 threads: thread i adds lse[r] - logits[r, t_r] over rows
 //      r = i, i + 1024, ...; the block sums the threads in a fixed tree; loss[0] = total /
 //      normalizer ('='). One gathered logit per row, no scratch, the same bits on every run.
@@ -45,30 +45,52 @@
 namespace mt::cuda {
 namespace {
 
+// The forward's exponentials are exp2 on the special-function unit: exp(x − m) = 2^(x·log2 e −
+// m·log2 e), one fused multiply-add and one ex2 a logit, with m·log2 e rounded once when m
+// moves, where expf cost about eight instructions. That rounding (2^-24 of |m|·log2 e) moves lse
+// by about 1e-6 at |logits| ≈ 10: far below a bf16 logit's own rounding, and ten times under the
+// f32 op check's tolerance. Results below 2^-126 flush to zero: such a term is below the rounding
+// of s, which holds at least the largest term, 1. The logits stay unscaled, so none overflows.
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float exp_of(float d) { return ex2(d * kLog2e); }
+
 // Adds a pack of V logits to the running (m, s), s = sum exp(x_i - m): the running max moves
 // once, to the pack's max, and the V exponentials are then independent of each other (logit by
 // logit, each update waited for the previous one's m and exp: a serial chain that held the
-// forward at about half the copy rate). x == m counts 1 without the subtraction, so -inf and +inf
-// logits never form inf - inf: while m is -inf the 1s counted are later multiplied by
-// exp(-inf - x) = 0, and an all -inf row gives lse = -inf. fmaxf skips a NaN, which still makes
-// s NaN through its own exp.
+// forward at about half the copy rate). While m is ±inf (no finite logit yet, or an infinite
+// one), x == m counts 1 without the subtraction, so -inf and +inf logits never form inf - inf:
+// while m is -inf the 1s counted are later multiplied by exp(-inf - x) = 0, and an all -inf row
+// gives lse = -inf. fmaxf skips a NaN, which still makes s NaN through its own exp.
 template <int V>
 __device__ __forceinline__ void online_add_pack(float& m, float& s, const float (&x)[V]) {
   float pm = x[0];
 #pragma unroll
   for (int j = 1; j < V; ++j) pm = fmaxf(pm, x[j]);
   if (pm > m) {
-    s *= expf(m - pm);
+    s *= exp_of(m - pm);
     m = pm;
   }
+  if (isinf(m)) {
 #pragma unroll
-  for (int j = 0; j < V; ++j) s += x[j] == m ? 1.f : expf(x[j] - m);
+    for (int j = 0; j < V; ++j) s += x[j] == m ? 1.f : exp_of(x[j] - m);
+    return;
+  }
+  const float mb = m * kLog2e;
+#pragma unroll
+  for (int j = 0; j < V; ++j) s += ex2(fmaf(x[j], kLog2e, -mb));
 }
 
 // Merges (m2, s2) into (m, s), with the same x == m care as online_add_pack.
 __device__ __forceinline__ void merge(float& m, float& s, float m2, float s2) {
   const float mm = fmaxf(m, m2);
-  s = (m == mm ? s : s * expf(m - mm)) + (m2 == mm ? s2 : s2 * expf(m2 - mm));
+  s = (m == mm ? s : s * exp_of(m - mm)) + (m2 == mm ? s2 : s2 * exp_of(m2 - mm));
   m = mm;
 }
 
@@ -90,6 +112,21 @@ __device__ void block_merge(float& m, float& s) {
   }
 }
 
+// Pack i of the row in fp32; the padding past `valid` is -inf (only the row's last packs have
+// any: the others skip the per-logit test).
+template <class T, int V>
+__device__ __forceinline__ void widen(const Pack<T, V>& p, int64_t i, int64_t valid, float (&x)[V]) {
+  if ((i + 1) * V <= valid) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) x[j] = to_float(p.v[j]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) x[j] = i * V + j < valid ? to_float(p.v[j]) : -INFINITY;
+  }
+}
+
+// Two packs a thread are loaded before either is added (in the order one at a time would take),
+// so each thread has two loads in flight, not one.
 template <class T, int V>
 __global__ void lse_kernel(const T* logits, const int64_t* targets, float* lse, int64_t C,
                            int64_t valid, int64_t ignore_index) {
@@ -98,18 +135,23 @@ __global__ void lse_kernel(const T* logits, const int64_t* targets, float* lse, 
     if (threadIdx.x == 0) lse[r] = 0.f;
     return;
   }
-  const T* row = logits + r * C;
-  float m = -INFINITY, s = 0.f;
-  const int64_t cv = C / V;  // C is a multiple of V (above)
-  for (int64_t i = threadIdx.x; i < cv; i += blockDim.x) {
-    const Pack<T, V> p = reinterpret_cast<const Pack<T, V>*>(row)[i];
-    float x[V];
-#pragma unroll
-    for (int j = 0; j < V; ++j) x[j] = i * V + j < valid ? to_float(p.v[j]) : -INFINITY;
+  const auto* row = reinterpret_cast<const Pack<T, V>*>(logits + r * C);
+  float m = -INFINITY, s = 0.f, x[V];
+  const int64_t cv = C / V, step = blockDim.x;  // C is a multiple of V (above)
+  int64_t i = threadIdx.x;
+  for (; i + step < cv; i += 2 * step) {
+    const Pack<T, V> a = row[i], b = row[i + step];
+    widen<T, V>(a, i, valid, x);
+    online_add_pack<V>(m, s, x);
+    widen<T, V>(b, i + step, valid, x);
+    online_add_pack<V>(m, s, x);
+  }
+  if (i < cv) {
+    widen<T, V>(row[i], i, valid, x);
     online_add_pack<V>(m, s, x);
   }
   block_merge(m, s);
-  if (threadIdx.x == 0) lse[r] = m + logf(s);
+  if (threadIdx.x == 0) lse[r] = m + log2f(s) * kLn2;
 }
 
 constexpr int kLossThreads = 1024;
