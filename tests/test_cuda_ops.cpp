@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 
 #include "core/autograd.h"
 #include "core/switches.h"
@@ -349,6 +350,35 @@ TEST(CudaCrossEntropy, MaskedAndInfiniteLogitsMatchTheCpu) {
       Tensor inf_c = from_vector(v, {rows, C}).to(dt), inf_g = inf_c.to(kGPU);
       EXPECT_EQ(cross_entropy(inf_c, tc).item(), INFINITY) << what << ": CPU";
       EXPECT_EQ(cross_entropy(inf_g, tg).item(), INFINITY) << what << ": CUDA";
+    }
+}
+
+// Logits of any finite size: the forward's exponentials scale x − m, not x and m apart, so neither
+// the rounding of a scaled max (half an ulp of |m|·log2 e, absolute) nor a scaled logit past the
+// float range reaches them. Each row spreads its logits by 0.1% around the offset; the second
+// also holds a −inf.
+TEST(CudaCrossEntropy, HugeFiniteLogitsMatchTheCpu) {
+  MT_REQUIRE_CUDA();
+  PoisonScope poison;
+  const int64_t rows = 2, C = 1000;
+  const Tensor tc = from_vector(std::vector<int64_t>{3, 11}, {rows}), tg = tc.to(kGPU);
+  for (DType dt : {DType::f32, DType::bf16})
+    for (double offset : {1e6, -1e6, 1e10, -1e10, 1e20, 3e38, -3e38}) {
+      char label[64];
+      std::snprintf(label, sizeof label, "cross_entropy %s logits near %g", dtype_name(dt), offset);
+      const std::string what = label;
+      manual_seed(15);
+      std::vector<double> v = randn({rows, C}, DType::f64).to_vector();
+      for (double& x : v) x = offset * (1.0 + 1e-3 * x);
+      v[size_t(C + 7)] = -INFINITY;
+      Tensor lc = from_vector(v, {rows, C}).to(dt).set_requires_grad();
+      Tensor lg = from_vector(v, {rows, C}).to(dt).to(kGPU).set_requires_grad();
+      Tensor Lc = cross_entropy(lc, tc), Lg = cross_entropy(lg, tg);
+      ASSERT_TRUE(std::isfinite(Lc.item())) << what;
+      expect_close(Lg, Lc, 1e-4, what + ": loss");
+      Lc.backward();
+      Lg.backward();
+      expect_close(lg.grad(), lc.grad(), dt == DType::f32 ? 1e-5 : 1e-3, what + ": dlogits");
     }
 }
 

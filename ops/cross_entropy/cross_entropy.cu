@@ -45,12 +45,12 @@
 namespace mt::cuda {
 namespace {
 
-// The forward's exponentials are exp2 on the special-function unit: exp(x − m) = 2^(x·log2 e −
-// m·log2 e), one fused multiply-add and one ex2 a logit, with m·log2 e rounded once when m
-// moves, where expf cost about eight instructions. That rounding (2^-24 of |m|·log2 e) moves lse
-// by about 1e-6 at |logits| ≈ 10: far below a bf16 logit's own rounding, and ten times under the
-// f32 op check's tolerance. Results below 2^-126 flush to zero: such a term is below the rounding
-// of s, which holds at least the largest term, 1. The logits stay unscaled, so none overflows.
+// The forward's exponentials are one ex2 on the special-function unit each: exp(x − m) =
+// 2^((x − m)·log2 e), where expf cost about eight instructions a logit. The difference is taken
+// before the scaling, so its rounding stays relative to x − m however large |m| is (scaling x and
+// m apart and subtracting would leave half an ulp of |m|·log2 e in every exponent: at |m| = 1e10
+// that is more than the whole range of a float's exponent). Results below 2^-126 flush to zero:
+// such a term is below the rounding of s, which holds the largest term, 1.
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -82,9 +82,8 @@ __device__ __forceinline__ void online_add_pack(float& m, float& s, const float 
     for (int j = 0; j < V; ++j) s += x[j] == m ? 1.f : exp_of(x[j] - m);
     return;
   }
-  const float mb = m * kLog2e;
 #pragma unroll
-  for (int j = 0; j < V; ++j) s += ex2(fmaf(x[j], kLog2e, -mb));
+  for (int j = 0; j < V; ++j) s += exp_of(x[j] - m);
 }
 
 // Merges (m2, s2) into (m, s), with the same x == m care as online_add_pack.
