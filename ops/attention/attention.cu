@@ -52,6 +52,7 @@
 #include <cuda_fp16.h>
 
 #include "core/cuda/check.h"
+#include "core/cuda/fast_exp.cuh"
 #include "core/cuda/glue.h"
 #include "core/cuda/reduce.cuh"
 #include "core/cuda/runtime.h"
@@ -69,8 +70,6 @@ constexpr int kThreads = 128;  // 4 warps
 constexpr int kWarps = kThreads / 32;
 constexpr int kTile = 64;      // rows of a Q tile (forward, dQ) and of a K tile (dK/dV)
 constexpr int kPad = 8;        // elements of padding per shared-memory row: 16 bytes
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kInf = __builtin_huge_valf();
 
 __host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -131,14 +130,6 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
     __half2 v = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&v);
   }
-}
-
-// 2^x on the special-function unit (ex2.approx, flushing denormals): exp2f's library code adds
-// range handling that costs ALU work in the loop the exponentials already bound. 2^−∞ = 0.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
 }
 
 // ---- dropout on P (attention.h) ---------------------------------------------------------------

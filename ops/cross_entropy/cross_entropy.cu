@@ -36,6 +36,7 @@
 #include <new>
 
 #include "core/cuda/check.h"
+#include "core/cuda/fast_exp.cuh"
 #include "core/cuda/glue.h"
 #include "core/cuda/reduce.cuh"
 #include "core/cuda/vec.cuh"
@@ -45,21 +46,14 @@
 namespace mt::cuda {
 namespace {
 
-// The forward's exponentials are one ex2 on the special-function unit each: exp(x − m) =
-// 2^((x − m)·log2 e), where expf cost about eight instructions a logit. The difference is taken
-// before the scaling, so its rounding stays relative to x − m however large |m| is (scaling x and
-// m apart and subtracting would leave half an ulp of |m|·log2 e in every exponent: at |m| = 1e10
-// that is more than the whole range of a float's exponent). Results below 2^-126 flush to zero:
-// such a term is below the rounding of s, which holds the largest term, 1.
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
-
-__device__ __forceinline__ float ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-__device__ __forceinline__ float exp_of(float d) { return ex2(d * kLog2e); }
+// The forward's exponentials are one ex2 on the special-function unit each (fast_exp.cuh):
+// exp(x − m) = 2^((x − m)·log2 e), where expf cost about eight instructions a logit. The
+// difference is taken before the scaling, so its rounding stays relative to x − m however large
+// |m| is (scaling x and m apart and subtracting would leave half an ulp of |m|·log2 e in every
+// exponent: at |m| = 1e10 that is more than the whole range of a float's exponent). Results
+// below 2^-126 flush to zero: such a term is below the rounding of s, which holds the largest
+// term, 1.
+__device__ __forceinline__ float exp_of(float d) { return fast_exp2(d * kLog2e); }
 
 // Adds a pack of V logits to the running (m, s), s = sum exp(x_i - m): the running max moves
 // once, to the pack's max, and the V exponentials are then independent of each other (logit by
