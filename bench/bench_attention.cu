@@ -9,6 +9,8 @@
 // Each figure is the median of kReps timed calls after kWarmup untimed ones, on random inputs.
 // Rows marked "dropout 0.2" time the kernels with dropout on P (nanoGPT's attn_dropout, the
 // Shakespeare recipe's p), credited with the same FLOPs: the mask's Philox draws are extra work.
+// Rows marked "packed" read q, k, v in place from one [B, T, 3·C] buffer and write O into
+// [B, T, C] (attention_packed, as the GPT runs it); the others use contiguous [B, H, T, d] heads.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -65,15 +67,28 @@ double median_ms(cudaStream_t s, F&& body) {
   return ms[kReps / 2];
 }
 
-void bench(const Shape& sh, bool dropout, int device, cudaStream_t s) {
+void bench(const Shape& sh, bool dropout, bool packed, int device, cudaStream_t s) {
   using mt::cuda::alloc;
-  const int64_t n = sh.elems(), heads = sh.B * sh.H;
+  const int64_t n = sh.elems(), heads = sh.B * sh.H, C = sh.H * sh.d;
   const size_t bytes = size_t(n) * sizeof(__nv_bfloat16);
-  std::vector<void*> bufs;
-  for (int i = 0; i < 8; ++i) bufs.push_back(alloc(bytes, device));  // q k v o dout dq dk dv
+  // Buffers: q k v o dout dq dk dv (packed: qkv o dout dqkv, q k v and dq dk dv inside those).
+  std::vector<void*> owned;
+  for (int i = 0; i < (packed ? 4 : 8); ++i)
+    owned.push_back(alloc(packed && (i == 0 || i == 3) ? 3 * bytes : bytes, device));
+  auto at = [](void* p, int64_t elems) { return static_cast<__nv_bfloat16*>(p) + elems; };
+  std::vector<void*> bufs = owned;
+  mt::cuda::HeadsLayout in = mt::cuda::contiguous_heads(sh.T, sh.d), out = in;
+  if (packed) {
+    bufs = {owned[0], at(owned[0], C), at(owned[0], 2 * C), owned[1], owned[2],
+            owned[3], at(owned[3], C), at(owned[3], 2 * C)};
+    in = {sh.H, sh.T * 3 * C, sh.d, 3 * C};
+    out = {sh.H, sh.T * C, sh.d, C};
+  }
   float* lse = static_cast<float*>(alloc(size_t(heads * sh.T) * sizeof(float), device));
-  for (int i = 0; i < 5; ++i) {
-    fill_kernel<<<1024, 256, 0, s>>>(static_cast<__nv_bfloat16*>(bufs[size_t(i)]), n, uint32_t(i));
+  for (int i = 0; i < (packed ? 3 : 5); ++i) {
+    const int64_t elems = packed && i == 0 ? 3 * n : n;
+    fill_kernel<<<1024, 256, 0, s>>>(static_cast<__nv_bfloat16*>(owned[size_t(i)]), elems,
+                                     uint32_t(i));
     MT_CUDA_CHECK_LAUNCH();
   }
   mt::cuda::AttentionDropoutArgs drop;
@@ -81,13 +96,13 @@ void bench(const Shape& sh, bool dropout, int device, cudaStream_t s) {
     drop = {.on = true, .threshold = mt::dropout_threshold(kDropout),
             .scale = float(1.0 / (1.0 - kDropout)), .seed = 1, .offset = 0};
   auto fwd = [&] {
-    mt::cuda::attention_forward(bufs[0], bufs[1], bufs[2], bufs[3], lse, heads, sh.T, sh.d,
-                                mt::DType::bf16, s, drop);
+    mt::cuda::attention_forward(bufs[0], bufs[1], bufs[2], in, bufs[3], out, lse, heads, sh.T,
+                                sh.d, mt::DType::bf16, s, drop);
   };
   auto bwd = [&](bool deterministic) {
     return [&, deterministic] {
-      mt::cuda::attention_backward(bufs[0], bufs[1], bufs[2], bufs[3], lse, bufs[4], bufs[5],
-                                   bufs[6], bufs[7], heads, sh.T, sh.d, mt::DType::bf16,
+      mt::cuda::attention_backward(bufs[0], bufs[1], bufs[2], in, bufs[3], bufs[4], out, lse,
+                                   bufs[5], bufs[6], bufs[7], heads, sh.T, sh.d, mt::DType::bf16,
                                    deterministic, s, drop);
     };
   };
@@ -99,10 +114,10 @@ void bench(const Shape& sh, bool dropout, int device, cudaStream_t s) {
   std::printf("[%lld, %lld, %lld, %lld] bf16 causal%s   fwd %7.3f ms %6.1f TFLOP/s   "
               "bwd %7.3f ms %6.1f TFLOP/s   bwd atomic-dQ %7.3f ms %6.1f TFLOP/s\n",
               (long long)sh.B, (long long)sh.H, (long long)sh.T, (long long)sh.d,
-              dropout ? ", dropout 0.2" : "", f_ms,
+              dropout ? ", dropout 0.2" : packed ? ", packed" : "", f_ms,
               ff / (f_ms * 1e-3) / 1e12, b_ms, bf / (b_ms * 1e-3) / 1e12, a_ms,
               bf / (a_ms * 1e-3) / 1e12);
-  for (void* p : bufs) mt::cuda::free(p, device);
+  for (void* p : owned) mt::cuda::free(p, device);
   mt::cuda::free(lse, device);
 }
 
@@ -120,12 +135,14 @@ int main() {
               "convention)\n");
   for (const Shape& sh : {Shape{16, 12, 1024, 64}, Shape{4, 16, 4096, 128}, Shape{16, 12, 1024, 32},
                           Shape{8, 12, 2048, 64}})
-    bench(sh, false, device, s);
+    bench(sh, false, false, device, s);
+  // GPT-2 124M's attention as its step runs it, from the [B, T, 3C] projection.
+  bench(Shape{16, 12, 1024, 64}, false, true, device, s);
   // The Shakespeare recipe's attention (batch 64, 6 heads, T = 256, d = 64) without and with its
   // dropout, and the first shape with it.
-  bench(Shape{64, 6, 256, 64}, false, device, s);
-  bench(Shape{64, 6, 256, 64}, true, device, s);
-  bench(Shape{16, 12, 1024, 64}, true, device, s);
+  bench(Shape{64, 6, 256, 64}, false, false, device, s);
+  bench(Shape{64, 6, 256, 64}, true, false, device, s);
+  bench(Shape{16, 12, 1024, 64}, true, false, device, s);
   MT_CUDA_CHECK(cudaStreamSynchronize(s));
   return 0;
 }

@@ -9,7 +9,6 @@
 #include "nn/init.h"
 #include "ops/attention/attention.h"
 #include "ops/elementwise/elementwise.h"
-#include "ops/heads/heads.h"
 #include "ops/linear/linear.h"
 
 namespace mt::nn {
@@ -39,13 +38,12 @@ CausalSelfAttention::CausalSelfAttention(const GPTConfig& c) : n_head(c.n_head) 
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x) {
-  // [B, T, 3C] → q, k, v, each [B, H, T, d]; attention, dropping probabilities in training (no
-  // dropout in evaluation or at p = 0: attention(q, k, v) itself); the heads side by side again.
-  std::vector<Tensor> qkv = split_heads((*c_attn)(x), n_head);
+  // [B, T, 3C] → each head's attention → [B, T, C], the heads read and written in place (no
+  // split or merge copies); probabilities dropped in training (none in evaluation or at p = 0).
   const Dropout& a = *attn_dropout;
-  Tensor y = merge_heads(attention(qkv[0], qkv[1], qkv[2],
-                                   {.p = a.p, .seed = a.seed, .offset = a.offset, .base = a.base,
-                                    .training = a.is_training()}));
+  Tensor y = attention_packed((*c_attn)(x), n_head,
+                              {.p = a.p, .seed = a.seed, .offset = a.offset, .base = a.base,
+                               .training = a.is_training()});
   return (*resid_dropout)((*c_proj)(y));
 }
 

@@ -23,7 +23,8 @@ namespace mt::lab {
 namespace attn_v4 {
 void forward(const void* q, const void* k, const void* v, void* o, float* L, float* /*P*/,
              AttnShape s, cudaStream_t stream) {
-  cuda::attention_forward(q, k, v, o, L, s.heads, s.T, s.d, DType::bf16, stream);
+  const cuda::HeadsLayout l = cuda::contiguous_heads(s.T, s.d);
+  cuda::attention_forward(q, k, v, l, o, l, L, s.heads, s.T, s.d, DType::bf16, stream);
 }
 }  // namespace attn_v4
 
@@ -31,13 +32,15 @@ namespace attn_v3_backward {
 void deterministic(const void* q, const void* k, const void* v, const void* o, const float* L,
                    const float* /*P*/, const void* dO, void* dq, void* dk, void* dv,
                    float* /*work*/, AttnShape s, cudaStream_t stream) {
-  cuda::attention_backward(q, k, v, o, L, dO, dq, dk, dv, s.heads, s.T, s.d, DType::bf16,
+  const cuda::HeadsLayout l = cuda::contiguous_heads(s.T, s.d);
+  cuda::attention_backward(q, k, v, l, o, dO, l, L, dq, dk, dv, s.heads, s.T, s.d, DType::bf16,
                            /*deterministic=*/true, stream);
 }
 void atomic(const void* q, const void* k, const void* v, const void* o, const float* L,
             const float* /*P*/, const void* dO, void* dq, void* dk, void* dv, float* /*work*/,
             AttnShape s, cudaStream_t stream) {
-  cuda::attention_backward(q, k, v, o, L, dO, dq, dk, dv, s.heads, s.T, s.d, DType::bf16,
+  const cuda::HeadsLayout l = cuda::contiguous_heads(s.T, s.d);
+  cuda::attention_backward(q, k, v, l, o, dO, l, L, dq, dk, dv, s.heads, s.T, s.d, DType::bf16,
                            /*deterministic=*/false, stream);
 }
 }  // namespace attn_v3_backward

@@ -67,6 +67,57 @@ struct AttentionFn : Function<AttentionFn> {
   }
 };
 
+// The P parts of a contiguous [B, T, P·H·d] buffer as [B, H, T, d] views, without a copy: part p's
+// head h at row t is packed[b, t, (p·H + h)·d ...], so each view has strides (T·P·H·d, d, P·H·d, 1)
+// and starts p·H·d elements in.
+std::vector<Tensor> heads_views(const Tensor& packed, int64_t P, int64_t H) {
+  const int64_t B = packed.size(0), T = packed.size(1), d = packed.size(2) / (P * H);
+  const Tensor all = packed.view({B, T, P * H, d}).permute({0, 2, 1, 3});  // [B, P·H, T, d]
+  std::vector<Tensor> parts;
+  for (int64_t p = 0; p < P; ++p) parts.push_back(all.narrow(1, p * H, H));
+  return parts;
+}
+
+struct AttentionPackedFn : Function<AttentionPackedFn> {
+  static constexpr const char* name = "attention_packed";
+
+  static Tensor forward(Context& ctx, const Tensor& qkv, int64_t n_head,
+                        const AttentionDropout& dropout) {
+    MT_CHECK(qkv.dim() == 3 && is_floating(qkv.dtype()), "attention_packed: qkv must be a "
+             "floating-point [B, T, 3*C] tensor, got shape ", shape_str(qkv.shape()), " ",
+             dtype_name(qkv.dtype()));
+    MT_CHECK(n_head >= 1 && qkv.size(2) >= 3 * n_head && qkv.size(2) % (3 * n_head) == 0,
+             "attention_packed: the last dimension ", qkv.size(2), " is not 3 * n_head * d with "
+             "d >= 1 for n_head = ", n_head);
+    const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3;
+    MT_CHECK(qkv.device().is_cpu() || C / n_head <= kAttentionMaxD, "attention_packed: CUDA "
+             "heads are at most d = ", kAttentionMaxD, " wide, got d = ", C / n_head);
+    Tensor packed = prepared(qkv);
+    Tensor y = empty({B, T, C}, qkv.dtype(), qkv.device());
+    Tensor lse = empty({B, n_head, T}, grad_dtype_for(qkv.dtype()), qkv.device());
+    const std::vector<Tensor> in = heads_views(packed, 3, n_head);
+    kernel<AttentionForwardFn>("attention", Phase::Forward, qkv.device())(
+        in[0], in[1], in[2], heads_views(y, 1, n_head)[0], lse, dropout);
+    ctx.save_for_backward({packed, y, lse});
+    ctx.set("n_head", n_head);
+    ctx.set("dropout", dropout);
+    return y;
+  }
+
+  static GradList backward(Context& ctx, const GradList& dys) {
+    auto saved = ctx.saved_tensors();
+    const Tensor &packed = saved[0], &y = saved[1], &lse = saved[2];
+    const int64_t n_head = ctx.get<int64_t>("n_head");
+    Tensor dout = prepared(dys[0]);
+    Tensor dqkv = empty(packed.shape(), packed.dtype(), packed.device());
+    const std::vector<Tensor> in = heads_views(packed, 3, n_head), d = heads_views(dqkv, 3, n_head);
+    kernel<AttentionBackwardFn>("attention", Phase::Backward, packed.device())(
+        in[0], in[1], in[2], heads_views(y, 1, n_head)[0], lse, heads_views(dout, 1, n_head)[0],
+        d[0], d[1], d[2], ctx.get<AttentionDropout>("dropout"));
+    return {dqkv, Tensor(), Tensor()};  // qkv; n_head and the dropout: none
+  }
+};
+
 // ---- CPU reference kernels ----------------------------------------------------------------
 // Every sum in double, S and P materialized per head (T×T): the oracle the GPU is checked
 // against. lse is acc_t<scalar_t> (f64 for f64, else f32), as the Function allocates it.
@@ -118,13 +169,33 @@ class DropoutFactors {
   uint64_t seed_, offset_;
 };
 
-// One head of t (rows [T, d] starting at `head`) widened to double.
+// Element (i, c) of head bh = b·H + h of a [B, H, T, d] view (any strides: the kernels' contract
+// in attention.h), as an offset from its first element.
+int64_t at(const Tensor& t, int64_t bh, int64_t i, int64_t c) {
+  const Shape& st = t.strides();
+  return (bh / t.size(1)) * st[0] + (bh % t.size(1)) * st[1] + i * st[2] + c * st[3];
+}
+
+// Head bh of t as contiguous [T, d] rows, widened to double.
 template <class scalar_t>
-std::vector<double> widen(const Tensor& t, int64_t head, int64_t n) {
-  const scalar_t* p = t.data<scalar_t>() + head * n;
-  std::vector<double> out(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) out[size_t(i)] = double(cpu::to_acc(p[i]));
+std::vector<double> widen(const Tensor& t, int64_t bh) {
+  const int64_t T = t.size(2), d = t.size(3);
+  const scalar_t* p = t.data<scalar_t>();
+  std::vector<double> out(size_t(T * d));
+  for (int64_t i = 0; i < T; ++i)
+    for (int64_t c = 0; c < d; ++c) out[size_t(i * d + c)] = double(cpu::to_acc(p[at(t, bh, i, c)]));
   return out;
+}
+
+// Head bh of t = rows [T, d] of doubles (times `mul`), rounded to t's dtype.
+template <class scalar_t>
+void narrow_into(const Tensor& t, int64_t bh, const std::vector<double>& rows, double mul) {
+  using acc = cpu::acc_t<scalar_t>;
+  const int64_t T = t.size(2), d = t.size(3);
+  scalar_t* p = t.data<scalar_t>();
+  for (int64_t i = 0; i < T; ++i)
+    for (int64_t c = 0; c < d; ++c)
+      p[at(t, bh, i, c)] = cpu::from_acc<scalar_t>(acc(mul * rows[size_t(i * d + c)]));
 }
 
 void forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
@@ -135,10 +206,10 @@ void forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
     const int64_t heads = q.size(0) * q.size(1), T = q.size(2), d = q.size(3);
     const double scale = 1.0 / std::sqrt(double(d));
     for (int64_t h = 0; h < heads; ++h) {
-      const auto qh = widen<scalar_t>(q, h, T * d), kh = widen<scalar_t>(k, h, T * d),
-                 vh = widen<scalar_t>(v, h, T * d);
+      const auto qh = widen<scalar_t>(q, h), kh = widen<scalar_t>(k, h), vh = widen<scalar_t>(v, h);
       std::vector<double> P = scores(qh.data(), kh.data(), T, d, scale);
       const std::vector<double> Z = factors.head(h, T);
+      std::vector<double> oh(size_t(T * d), 0.0);  // O_i = Σ_j P[i, j]·Z[i, j]·v_j (Z = 1: P)
       for (int64_t i = 0; i < T; ++i) {
         double* row = P.data() + i * T;
         double m = kNegInf, l = 0;
@@ -147,14 +218,12 @@ void forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
         const double L = m + std::log(l);
         lse.data<acc>()[h * T + i] = acc(L);
         for (int64_t j = 0; j < T; ++j) row[j] = j <= i ? std::exp(row[j] - L) : 0.0;  // P
-        std::vector<double> oi(size_t(d), 0.0);  // Σ_j P[i, j]·Z[i, j]·v_j (Z = 1: exactly P)
         for (int64_t j = 0; j <= i; ++j) {
           const double pz = row[j] * Z[size_t(i * T + j)];
-          for (int64_t c = 0; c < d; ++c) oi[size_t(c)] += pz * vh[size_t(j * d + c)];
+          for (int64_t c = 0; c < d; ++c) oh[size_t(i * d + c)] += pz * vh[size_t(j * d + c)];
         }
-        for (int64_t c = 0; c < d; ++c)
-          o.data<scalar_t>()[(h * T + i) * d + c] = cpu::from_acc<scalar_t>(acc(oi[size_t(c)]));
       }
+      narrow_into<scalar_t>(o, h, oh, 1.0);
     }
   });
 }
@@ -171,9 +240,8 @@ void backward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
     const int64_t heads = q.size(0) * q.size(1), T = q.size(2), d = q.size(3);
     const double scale = 1.0 / std::sqrt(double(d));
     for (int64_t h = 0; h < heads; ++h) {
-      const auto qh = widen<scalar_t>(q, h, T * d), kh = widen<scalar_t>(k, h, T * d),
-                 vh = widen<scalar_t>(v, h, T * d), oh = widen<scalar_t>(o, h, T * d),
-                 gh = widen<scalar_t>(dout, h, T * d);
+      const auto qh = widen<scalar_t>(q, h), kh = widen<scalar_t>(k, h), vh = widen<scalar_t>(v, h),
+                 oh = widen<scalar_t>(o, h), gh = widen<scalar_t>(dout, h);
       std::vector<double> P = scores(qh.data(), kh.data(), T, d, scale);
       const std::vector<double> Z = factors.head(h, T);
       std::vector<double> dS(size_t(T * T), 0.0);
@@ -204,13 +272,33 @@ void backward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
             dV[size_t(j * d + c)] += p * gh[size_t(i * d + c)];
           }
         }
-      for (int64_t e = 0; e < T * d; ++e) {
-        dq.data<scalar_t>()[h * T * d + e] = cpu::from_acc<scalar_t>(acc(scale * dQ[size_t(e)]));
-        dk.data<scalar_t>()[h * T * d + e] = cpu::from_acc<scalar_t>(acc(scale * dK[size_t(e)]));
-        dv.data<scalar_t>()[h * T * d + e] = cpu::from_acc<scalar_t>(acc(dV[size_t(e)]));
-      }
+      narrow_into<scalar_t>(dq, h, dQ, scale);
+      narrow_into<scalar_t>(dk, h, dK, scale);
+      narrow_into<scalar_t>(dv, h, dV, 1.0);
     }
   });
+}
+
+}  // namespace
+
+namespace {
+
+// The dropout the kernels run: none at p = 0 or out of training; else checked, its base on the
+// input's device.
+AttentionDropout checked_dropout(const char* op, const AttentionDropout& dropout,
+                                 const Tensor& input) {
+  MT_CHECK(dropout.p >= 0 && dropout.p < 1, op, ": dropout p must be in [0, 1), got ", dropout.p);
+  if (!dropout.training || dropout.p == 0) return AttentionDropout{};
+  const Tensor& base = dropout.base;
+  if (base.defined()) {
+    MT_CHECK(base.dtype() == DType::i64 && base.numel() == 1 && base.is_contiguous(), op,
+             ": the dropout offset base must be one i64 element, got shape ",
+             shape_str(base.shape()), " ", dtype_name(base.dtype()));
+    MT_CHECK(input.defined() && base.device() == input.device(), op,
+             ": the dropout offset base is on ", base.device().str(), " but the input is on ",
+             input.defined() ? input.device().str() : "nothing");
+  }
+  return dropout;
 }
 
 }  // namespace
@@ -221,18 +309,11 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v) {
 
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v,
                  const AttentionDropout& dropout) {
-  MT_CHECK(dropout.p >= 0 && dropout.p < 1, "attention: dropout p must be in [0, 1), got ",
-           dropout.p);
-  if (!dropout.training || dropout.p == 0) return attention(q, k, v);
-  const Tensor& base = dropout.base;
-  if (base.defined()) {
-    MT_CHECK(base.dtype() == DType::i64 && base.numel() == 1 && base.is_contiguous(),
-             "attention: the dropout offset base must be one i64 element, got shape ",
-             shape_str(base.shape()), " ", dtype_name(base.dtype()));
-    MT_CHECK(q.defined() && base.device() == q.device(), "attention: the dropout offset base is on ",
-             base.device().str(), " but q is on ", q.defined() ? q.device().str() : "nothing");
-  }
-  return AttentionFn::apply(q, k, v, dropout);
+  return AttentionFn::apply(q, k, v, checked_dropout("attention", dropout, q));
+}
+
+Tensor attention_packed(const Tensor& qkv, int64_t n_head, const AttentionDropout& dropout) {
+  return AttentionPackedFn::apply(qkv, n_head, checked_dropout("attention_packed", dropout, qkv));
 }
 
 MT_DEFINE_OP(attention, "O = (softmax_causal(q k^T/sqrt(d)) * Z) v, L = logsumexp, "

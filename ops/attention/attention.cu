@@ -1,6 +1,8 @@
-// Causal attention on the GPU, one (batch, head) = one [T, d] slice of q, k, v, o. The math is
-// in attention.h; scores are kept in log2 units here (x = S · log2 e), so every exponential is
-// one exp2, and L (natural log) = (m₂ + log2 ℓ) · ln 2.
+// Causal attention on the GPU, one (batch, head) = one [T, d] slice of q, k, v, o, found through
+// a HeadsLayout (attention_cuda.h): the same kernels read a head's rows from a contiguous [B, H,
+// T, d] tensor or in place from the [B, T, 3·C] projection, and write O into [B, H, T, d] or
+// straight into [B, T, C]. The math is in attention.h; scores are kept in log2 units here
+// (x = S · log2 e), so every exponential is one exp2, and L (natural log) = (m₂ + log2 ℓ) · ln 2.
 //
 // Tensor-core path (bf16, f16; d = 32, 64, 128). Blocks of 4 warps. Tiles of q, k, v or dO sit
 // in shared memory with each row padded by 16 bytes, so the 8 rows an ldmatrix reads fall in 8
@@ -46,6 +48,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <type_traits>
 
 #include <cuda_bf16.h>
@@ -73,6 +76,11 @@ constexpr int kPad = 8;        // elements of padding per shared-memory row: 16 
 constexpr float kInf = __builtin_huge_valf();
 
 __host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The element offset of head bh's row 0 (attention_cuda.h).
+__device__ __forceinline__ int64_t head_base(const HeadsLayout& l, int bh) {
+  return int64_t(bh / int(l.heads)) * l.batch + int64_t(bh % int(l.heads)) * l.head;
+}
 
 // ---- PTX wrappers ---------------------------------------------------------------------------
 
@@ -177,15 +185,17 @@ __device__ __forceinline__ uint64_t p_row(int bh, int row, int T_len) {
 // with MT = 2 reuses every B fragment it loads from shared memory for two mma, which halves the
 // shared-memory traffic per FLOP (with MT = 1 it, not the tensor cores, bounds the forward).
 
-// ROWS rows of D elements from global row row0 on (zeros past T) into a padded shared tile.
+// ROWS rows of D elements, `stride` apart, from global row row0 on (zeros past T) into a padded
+// shared tile.
 template <class T, int D, int ROWS, int kBlockThreads>
-__device__ __forceinline__ void load_tile(T* s, const T* g, int row0, int T_len) {
+__device__ __forceinline__ void load_tile(T* s, const T* g, int64_t stride, int row0, int T_len) {
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
 #pragma unroll
   for (int idx = threadIdx.x; idx < ROWS * kChunks; idx += kBlockThreads) {
     const int r = idx / kChunks, c = idx % kChunks;
     const bool valid = row0 + r < T_len;
-    cp_async16(s + r * (D + kPad) + c * 8, g + int64_t(valid ? row0 + r : 0) * D + c * 8, valid);
+    cp_async16(s + r * (D + kPad) + c * 8, g + int64_t(valid ? row0 + r : 0) * stride + c * 8,
+               valid);
   }
 }
 
@@ -271,10 +281,11 @@ __device__ __forceinline__ void to_a(const float (&acc)[MT][N / 8][4], uint32_t 
 }
 
 // The rows of an accumulator tile starting at global row row0, times `mul`, rounded to T, into
-// global rows < T (each thread writes 4 bytes; a quad, 16 contiguous bytes).
+// global rows < T, `stride` apart (each thread writes 4 bytes; a quad, 16 contiguous bytes).
 template <int MT, int N, class T>
-__device__ __forceinline__ void store_rows(T* g_out, const float (&acc)[MT][N / 8][4], int row0,
-                                           int T_len, float mul) {
+__device__ __forceinline__ void store_rows(T* g_out, int64_t stride,
+                                           const float (&acc)[MT][N / 8][4], int row0, int T_len,
+                                           float mul) {
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int m = 0; m < MT; ++m)
@@ -284,7 +295,7 @@ __device__ __forceinline__ void store_rows(T* g_out, const float (&acc)[MT][N / 
       if (row >= T_len) continue;
 #pragma unroll
       for (int n = 0; n < N / 8; ++n)
-        *reinterpret_cast<uint32_t*>(g_out + int64_t(row) * N + n * 8 + 2 * t) =
+        *reinterpret_cast<uint32_t*>(g_out + int64_t(row) * stride + n * 8 + 2 * t) =
             pack2<T>(acc[m][n][2 * h] * mul, acc[m][n][2 * h + 1] * mul);
     }
 }
@@ -303,8 +314,8 @@ __device__ __forceinline__ void zero(float (&acc)[MT][N][4]) {
 template <class T, int D, int MT, int BC, bool kDrop>
 __global__ void __launch_bounds__(kThreads)
     forward_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-               T* __restrict__ o, float* __restrict__ lse, int T_len, float scale_log2,
-               AttentionDropoutArgs dropout) {
+               HeadsLayout in, T* __restrict__ o, HeadsLayout out, float* __restrict__ lse,
+               int T_len, float scale_log2, AttentionDropoutArgs dropout) {
   constexpr int kS = D + kPad, kBM = kWarps * 16 * MT;
   constexpr bool kHoldQ = D <= 64;  // q's fragments in registers; at d = 128 re-read per tile
   extern __shared__ __align__(16) unsigned char smem[];
@@ -314,12 +325,12 @@ __global__ void __launch_bounds__(kThreads)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int q0 = (int(gridDim.x) - 1 - int(blockIdx.x)) * kBM;  // the longest walks first
   const int w0 = q0 + warp * 16 * MT;                            // this warp's first row
-  const int64_t base = int64_t(blockIdx.y) * T_len * D;
+  const int64_t base = head_base(in, int(blockIdx.y));
   const int tiles = int(ceil_div(min(q0 + kBM, T_len), BC));  // keys up to the block's last row
   [[maybe_unused]] const Drop dr = drop_of<kDrop>(dropout);
-  load_tile<T, D, kBM, kThreads>(sQ, q + base, q0, T_len);
-  load_tile<T, D, BC, kThreads>(sK, k + base, 0, T_len);
-  load_tile<T, D, BC, kThreads>(sV, v + base, 0, T_len);
+  load_tile<T, D, kBM, kThreads>(sQ, q + base, in.row, q0, T_len);
+  load_tile<T, D, BC, kThreads>(sK, k + base, in.row, 0, T_len);
+  load_tile<T, D, BC, kThreads>(sV, v + base, in.row, 0, T_len);
   cp_async_commit();
 
   float acc[MT][D / 8][4];
@@ -336,8 +347,10 @@ __global__ void __launch_bounds__(kThreads)
     if constexpr (kHoldQ)
       if (kt == 0) load_a<MT, D>(qa, sQw, kS);
     if (kt + 1 < tiles) {
-      load_tile<T, D, BC, kThreads>(sK + (buf ^ 1) * BC * kS, k + base, (kt + 1) * BC, T_len);
-      load_tile<T, D, BC, kThreads>(sV + (buf ^ 1) * BC * kS, v + base, (kt + 1) * BC, T_len);
+      load_tile<T, D, BC, kThreads>(sK + (buf ^ 1) * BC * kS, k + base, in.row, (kt + 1) * BC,
+                                    T_len);
+      load_tile<T, D, BC, kThreads>(sV + (buf ^ 1) * BC * kS, v + base, in.row, (kt + 1) * BC,
+                                    T_len);
     }
     cp_async_commit();
 
@@ -410,20 +423,21 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int n = 0; n < D / 8; ++n) acc[m][n][2 * h] *= inv, acc[m][n][2 * h + 1] *= inv;
     }
-  store_rows<MT, D, T>(o + base, acc, w0, T_len, 1.0f);
+  store_rows<MT, D, T>(o + head_base(out, int(blockIdx.y)), out.row, acc, w0, T_len, 1.0f);
 }
 
 // ---- backward, pass 1: D = rowsum(dO ∘ O) ------------------------------------------------------
 
 template <class T>
 __global__ void __launch_bounds__(kThreads)
-    rowdot_kernel(const T* __restrict__ dout, const T* __restrict__ o, float* __restrict__ D_out,
-                  int64_t rows, int d) {
-  const int64_t row = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+    rowdot_kernel(const T* __restrict__ dout, const T* __restrict__ o, HeadsLayout out,
+                  float* __restrict__ D_out, int64_t rows, int T_len, int d) {
+  const int64_t row = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;  // bh·T + i
   if (row >= rows) return;
   const int lane = threadIdx.x % 32;
+  const int64_t at = head_base(out, int(row / T_len)) + (row % T_len) * out.row;
   float sum = 0.0f;
-  for (int c = lane; c < d; c += 32) sum += to_float(dout[row * d + c]) * to_float(o[row * d + c]);
+  for (int c = lane; c < d; c += 32) sum += to_float(dout[at + c]) * to_float(o[at + c]);
   sum = warp_sum(sum);
   if (lane == 0) D_out[row] = sum;
 }
@@ -433,10 +447,10 @@ __global__ void __launch_bounds__(kThreads)
 template <class T, int D, int BR, bool kAtomicDq, bool kDrop>
 __global__ void __launch_bounds__(kThreads)
     dkdv_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-            const T* __restrict__ dout, const float* __restrict__ lse,
-            const float* __restrict__ Dvec, T* __restrict__ dk, T* __restrict__ dv,
-            float* __restrict__ dq_acc, int T_len, float scale, float scale_log2,
-            AttentionDropoutArgs dropout) {
+            HeadsLayout in, const T* __restrict__ dout, HeadsLayout out,
+            const float* __restrict__ lse, const float* __restrict__ Dvec, T* __restrict__ dk,
+            T* __restrict__ dv, float* __restrict__ dq_acc, int T_len, float scale,
+            float scale_log2, AttentionDropoutArgs dropout) {
   constexpr int kS = D + kPad, kSS = BR + kPad;
   extern __shared__ __align__(16) unsigned char smem[];
   T* sK = reinterpret_cast<T*>(smem);
@@ -448,23 +462,23 @@ __global__ void __launch_bounds__(kThreads)
   T* sdS = reinterpret_cast<T*>(sD + 2 * BR);               // [kTile][kSS], atomic dQ only
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int k0 = int(blockIdx.x) * kTile;
-  const int64_t base = int64_t(blockIdx.y) * T_len * D;
+  const int64_t base = head_base(in, int(blockIdx.y)), base_out = head_base(out, int(blockIdx.y));
   const float* lse_h = lse + int64_t(blockIdx.y) * T_len;
   const float* D_h = Dvec + int64_t(blockIdx.y) * T_len;
   const int first = k0 / BR, tiles = int(ceil_div(T_len, BR));
   [[maybe_unused]] const Drop dr = drop_of<kDrop>(dropout);
 
   auto load_q_tile = [&](int qi, int buf) {
-    load_tile<T, D, BR, kThreads>(sQ + buf * BR * kS, q + base, qi * BR, T_len);
-    load_tile<T, D, BR, kThreads>(sdO + buf * BR * kS, dout + base, qi * BR, T_len);
+    load_tile<T, D, BR, kThreads>(sQ + buf * BR * kS, q + base, in.row, qi * BR, T_len);
+    load_tile<T, D, BR, kThreads>(sdO + buf * BR * kS, dout + base_out, out.row, qi * BR, T_len);
     if (threadIdx.x < BR) {
       const int i = qi * BR + threadIdx.x;
       sL[buf * BR + threadIdx.x] = i < T_len ? lse_h[i] * kLog2e : 0.0f;
       sD[buf * BR + threadIdx.x] = i < T_len ? D_h[i] : 0.0f;
     }
   };
-  load_tile<T, D, kTile, kThreads>(sK, k + base, k0, T_len);
-  load_tile<T, D, kTile, kThreads>(sV, v + base, k0, T_len);
+  load_tile<T, D, kTile, kThreads>(sK, k + base, in.row, k0, T_len);
+  load_tile<T, D, kTile, kThreads>(sV, v + base, in.row, k0, T_len);
   load_q_tile(first, 0);
   cp_async_commit();
 
@@ -543,7 +557,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int h = 0; h < 2; ++h) {
         const int i = i0 + r0 + g + 8 * h;
         if (i >= T_len) continue;
-        float* dst = dq_acc + base + int64_t(i) * D + c0 + 2 * t;
+        float* dst = dq_acc + (int64_t(blockIdx.y) * T_len + i) * D + c0 + 2 * t;  // contiguous
 #pragma unroll
         for (int n = 0; n < kW / 8; ++n) {
           atomicAdd(dst + n * 8, dq_part[n][2 * h] * scale);
@@ -552,8 +566,8 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
-  store_rows<1, D, T>(dk + base, dk_acc, k0 + warp * 16, T_len, scale);
-  store_rows<1, D, T>(dv + base, dv_acc, k0 + warp * 16, T_len, kDrop ? dr.scale : 1.0f);
+  store_rows<1, D, T>(dk + base, in.row, dk_acc, k0 + warp * 16, T_len, scale);
+  store_rows<1, D, T>(dv + base, in.row, dv_acc, k0 + warp * 16, T_len, kDrop ? dr.scale : 1.0f);
 }
 
 // ---- tensor-core backward, pass 3: dQ without atomics -------------------------------------------
@@ -562,9 +576,9 @@ __global__ void __launch_bounds__(kThreads)
 template <class T, int D, int MT, int BC, bool kDrop>
 __global__ void __launch_bounds__(kThreads)
     dq_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-          const T* __restrict__ dout, const float* __restrict__ lse,
-          const float* __restrict__ Dvec, T* __restrict__ dq, int T_len, float scale,
-          float scale_log2, AttentionDropoutArgs dropout) {
+          HeadsLayout in, const T* __restrict__ dout, HeadsLayout out,
+          const float* __restrict__ lse, const float* __restrict__ Dvec, T* __restrict__ dq,
+          int T_len, float scale, float scale_log2, AttentionDropoutArgs dropout) {
   constexpr int kS = D + kPad, kBM = kWarps * 16 * MT;
   extern __shared__ __align__(16) unsigned char smem[];
   T* sQ = reinterpret_cast<T*>(smem);
@@ -574,7 +588,7 @@ __global__ void __launch_bounds__(kThreads)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int q0 = (int(gridDim.x) - 1 - int(blockIdx.x)) * kBM;
   const int w0 = q0 + warp * 16 * MT;
-  const int64_t base = int64_t(blockIdx.y) * T_len * D;
+  const int64_t base = head_base(in, int(blockIdx.y));
   float L[MT][2], Dr[MT][2];  // per row 16m + g + 8h
 #pragma unroll
   for (int m = 0; m < MT; ++m)
@@ -586,10 +600,10 @@ __global__ void __launch_bounds__(kThreads)
     }
   const int tiles = int(ceil_div(min(q0 + kBM, T_len), BC));  // keys up to the last row
   [[maybe_unused]] const Drop dr = drop_of<kDrop>(dropout);
-  load_tile<T, D, kBM, kThreads>(sQ, q + base, q0, T_len);
-  load_tile<T, D, kBM, kThreads>(sdO, dout + base, q0, T_len);
-  load_tile<T, D, BC, kThreads>(sK, k + base, 0, T_len);
-  load_tile<T, D, BC, kThreads>(sV, v + base, 0, T_len);
+  load_tile<T, D, kBM, kThreads>(sQ, q + base, in.row, q0, T_len);
+  load_tile<T, D, kBM, kThreads>(sdO, dout + head_base(out, int(blockIdx.y)), out.row, q0, T_len);
+  load_tile<T, D, BC, kThreads>(sK, k + base, in.row, 0, T_len);
+  load_tile<T, D, BC, kThreads>(sV, v + base, in.row, 0, T_len);
   cp_async_commit();
 
   float dq_acc[MT][D / 8][4];
@@ -599,8 +613,10 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     const int buf = kt & 1;
     if (kt + 1 < tiles) {
-      load_tile<T, D, BC, kThreads>(sK + (buf ^ 1) * BC * kS, k + base, (kt + 1) * BC, T_len);
-      load_tile<T, D, BC, kThreads>(sV + (buf ^ 1) * BC * kS, v + base, (kt + 1) * BC, T_len);
+      load_tile<T, D, BC, kThreads>(sK + (buf ^ 1) * BC * kS, k + base, in.row, (kt + 1) * BC,
+                                    T_len);
+      load_tile<T, D, BC, kThreads>(sV + (buf ^ 1) * BC * kS, v + base, in.row, (kt + 1) * BC,
+                                    T_len);
     }
     cp_async_commit();
     const T* K = sK + buf * BC * kS;
@@ -639,15 +655,20 @@ __global__ void __launch_bounds__(kThreads)
     to_a<MT, BC, T>(dp, dsa);
     mma_reg<true, MT, D, BC>(dq_acc, dsa, K, kS);  // dQ += dS · K
   }
-  store_rows<MT, D, T>(dq + base, dq_acc, w0, T_len, scale);
+  store_rows<MT, D, T>(dq + base, in.row, dq_acc, w0, T_len, scale);
 }
 
-// dq = dq_acc rounded to T (the atomic variant's last pass).
+// dq = dq_acc (contiguous [B·H, T, d]) rounded to T, into dq's layout (the atomic variant's last
+// pass).
 template <class T>
-__global__ void round_kernel(const float* __restrict__ in, T* __restrict__ out, int64_t n) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x)
-    out[i] = from_float<T>(in[i]);
+__global__ void round_kernel(const float* __restrict__ acc, T* __restrict__ dq, HeadsLayout in,
+                             int T_len, int d, int64_t n) {
+  const int64_t per_head = int64_t(T_len) * d;
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = e % per_head;
+    dq[head_base(in, int(e / per_head)) + (r / d) * in.row + r % d] = from_float<T>(acc[e]);
+  }
 }
 
 // ---- CUDA-core path ---------------------------------------------------------------------------
@@ -657,22 +678,22 @@ __global__ void round_kernel(const float* __restrict__ in, T* __restrict__ out, 
 template <class T, int U, bool kDrop>
 __global__ void __launch_bounds__(kThreads)
     forward_simple(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                   T* __restrict__ o, float* __restrict__ lse, int T_len, int d, float scale,
-                   AttentionDropoutArgs dropout) {
+                   HeadsLayout in, T* __restrict__ o, HeadsLayout out, float* __restrict__ lse,
+                   int T_len, int d, float scale, AttentionDropoutArgs dropout) {
   __shared__ float sq[kWarps][32 * U];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int i = int(blockIdx.x) * kWarps + warp;
   if (i >= T_len) return;
-  const int64_t base = int64_t(blockIdx.y) * T_len * d;
+  const int64_t base = head_base(in, int(blockIdx.y));
   [[maybe_unused]] const Drop dr = drop_of<kDrop>(dropout);
-  for (int c = lane; c < d; c += 32) sq[warp][c] = to_float(q[base + int64_t(i) * d + c]) * scale;
+  for (int c = lane; c < d; c += 32) sq[warp][c] = to_float(q[base + i * in.row + c]) * scale;
   __syncwarp();
   float m = -kInf, l = 0.0f, acc[U] = {};
   for (int j0 = 0; j0 <= i; j0 += 32) {
     const int j = j0 + lane;
     float x = -kInf;
     if (j <= i) {
-      const T* kr = k + base + int64_t(j) * d;
+      const T* kr = k + base + j * in.row;
       float dot = 0.0f;
       for (int c = 0; c < d; ++c) dot += sq[warp][c] * to_float(kr[c]);
       x = dot;
@@ -692,7 +713,7 @@ __global__ void __launch_bounds__(kThreads)
     const int n = min(32, i - j0 + 1);
     for (int jj = 0; jj < n; ++jj) {
       const float pj = __shfl_sync(0xffffffffu, pz, jj);
-      const T* vr = v + base + int64_t(j0 + jj) * d;
+      const T* vr = v + base + (j0 + jj) * in.row;
 #pragma unroll
       for (int u = 0; u < U; ++u)
         if (lane + 32 * u < d) acc[u] += pj * to_float(vr[lane + 32 * u]);
@@ -702,7 +723,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int u = 0; u < U; ++u)
     if (lane + 32 * u < d)
-      o[base + int64_t(i) * d + lane + 32 * u] =
+      o[head_base(out, int(blockIdx.y)) + i * out.row + lane + 32 * u] =
           from_float<T>(kDrop ? acc[u] / l * dr.scale : acc[u] / l);
   if (lane == 0) lse[int64_t(blockIdx.y) * T_len + i] = m + logf(l);
 }
@@ -711,18 +732,19 @@ __global__ void __launch_bounds__(kThreads)
 template <class T, int U, bool kDrop>
 __global__ void __launch_bounds__(kThreads)
     dq_simple(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-              const T* __restrict__ dout, const float* __restrict__ lse,
-              const float* __restrict__ Dvec, T* __restrict__ dq, int T_len, int d, float scale,
-              AttentionDropoutArgs dropout) {
+              HeadsLayout in, const T* __restrict__ dout, HeadsLayout out,
+              const float* __restrict__ lse, const float* __restrict__ Dvec, T* __restrict__ dq,
+              int T_len, int d, float scale, AttentionDropoutArgs dropout) {
   __shared__ float sq[kWarps][32 * U], sg[kWarps][32 * U];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int i = int(blockIdx.x) * kWarps + warp;
   if (i >= T_len) return;
-  const int64_t base = int64_t(blockIdx.y) * T_len * d, row = int64_t(blockIdx.y) * T_len + i;
+  const int64_t base = head_base(in, int(blockIdx.y)), row = int64_t(blockIdx.y) * T_len + i;
+  const int64_t g_at = head_base(out, int(blockIdx.y)) + i * out.row;
   [[maybe_unused]] const Drop dr = drop_of<kDrop>(dropout);
   for (int c = lane; c < d; c += 32) {
-    sq[warp][c] = to_float(q[base + int64_t(i) * d + c]);
-    sg[warp][c] = to_float(dout[base + int64_t(i) * d + c]);
+    sq[warp][c] = to_float(q[base + i * in.row + c]);
+    sg[warp][c] = to_float(dout[g_at + c]);
   }
   __syncwarp();
   const float L = lse[row], Di = Dvec[row];
@@ -731,8 +753,8 @@ __global__ void __launch_bounds__(kThreads)
     const int j = j0 + lane;
     float ds = 0.0f;
     if (j <= i) {
-      const T* kr = k + base + int64_t(j) * d;
-      const T* vr = v + base + int64_t(j) * d;
+      const T* kr = k + base + j * in.row;
+      const T* vr = v + base + j * in.row;
       float s = 0.0f, dp = 0.0f;
       for (int c = 0; c < d; ++c) {
         s += sq[warp][c] * to_float(kr[c]);
@@ -746,7 +768,7 @@ __global__ void __launch_bounds__(kThreads)
     const int n = min(32, i - j0 + 1);
     for (int jj = 0; jj < n; ++jj) {
       const float dsj = __shfl_sync(0xffffffffu, ds, jj);
-      const T* kr = k + base + int64_t(j0 + jj) * d;
+      const T* kr = k + base + (j0 + jj) * in.row;
 #pragma unroll
       for (int u = 0; u < U; ++u)
         if (lane + 32 * u < d) acc[u] += dsj * to_float(kr[lane + 32 * u]);
@@ -754,25 +776,26 @@ __global__ void __launch_bounds__(kThreads)
   }
 #pragma unroll
   for (int u = 0; u < U; ++u)
-    if (lane + 32 * u < d) dq[base + int64_t(i) * d + lane + 32 * u] = from_float<T>(acc[u] * scale);
+    if (lane + 32 * u < d) dq[base + i * in.row + lane + 32 * u] = from_float<T>(acc[u] * scale);
 }
 
 // dK_j, dV_j for the warp's key j: queries i ≥ j scored by lane.
 template <class T, int U, bool kDrop>
 __global__ void __launch_bounds__(kThreads)
     dkdv_simple(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                const T* __restrict__ dout, const float* __restrict__ lse,
-                const float* __restrict__ Dvec, T* __restrict__ dk, T* __restrict__ dv,
-                int T_len, int d, float scale, AttentionDropoutArgs dropout) {
+                HeadsLayout in, const T* __restrict__ dout, HeadsLayout out,
+                const float* __restrict__ lse, const float* __restrict__ Dvec, T* __restrict__ dk,
+                T* __restrict__ dv, int T_len, int d, float scale, AttentionDropoutArgs dropout) {
   __shared__ float sk[kWarps][32 * U], sv[kWarps][32 * U];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int j = int(blockIdx.x) * kWarps + warp;
   if (j >= T_len) return;
-  const int64_t base = int64_t(blockIdx.y) * T_len * d, rows = int64_t(blockIdx.y) * T_len;
+  const int64_t base = head_base(in, int(blockIdx.y)), rows = int64_t(blockIdx.y) * T_len;
+  const int64_t base_out = head_base(out, int(blockIdx.y));
   [[maybe_unused]] const Drop dr = drop_of<kDrop>(dropout);
   for (int c = lane; c < d; c += 32) {
-    sk[warp][c] = to_float(k[base + int64_t(j) * d + c]);
-    sv[warp][c] = to_float(v[base + int64_t(j) * d + c]);
+    sk[warp][c] = to_float(k[base + j * in.row + c]);
+    sv[warp][c] = to_float(v[base + j * in.row + c]);
   }
   __syncwarp();
   float dk_acc[U] = {}, dv_acc[U] = {};
@@ -780,8 +803,8 @@ __global__ void __launch_bounds__(kThreads)
     const int i = i0 + lane;
     float p = 0.0f, ds = 0.0f;  // p: P·Z for dV (Z's 1/(1 − p) at the store)
     if (i < T_len) {
-      const T* qr = q + base + int64_t(i) * d;
-      const T* gr = dout + base + int64_t(i) * d;
+      const T* qr = q + base + i * in.row;
+      const T* gr = dout + base_out + i * out.row;
       float s = 0.0f, dp = 0.0f;
       for (int c = 0; c < d; ++c) {
         s += to_float(qr[c]) * sk[warp][c];
@@ -799,8 +822,8 @@ __global__ void __launch_bounds__(kThreads)
     const int n = min(32, T_len - i0);
     for (int ii = 0; ii < n; ++ii) {
       const float pi = __shfl_sync(0xffffffffu, p, ii), dsi = __shfl_sync(0xffffffffu, ds, ii);
-      const T* qr = q + base + int64_t(i0 + ii) * d;
-      const T* gr = dout + base + int64_t(i0 + ii) * d;
+      const T* qr = q + base + (i0 + ii) * in.row;
+      const T* gr = dout + base_out + (i0 + ii) * out.row;
 #pragma unroll
       for (int u = 0; u < U; ++u)
         if (lane + 32 * u < d) {
@@ -812,8 +835,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int u = 0; u < U; ++u)
     if (lane + 32 * u < d) {
-      dk[base + int64_t(j) * d + lane + 32 * u] = from_float<T>(dk_acc[u] * scale);
-      dv[base + int64_t(j) * d + lane + 32 * u] =
+      dk[base + j * in.row + lane + 32 * u] = from_float<T>(dk_acc[u] * scale);
+      dv[base + j * in.row + lane + 32 * u] =
           from_float<T>(kDrop ? dv_acc[u] * dr.scale : dv_acc[u]);
     }
 }
@@ -851,6 +874,15 @@ void with_dropout(bool on, F&& f) {
   return f(std::false_type{});
 }
 
+// The tensor-core tiles move 16-byte chunks: every buffer and stride must keep them aligned.
+void check_aligned(const char* op, const HeadsLayout& l, size_t elem,
+                   std::initializer_list<const void*> buffers) {
+  bool ok = (l.batch * elem) % 16 == 0 && (l.head * elem) % 16 == 0 && (l.row * elem) % 16 == 0;
+  for (const void* p : buffers) ok = ok && reinterpret_cast<uintptr_t>(p) % 16 == 0;
+  MT_CHECK(ok, op, ": the tensor-core kernels need 16-byte aligned heads (buffers and the strides ",
+           l.batch, ", ", l.head, ", ", l.row, " of ", elem, "-byte elements)");
+}
+
 void check_shape(const char* op, int64_t heads, int64_t T, int64_t d) {
   MT_CHECK(heads >= 0 && T >= 0 && d >= 1 && d <= kAttentionMaxD, op, ": bad shape [", heads,
            ", ", T, ", ", d, "] (d must be in [1, ", kAttentionMaxD, "])");
@@ -879,9 +911,9 @@ bool attention_uses_tensor_cores(DType dt, int64_t d) {
   return (dt == DType::bf16 || dt == DType::f16) && (d == 32 || d == 64 || d == 128);
 }
 
-void attention_forward(const void* q, const void* k, const void* v, void* o, float* lse,
-                       int64_t heads, int64_t T, int64_t d, DType dt, cudaStream_t s,
-                       const AttentionDropoutArgs& dropout) {
+void attention_forward(const void* q, const void* k, const void* v, const HeadsLayout& in, void* o,
+                       const HeadsLayout& out, float* lse, int64_t heads, int64_t T, int64_t d,
+                       DType dt, cudaStream_t s, const AttentionDropoutArgs& dropout) {
   check_shape("attention_forward", heads, T, d);
   if (heads == 0 || T == 0) return;
   const float scale = float(1.0 / std::sqrt(double(d)));
@@ -894,6 +926,8 @@ void attention_forward(const void* q, const void* k, const void* v, void* o, flo
       auto op = static_cast<Tp*>(o);
       if constexpr (!std::is_same_v<Tp, float>) {
         if (attention_uses_tensor_cores(dt, d)) {
+          check_aligned("attention_forward", in, sizeof(Tp), {q, k, v});
+          check_aligned("attention_forward", out, sizeof(Tp), {o});
           with_head_dim(d, [&](auto dim) {
             constexpr int D = decltype(dim)::value;
             constexpr int BC = fwd_keys<D>(), kBM = kWarps * 16 * kFwdMT;
@@ -901,8 +935,8 @@ void attention_forward(const void* q, const void* k, const void* v, void* o, flo
             const size_t bytes = size_t(kBM + 4 * BC) * (D + kPad) * sizeof(Tp);
             allow_shared(kernel, bytes);
             const dim3 grid(unsigned(ceil_div(T, kBM)), unsigned(heads));
-            kernel<<<grid, kThreads, bytes, s>>>(qp, kp, vp, op, lse, int(T), scale * kLog2e,
-                                                 dropout);
+            kernel<<<grid, kThreads, bytes, s>>>(qp, kp, vp, in, op, out, lse, int(T),
+                                                 scale * kLog2e, dropout);
             MT_CUDA_CHECK_LAUNCH();
           });
           return;
@@ -911,18 +945,18 @@ void attention_forward(const void* q, const void* k, const void* v, void* o, flo
       with_lane_cols(d, [&](auto cols) {
         constexpr int U = decltype(cols)::value;
         const dim3 grid(unsigned(ceil_div(T, kWarps)), unsigned(heads));
-        forward_simple<Tp, U, kDrop><<<grid, kThreads, 0, s>>>(qp, kp, vp, op, lse, int(T), int(d),
-                                                              scale, dropout);
+        forward_simple<Tp, U, kDrop><<<grid, kThreads, 0, s>>>(qp, kp, vp, in, op, out, lse,
+                                                              int(T), int(d), scale, dropout);
         MT_CUDA_CHECK_LAUNCH();
       });
     });
   });
 }
 
-void attention_backward(const void* q, const void* k, const void* v, const void* o,
-                        const float* lse, const void* dout, void* dq, void* dk, void* dv,
-                        int64_t heads, int64_t T, int64_t d, DType dt, bool deterministic,
-                        cudaStream_t s, const AttentionDropoutArgs& dropout) {
+void attention_backward(const void* q, const void* k, const void* v, const HeadsLayout& in,
+                        const void* o, const void* dout, const HeadsLayout& out, const float* lse,
+                        void* dq, void* dk, void* dv, int64_t heads, int64_t T, int64_t d, DType dt,
+                        bool deterministic, cudaStream_t s, const AttentionDropoutArgs& dropout) {
   check_shape("attention_backward", heads, T, d);
   if (heads == 0 || T == 0) return;
   const float scale = float(1.0 / std::sqrt(double(d)));
@@ -936,10 +970,12 @@ void attention_backward(const void* q, const void* k, const void* v, const void*
            vp = static_cast<const Tp*>(v), gp = static_cast<const Tp*>(dout);
       auto dqp = static_cast<Tp*>(dq), dkp = static_cast<Tp*>(dk), dvp = static_cast<Tp*>(dv);
       rowdot_kernel<Tp><<<unsigned(ceil_div(heads * T, kWarps)), kThreads, 0, s>>>(
-          gp, static_cast<const Tp*>(o), Dvec, heads * T, int(d));
+          gp, static_cast<const Tp*>(o), out, Dvec, heads * T, int(T), int(d));
       MT_CUDA_CHECK_LAUNCH();
       if constexpr (!std::is_same_v<Tp, float>) {
         if (attention_uses_tensor_cores(dt, d)) {
+          check_aligned("attention_backward", in, sizeof(Tp), {q, k, v, dq, dk, dv});
+          check_aligned("attention_backward", out, sizeof(Tp), {dout});
           with_head_dim(d, [&](auto dim) {
             constexpr int D = decltype(dim)::value, BR = dkdv_rows<D>();
             const size_t tiles_bytes = size_t(2 * kTile + 4 * BR) * (D + kPad) * sizeof(Tp) +
@@ -948,16 +984,17 @@ void attention_backward(const void* q, const void* k, const void* v, const void*
             if (deterministic) {
               auto dkdv = dkdv_tc<Tp, D, BR, false, kDrop>;
               allow_shared(dkdv, tiles_bytes);
-              dkdv<<<kgrid, kThreads, tiles_bytes, s>>>(qp, kp, vp, gp, lse, Dvec, dkp, dvp, nullptr,
-                                                        int(T), scale, scale * kLog2e, dropout);
+              dkdv<<<kgrid, kThreads, tiles_bytes, s>>>(qp, kp, vp, in, gp, out, lse, Dvec, dkp, dvp,
+                                                        nullptr, int(T), scale, scale * kLog2e,
+                                                        dropout);
               MT_CUDA_CHECK_LAUNCH();
               constexpr int MT = kDqMT, kBM = kWarps * 16 * MT;
               auto dqk = dq_tc<Tp, D, MT, dq_keys<D>(), kDrop>;
               const size_t dq_bytes = size_t(2 * kBM + 4 * dq_keys<D>()) * (D + kPad) * sizeof(Tp);
               allow_shared(dqk, dq_bytes);
               const dim3 qgrid(unsigned(ceil_div(T, kBM)), unsigned(heads));
-              dqk<<<qgrid, kThreads, dq_bytes, s>>>(qp, kp, vp, gp, lse, Dvec, dqp, int(T), scale,
-                                                    scale * kLog2e, dropout);
+              dqk<<<qgrid, kThreads, dq_bytes, s>>>(qp, kp, vp, in, gp, out, lse, Dvec, dqp, int(T),
+                                                    scale, scale * kLog2e, dropout);
               MT_CUDA_CHECK_LAUNCH();
             } else {
               const int64_t n = heads * T * d;
@@ -966,11 +1003,11 @@ void attention_backward(const void* q, const void* k, const void* v, const void*
               auto dkdv = dkdv_tc<Tp, D, BR, true, kDrop>;
               const size_t bytes = tiles_bytes + size_t(kTile) * (BR + kPad) * sizeof(Tp);
               allow_shared(dkdv, bytes);
-              dkdv<<<kgrid, kThreads, bytes, s>>>(qp, kp, vp, gp, lse, Dvec, dkp, dvp, dq_acc,
-                                                  int(T), scale, scale * kLog2e, dropout);
+              dkdv<<<kgrid, kThreads, bytes, s>>>(qp, kp, vp, in, gp, out, lse, Dvec, dkp, dvp,
+                                                  dq_acc, int(T), scale, scale * kLog2e, dropout);
               MT_CUDA_CHECK_LAUNCH();
               round_kernel<Tp><<<unsigned(std::min<int64_t>(ceil_div(n, 256), 65535)), 256, 0, s>>>(
-                  dq_acc, dqp, n);
+                  dq_acc, dqp, in, int(T), int(d), n);
               MT_CUDA_CHECK_LAUNCH();
               free_on(s, dq_acc);
             }
@@ -981,11 +1018,12 @@ void attention_backward(const void* q, const void* k, const void* v, const void*
       with_lane_cols(d, [&](auto cols) {
         constexpr int U = decltype(cols)::value;
         const dim3 grid(unsigned(ceil_div(T, kWarps)), unsigned(heads));
-        dq_simple<Tp, U, kDrop><<<grid, kThreads, 0, s>>>(qp, kp, vp, gp, lse, Dvec, dqp, int(T),
-                                                          int(d), scale, dropout);
+        dq_simple<Tp, U, kDrop><<<grid, kThreads, 0, s>>>(qp, kp, vp, in, gp, out, lse, Dvec, dqp,
+                                                          int(T), int(d), scale, dropout);
         MT_CUDA_CHECK_LAUNCH();
-        dkdv_simple<Tp, U, kDrop><<<grid, kThreads, 0, s>>>(qp, kp, vp, gp, lse, Dvec, dkp, dvp,
-                                                            int(T), int(d), scale, dropout);
+        dkdv_simple<Tp, U, kDrop><<<grid, kThreads, 0, s>>>(qp, kp, vp, in, gp, out, lse, Dvec,
+                                                            dkp, dvp, int(T), int(d), scale,
+                                                            dropout);
         MT_CUDA_CHECK_LAUNCH();
       });
     });
@@ -1007,18 +1045,32 @@ cuda::AttentionDropoutArgs dropout_args(const AttentionDropout& d) {
           .base = d.base.defined() ? static_cast<const uint64_t*>(d.base.data_ptr()) : nullptr};
 }
 
+// The layout of [B, H, T, d] views (attention.h's kernel contract): the strides of `first`,
+// which every other tensor given must share; a row's d elements contiguous.
+cuda::HeadsLayout layout_of(const Tensor& first, std::initializer_list<const Tensor*> others) {
+  const Shape& st = first.strides();
+  MT_CHECK(first.size(3) == 1 || st[3] == 1, "attention: a head's row must be contiguous, got "
+           "strides ", shape_str(st));
+  for (const Tensor* t : others)
+    MT_CHECK(t->strides() == st, "attention: tensors meant to share strides ", shape_str(st),
+             " have ", shape_str(t->strides()));
+  return {.heads = first.size(1), .batch = st[0], .head = st[1], .row = st[2]};
+}
+
 void attention_forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                             const Tensor& lse, const AttentionDropout& dropout) {
-  cuda::attention_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
-                          cuda::ptr<float>(lse), q.size(0) * q.size(1), q.size(2), q.size(3),
-                          q.dtype(), cuda::stream_of(q), dropout_args(dropout));
+  cuda::attention_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), layout_of(q, {&k, &v}),
+                          o.data_ptr(), layout_of(o, {}), cuda::ptr<float>(lse),
+                          q.size(0) * q.size(1), q.size(2), q.size(3), q.dtype(),
+                          cuda::stream_of(q), dropout_args(dropout));
 }
 
 void attention_backward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                              const Tensor& lse, const Tensor& dout, const Tensor& dq,
                              const Tensor& dk, const Tensor& dv, const AttentionDropout& dropout) {
-  cuda::attention_backward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
-                           cuda::ptr<const float>(lse), dout.data_ptr(), dq.data_ptr(),
+  cuda::attention_backward(q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                           layout_of(q, {&k, &v, &dq, &dk, &dv}), o.data_ptr(), dout.data_ptr(),
+                           layout_of(o, {&dout}), cuda::ptr<const float>(lse), dq.data_ptr(),
                            dk.data_ptr(), dv.data_ptr(), q.size(0) * q.size(1), q.size(2),
                            q.size(3), q.dtype(), deterministic(), cuda::stream_of(q),
                            dropout_args(dropout));

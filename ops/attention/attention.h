@@ -88,11 +88,25 @@ struct AttentionDropout {
 // attention(q, k, v) with dropout on P; p = 0 or !training is attention(q, k, v) itself.
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionDropout& dropout);
 
+// Causal self-attention straight from a fused projection: qkv [B, T, 3·C] holds q, k and v side
+// by side, each cut into n_head heads of d = C / n_head columns (split_heads' reading, ops/heads);
+// the result is y [B, T, C], the heads side by side (merge_heads' writing). The same numbers,
+// bit for bit, as merge_heads(attention(split_heads(qkv, n_head)..., dropout)), without its four
+// copies (two forward, two backward): the kernels read each head's rows where the projection
+// left them and write O's rows into y, and the backward writes dq, dk and dv into one dqkv
+// [B, T, 3·C]. Saves qkv (the projection's output, otherwise freed), y and L; on GPT-2 124M that
+// is C numbers a token less than the split copies and O it replaces. split_heads stays for a
+// model that works on q and k between the two (rotary embeddings, say).
+Tensor attention_packed(const Tensor& qkv, int64_t n_head, const AttentionDropout& dropout = {});
+
 inline constexpr int64_t kAttentionMaxD = 256;
 
-// Kernels on contiguous [B, H, T, d] tensors; lse [B, H, T] in the grad dtype (f32, f64 for f64).
-// dropout: p = 0 (no dropout), or p in (0, 1) with its key, base checked (the op has applied
-// `training` already: the kernels do not read it). o '=', lse '='.
+// Kernels on [B, H, T, d] views: any strides with a row's d elements contiguous, q, k and v (and
+// dq, dk, dv) sharing one set, o and dout another; on CUDA's tensor cores every buffer and stride
+// a 16-byte multiple. attention gives them contiguous tensors, attention_packed views of qkv, y
+// and dqkv. lse [B, H, T] contiguous, in the grad dtype (f32, f64 for f64). dropout: p = 0 (no
+// dropout), or p in (0, 1) with its key, base checked (the op has applied `training` already:
+// the kernels do not read it). o '=', lse '='.
 using AttentionForwardFn = void(const Tensor& q, const Tensor& k, const Tensor& v,
                                 const Tensor& o, const Tensor& lse,
                                 const AttentionDropout& dropout);

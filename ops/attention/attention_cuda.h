@@ -1,8 +1,8 @@
 #pragma once
-// CUDA launchers of the causal attention op on raw, contiguous, 16-byte aligned device buffers,
-// q, k, v, o [B·H, T, d] and lse [B·H, T] (fp32). The op's Function (attention.cpp) checks shapes,
-// dtypes and devices and calls these; the math is in attention.h, the grids at the top of
-// attention.cu. bf16 and f16 at d = 32, 64 and 128 run on the tensor cores; f32, and other d up to
+// CUDA launchers of the causal attention op on raw device buffers: B·H heads of [T, d] rows each
+// for q, k, v, o (wherever a HeadsLayout puts them) and lse [B·H, T] (fp32, contiguous). The ops'
+// Functions (attention.cpp) check shapes, dtypes and devices and call these; the math is in
+// attention.h, the grids at the top of attention.cu. bf16 and f16 at d = 32, 64 and 128 run on the tensor cores; f32, and other d up to
 // kAttentionMaxD, on a plain CUDA-core path (correctness first).
 #include <cstdint>
 
@@ -11,6 +11,18 @@
 #include "core/dtype.h"
 
 namespace mt::cuda {
+
+// Where head bh = b·H + h keeps its rows: they start at element b·batch + h·head of the buffer and
+// row i sits i·row further on, its d elements contiguous. A contiguous [B, H, T, d] tensor is
+// {H, H·T·d, T·d, d}; q of a [B, T, 3·C] projection is {H, T·3·C, d, 3·C} from the buffer's
+// start (k from element C, v from 2·C); y [B, T, C] is {H, T·C, d, C}. On the tensor cores the
+// buffers and every stride must be 16-byte multiples (the tiles move in 16-byte copies).
+struct HeadsLayout {
+  int64_t heads = 1, batch = 0, head = 0, row = 0;
+};
+
+// B·H contiguous heads of [T, d].
+inline HeadsLayout contiguous_heads(int64_t T, int64_t d) { return {1, T * d, 0, d}; }
 
 // Dropout on P (attention.h): element e of P [B·H, T, T] is kept where 16-bit half e % 8 of
 // philox::draw(seed, offset + *base, e / 8) >= threshold, and kept values count `scale` times
@@ -25,18 +37,20 @@ struct AttentionDropoutArgs {
 };
 
 // o '=' (dt), lse '=' (fp32, natural log: L = m + log ℓ of the scaled scores, before dropout).
-void attention_forward(const void* q, const void* k, const void* v, void* o, float* lse,
-                       int64_t heads, int64_t T, int64_t d, DType dt, cudaStream_t s,
-                       const AttentionDropoutArgs& dropout = {});
+// q, k and v share the layout `in`; o has `out`. heads: B·H in all.
+void attention_forward(const void* q, const void* k, const void* v, const HeadsLayout& in, void* o,
+                       const HeadsLayout& out, float* lse, int64_t heads, int64_t T, int64_t d,
+                       DType dt, cudaStream_t s, const AttentionDropoutArgs& dropout = {});
 
 // dq, dk, dv '=' (dt). D = rowsum(dout ∘ o) goes to a stream-ordered fp32 scratch first.
 // deterministic: dQ by its own pass over Q tiles (no atomics); otherwise the dK/dV pass adds each
 // tile's dQ share into an fp32 scratch with atomicAdd (arrival order varies the last bits) and a
 // last pass rounds it into dq. The CUDA-core path is always deterministic.
-void attention_backward(const void* q, const void* k, const void* v, const void* o,
-                        const float* lse, const void* dout, void* dq, void* dk, void* dv,
-                        int64_t heads, int64_t T, int64_t d, DType dt, bool deterministic,
-                        cudaStream_t s, const AttentionDropoutArgs& dropout = {});
+// q, k, v, dq, dk, dv share the layout `in`; o and dout share `out`.
+void attention_backward(const void* q, const void* k, const void* v, const HeadsLayout& in,
+                        const void* o, const void* dout, const HeadsLayout& out, const float* lse,
+                        void* dq, void* dk, void* dv, int64_t heads, int64_t T, int64_t d, DType dt,
+                        bool deterministic, cudaStream_t s, const AttentionDropoutArgs& dropout = {});
 
 // Whether (dt, d) takes the tensor-core kernels.
 bool attention_uses_tensor_cores(DType dt, int64_t d);
