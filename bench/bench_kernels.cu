@@ -333,12 +333,13 @@ void bench_gpt_ops(Table& table, DType dt, int device, cudaStream_t s) {
   const double stats = 8.0 * kGptRows;              // LayerNorm's mean and rstd
   const std::string name = mt::dtype_name(dt);
   DeviceBuffer x(size_t(e), device), y(size_t(e), device), dy(size_t(e), device),
-      dx(size_t(e), device);
+      dx(size_t(e), device), r(size_t(e), device), sum(size_t(e), device);
   DeviceBuffer w(kGptC * sizeof(float), device), b(kGptC * sizeof(float), device),
       dw(kGptC * sizeof(float), device), db(kGptC * sizeof(float), device);
   DeviceBuffer mean(kGptRows * sizeof(float), device), rstd(kGptRows * sizeof(float), device);
   fill(x.get(), n, dt, 11, s);
   fill(dy.get(), n, dt, 12, s);
+  fill(r.get(), n, dt, 17, s);
   fill(w.get(), kGptC, DType::f32, 13, s);
   fill(b.get(), kGptC, DType::f32, 14, s);
   fill(dw.get(), kGptC, DType::f32, 15, s);
@@ -350,18 +351,33 @@ void bench_gpt_ops(Table& table, DType dt, int device, cudaStream_t s) {
              }),
              2 * e, 0.0});
   table.add({"layer_norm fwd [65536, 768]", name, median_ms(s, [&] {
-               mt::cuda::layer_norm_forward(x.get(), w.get<float>(), b.get<float>(), y.get(),
-                                            mean.get<float>(), rstd.get<float>(), kGptRows, kGptC,
-                                            1e-5f, dt, s);
+               mt::cuda::layer_norm_forward(x.get(), nullptr, w.get<float>(), b.get<float>(),
+                                            nullptr, y.get(), mean.get<float>(),
+                                            rstd.get<float>(), kGptRows, kGptC, 1e-5f, dt, s);
              }),
              2 * e + stats, kGptReduce});
   table.add({"layer_norm bwd [65536, 768]", name, median_ms(s, [&] {
                mt::cuda::layer_norm_backward(x.get(), w.get<float>(), mean.get<float>(),
-                                             rstd.get<float>(), dy.get(), dx.get(),
+                                             rstd.get<float>(), dy.get(), nullptr, dx.get(),
                                              dw.get<float>(), db.get<float>(), kGptRows, kGptC,
                                              dt, s);
              }),
              3 * e + stats, kGptReduce});
+  // The residual add fused in (add_layer_norm): x and r read, s and y written; the backward
+  // reads the residual's gradient too and writes their sum.
+  table.add({"add_layer_norm fwd [65536, 768]", name, median_ms(s, [&] {
+               mt::cuda::layer_norm_forward(x.get(), r.get(), w.get<float>(), b.get<float>(),
+                                            sum.get(), y.get(), mean.get<float>(),
+                                            rstd.get<float>(), kGptRows, kGptC, 1e-5f, dt, s);
+             }),
+             4 * e + stats, kGptReduce});
+  table.add({"add_layer_norm bwd [65536, 768]", name, median_ms(s, [&] {
+               mt::cuda::layer_norm_backward(x.get(), w.get<float>(), mean.get<float>(),
+                                             rstd.get<float>(), dy.get(), r.get(), dx.get(),
+                                             dw.get<float>(), db.get<float>(), kGptRows, kGptC,
+                                             dt, s);
+             }),
+             4 * e + stats, kGptReduce});
   table.add({"gelu fwd [65536, 768]", name, median_ms(s, [&] {
                mt::cuda::gelu_forward(x.get(), y.get(), n, true, dt, s);
              }),

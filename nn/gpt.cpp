@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <sstream>
+#include <tuple>
 
 #include "core/autograd.h"
 #include "nn/init.h"
@@ -68,8 +69,18 @@ Block::Block(const GPTConfig& c) {
 }
 
 Tensor Block::forward(const Tensor& x) {
-  Tensor h = add(x, (*attn)((*ln_1)(x)));
-  return add(h, (*mlp)((*ln_2)(h)));
+  if (forward_hook_active()) {  // each module by its own call, so the hook sees every output
+    Tensor h = add(x, (*attn)((*ln_1)(x)));
+    return add(h, (*mlp)((*ln_2)(h)));
+  }
+  auto [h, a] = ln_2->forward_add(x, (*attn)((*ln_1)(x)));
+  return add(h, (*mlp)(a));
+}
+
+std::pair<Tensor, Tensor> Block::forward_fused(const Tensor& x, const Tensor& x_normed,
+                                               LayerNorm& next) {
+  auto [h, a] = ln_2->forward_add(x, (*attn)(x_normed));
+  return next.forward_add(h, (*mlp)(a));
 }
 
 // ---- the trunk and the model ----------------------------------------------------------------
@@ -95,8 +106,17 @@ Tensor GPTTrunk::forward(const Tensor& ids) {
   // differentiable cast, so the gradient flows back to the tables in fp32).
   const DType compute = wte->weight.compute_copy().defined() ? wte->weight.compute_copy().dtype()
                                                              : wte->weight.dtype();
-  Tensor x = add((*wte)(ids), (*wpe)(positions)).to(compute);
-  return (*ln_f)((*h)((*drop)(x)));
+  Tensor x = (*drop)(add((*wte)(ids), (*wpe)(positions)).to(compute));
+  if (forward_hook_active()) return (*ln_f)((*h)(x));  // the hook sees every block's output
+  // The residual stream with every add fused into the LayerNorm after it: block i hands
+  // {x, ln(x)} to block i + 1, whose ln_1 that is (ln_f after the last).
+  auto block = [&](size_t i) { return std::static_pointer_cast<Block>((*h)[i]); };
+  Tensor normed = (*block(0)->ln_1)(x);
+  for (size_t i = 0; i < h->size(); ++i) {
+    LayerNorm& next = i + 1 < h->size() ? *block(i + 1)->ln_1 : *ln_f;
+    std::tie(x, normed) = block(i)->forward_fused(x, normed, next);
+  }
+  return normed;
 }
 
 GPT::GPT(const GPTConfig& c) : config(c) {

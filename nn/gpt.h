@@ -28,6 +28,7 @@
 // 0.02/√(2·n_layer)), so the residual stream's variance does not grow with depth.
 #include <cstdint>
 #include <map>
+#include <utility>
 #include <memory>
 #include <string>
 
@@ -81,6 +82,10 @@ class Block : public Module {
  public:
   explicit Block(const GPTConfig& c);
   Tensor forward(const Tensor& x) override;
+  // The block on the residual stream, each residual add fused into the LayerNorm after it
+  // (add_layer_norm): given x and ln_1(x), returns {x', next(x')}, x' = forward(x), where next is
+  // the following block's ln_1 or the trunk's ln_f. The same numbers as forward then next.
+  std::pair<Tensor, Tensor> forward_fused(const Tensor& x, const Tensor& x_normed, LayerNorm& next);
   std::string repr() const override { return "Block"; }
 
   std::shared_ptr<LayerNorm> ln_1, ln_2;

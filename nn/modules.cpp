@@ -91,12 +91,19 @@ LayerNorm::LayerNorm(int64_t d, double e, bool with_bias) : dim(d), eps(e) {
   if (with_bias) bias = register_parameter("bias", zeros({d}));
 }
 
-Tensor LayerNorm::forward(const Tensor& x) {
-  if (bias.defined()) return layer_norm(x, weight, bias, eps);
+const Tensor& LayerNorm::bias_or_zeros() {
+  if (bias.defined()) return bias;
   // Without a bias the op still adds one: zeros that are no parameter (no gradient is kept).
   if (!zero_bias_.defined() || zero_bias_.device() != weight.device() || zero_bias_.dtype() != weight.dtype())
     zero_bias_ = zeros({dim}, weight.dtype(), weight.device());
-  return layer_norm(x, weight, zero_bias_, eps);
+  return zero_bias_;
+}
+
+Tensor LayerNorm::forward(const Tensor& x) { return layer_norm(x, weight, bias_or_zeros(), eps); }
+
+std::pair<Tensor, Tensor> LayerNorm::forward_add(const Tensor& x, const Tensor& r) {
+  std::vector<Tensor> out = add_layer_norm(x, r, weight, bias_or_zeros(), eps);
+  return {out[0], out[1]};
 }
 
 std::string LayerNorm::repr() const {

@@ -13,6 +13,7 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "nn/module.h"
@@ -78,6 +79,8 @@ class LayerNorm : public Module {
  public:
   explicit LayerNorm(int64_t dim, double eps = 1e-5, bool bias = true);
   Tensor forward(const Tensor& x) override;
+  // {x + r, forward(x + r)} in one pass (add_layer_norm, ops/layer_norm/layer_norm.h).
+  std::pair<Tensor, Tensor> forward_add(const Tensor& x, const Tensor& r);
   std::string repr() const override;
 
   int64_t dim;
@@ -86,6 +89,7 @@ class LayerNorm : public Module {
 
  private:
   Tensor zero_bias_;  // bias = false: the zeros the op adds instead, kept while dtype and device stay
+  const Tensor& bias_or_zeros();
 };
 
 // y = x · Φ(x), by default with GPT-2's tanh approximation (ops/gelu/gelu.h).

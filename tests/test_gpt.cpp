@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <set>
 
 #include "core/autograd.h"
@@ -126,6 +127,30 @@ TEST(Gpt, GradientsMatchFiniteDifferences) {
       params, "GPT", {.h = 1e-6, .atol = 1e-8, .rtol = 1e-6});
   // The padded rows of the tied table get no gradient: their logits are outside the loss.
   for (double v : params[0].grad().slice_rows(11, 16).to_vector()) ASSERT_EQ(v, 0.0);
+}
+
+// The trunk fuses each residual add into the LayerNorm after it (add_layer_norm); with a forward
+// hook set it runs module by module instead, so the hook sees every output. In f32 on the CPU the
+// two give the same bits: the logits and every parameter's gradient.
+TEST(Gpt, TheFusedResidualStreamEqualsTheModuleByModuleForward) {
+  manual_seed(6);
+  nn::GPT model(tiny());
+  Tensor ids = random_ids(2, 6, 11, 4), targets = random_ids(2, 6, 11, 5);
+  auto run = [&](bool hooked) {
+    model.zero_grad();
+    int calls = 0;
+    std::optional<nn::ForwardHookGuard> hook;
+    if (hooked) hook.emplace([&](const nn::Module&, const Tensor&) { ++calls; });
+    Tensor logits = model(ids);
+    train::next_token_loss(logits, targets, tiny().vocab_size, 12.0).backward();
+    if (hooked) EXPECT_GT(calls, 0);
+    std::vector<std::vector<double>> out{logits.to_vector()};
+    for (const Tensor& p : model.parameters()) out.push_back(p.grad().to_vector());
+    return out;
+  };
+  const auto fused = run(false), plain = run(true);
+  ASSERT_EQ(fused.size(), plain.size());
+  for (size_t i = 0; i < fused.size(); ++i) EXPECT_EQ(fused[i], plain[i]) << "tensor " << i;
 }
 
 // k microbatches, each divided by the step's whole target count, add up (+=) to the full batch's

@@ -1,7 +1,9 @@
 // layer_norm on the CPU: gradient checks for x, weight and bias, the forward against the formula
-// and the saved statistics, the += contract for weight and bias, 16-bit rounding, misuse errors.
+// and the saved statistics, the += contract for weight and bias, 16-bit rounding, misuse errors;
+// add_layer_norm (the residual add fused in) against add then layer_norm, its gradient checks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -209,4 +211,99 @@ TEST(CudaLayerNorm, EveryWarpRowWidthMatchesTheCpu) {
             EXPECT_LE(err, (dt == DType::f32 ? 1e-4 : 2e-2) * scale) << "output " << k;
           }
         }
+}
+
+// ---- add_layer_norm: the residual add fused in --------------------------------------------
+
+namespace {
+
+struct AddNormRun {
+  std::vector<double> s, y, dx, dr, dw, db;
+};
+
+// {s, y} and every gradient for upstream gradients ds, dy, fused or as add then layer_norm.
+AddNormRun run_add_norm(bool fused, const Tensor& x0, const Tensor& r0, const Tensor& w0,
+                        const Tensor& b0, const Tensor& ds, const Tensor& dy) {
+  Tensor x = x0.detach(), r = r0.detach(), w = w0.detach(), b = b0.detach();
+  for (Tensor* t : {&x, &r, &w, &b}) t->set_requires_grad();
+  Tensor s, y;
+  if (fused) {
+    const std::vector<Tensor> out = add_layer_norm(x, r, w, b);
+    s = out[0], y = out[1];
+  } else {
+    s = add(x, r);
+    y = layer_norm(s, w, b);
+  }
+  // Both outputs' gradients in one backward: s's from its later use, y's through the norm.
+  backward({s, y}, {ds, dy});
+  return {s.to_vector(),           y.to_vector(),           x.grad().to_vector(),
+          r.grad().to_vector(),    w.grad().to_vector(),    b.grad().to_vector()};
+}
+
+}  // namespace
+
+// In f64 and f32 the CPU kernels compute the LayerNorm's dx in the dtype itself, so adding ds
+// inside the kernel rounds exactly as the engine's separate sum does: every result bitwise equal.
+// In bf16 the forward is still bitwise equal; the fused dx rounds once where the chain rounds
+// twice, so it is at least as close to the f64 chain.
+TEST(AddLayerNorm, EqualsAddThenLayerNorm) {
+  manual_seed(9);
+  for (int64_t d : {int64_t(1), int64_t(33), int64_t(64)}) {
+    const Shape shape{5, d};
+    for (DType dt : {DType::f64, DType::f32, DType::bf16}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " d=" + std::to_string(d));
+      const DType g = grad_dtype_for(dt);
+      Tensor x = randn(shape).to(dt), r = randn(shape).to(dt), w = rand({d}).to(g),
+             b = randn({d}).to(g), ds = randn(shape).to(dt), dy = randn(shape).to(dt);
+      const AddNormRun f = run_add_norm(true, x, r, w, b, ds, dy),
+                       c = run_add_norm(false, x, r, w, b, ds, dy);
+      EXPECT_EQ(f.s, c.s);
+      EXPECT_EQ(f.y, c.y);
+      EXPECT_EQ(f.dw, c.dw);
+      EXPECT_EQ(f.db, c.db);
+      EXPECT_EQ(f.dx, f.dr) << "s = x + r: one gradient for both";
+      if (dt != DType::bf16) {
+        EXPECT_EQ(f.dx, c.dx);
+        EXPECT_EQ(f.dr, c.dr);
+      } else {
+        const AddNormRun e = run_add_norm(false, x.to(DType::f64), r.to(DType::f64),
+                                          w.to(DType::f64), b.to(DType::f64), ds.to(DType::f64),
+                                          dy.to(DType::f64));
+        double err_f = 0, err_c = 0, scale = 0;
+        for (size_t i = 0; i < e.dx.size(); ++i) {
+          err_f = std::max(err_f, std::abs(f.dx[i] - e.dx[i]));
+          err_c = std::max(err_c, std::abs(c.dx[i] - e.dx[i]));
+          scale = std::max(scale, std::abs(e.dx[i]));
+        }
+        EXPECT_LE(err_f, 2 * unit_roundoff(dt) * scale);
+        EXPECT_LE(err_f, err_c + 1e-12 * scale);
+      }
+    }
+  }
+}
+
+TEST(AddLayerNorm, GradientCheckForXResidualWeightAndBias) {
+  manual_seed(10);
+  for (Shape shape : {Shape{3, 1}, Shape{3, 17}, Shape{2, 3, 5}}) {
+    Tensor x = random_leaf(shape), r = random_leaf(shape),
+           w = random_leaf({shape.back()}, 0.5, 1.5), b = random_leaf({shape.back()});
+    expect_gradcheck([](auto& in) { return add_layer_norm(in[0], in[1], in[2], in[3])[1]; },
+                     {x, r, w, b}, "add_layer_norm y " + shape_str(shape));
+    // s and y together, as the residual stream uses them: <s, 1> + <y, y> reaches x through both.
+    expect_gradcheck(
+        [](auto& in) {
+          const std::vector<Tensor> out = add_layer_norm(in[0], in[1], in[2], in[3]);
+          return add(sum(out[0]), sum(mul(out[1], out[1])));
+        },
+        {x, r, w, b}, "add_layer_norm s and y " + shape_str(shape));
+  }
+}
+
+TEST(AddLayerNorm, BadArgumentsAreClearErrors) {
+  expect_error([] { add_layer_norm(randn({3, 4}), randn({3, 5}), randn({4}), randn({4})); },
+               {"add_layer_norm", "residual", "[3, 5]", "[3, 4]"});
+  expect_error([] { add_layer_norm(randn({3, 4}), randn({3, 4}, DType::f64), randn({4}), randn({4})); },
+               {"add_layer_norm", "residual", "f64"});
+  expect_error([] { add_layer_norm(randn({3, 4}), randn({3, 4}), randn({5}), randn({4})); },
+               {"layer_norm", "weight", "[5]"});
 }

@@ -235,6 +235,28 @@ OpSpec layer_norm_spec(int64_t d) {
   return s;
 }
 
+// Two outputs {x + r, layer_norm(x + r)}: the contract check also runs each alone (then the
+// backward sees one of ds, dy undefined).
+OpSpec add_layer_norm_spec(int64_t d) {
+  OpSpec s = layer_norm_spec(d);
+  s.name = "add_layer_norm (d = " + std::to_string(d) + ")";
+  s.inputs.insert(s.inputs.begin() + 1, Input{"r", Cast::Compute, true, true});
+  s.op = [](const Inputs& in) { return add_layer_norm(in[0], in[1], in[2], in[3]); };
+  s.make = [d](Generator& g, int64_t n) {
+    return Inputs{normal(g, {n, d}, 1.5), normal(g, {n, d}), uniform(g, {d}, 0.5, 1.5),
+                  normal(g, {d})};
+  };
+  s.bad_inputs = {
+      {"r of another shape",
+       [d] { add_layer_norm(randn({2, d}), randn({3, d}), randn({d}), randn({d})); }},
+      {"r of another dtype",
+       [d] { add_layer_norm(randn({2, d}), randn({2, d}, DType::f64), randn({d}), randn({d})); }},
+      {"weight of the wrong length",
+       [d] { add_layer_norm(randn({2, d}), randn({2, d}), randn({d + 1}), randn({d})); }},
+  };
+  return s;
+}
+
 OpSpec gelu_spec(GeluApprox a) {
   OpSpec s = unary_spec(a == GeluApprox::Tanh ? "gelu (tanh)" : "gelu (erf)",
                         [a](const Tensor& x) { return gelu(x, a); }, true);
@@ -286,6 +308,8 @@ TEST(OpCheck, CrossEntropy) { MT_EXPECT_OP_CHECK(cross_entropy_spec()); }
 TEST(OpCheck, CrossEntropyPaddedVocabulary) { MT_EXPECT_OP_CHECK(cross_entropy_padded_spec()); }
 TEST(OpCheck, LayerNormOddWidth) { MT_EXPECT_OP_CHECK(layer_norm_spec(37)); }
 TEST(OpCheck, LayerNormVectorWidth) { MT_EXPECT_OP_CHECK(layer_norm_spec(256)); }
+TEST(OpCheck, AddLayerNormOddWidth) { MT_EXPECT_OP_CHECK(add_layer_norm_spec(37)); }
+TEST(OpCheck, AddLayerNormVectorWidth) { MT_EXPECT_OP_CHECK(add_layer_norm_spec(256)); }
 TEST(OpCheck, GeluTanh) { MT_EXPECT_OP_CHECK(gelu_spec(GeluApprox::Tanh)); }
 TEST(OpCheck, GeluErf) { MT_EXPECT_OP_CHECK(gelu_spec(GeluApprox::Erf)); }
 TEST(OpCheck, Dropout) { MT_EXPECT_OP_CHECK(dropout_spec()); }

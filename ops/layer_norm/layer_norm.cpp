@@ -3,6 +3,7 @@
 #include "ops/layer_norm/layer_norm.h"
 
 #include <cmath>
+#include <tuple>
 #include <vector>
 
 #include "core/autograd.h"
@@ -27,55 +28,116 @@ void check_param(const char* what, const Tensor& p, const Tensor& x) {
            " is on ", p.device().str());
 }
 
+void check_input(const Tensor& x, double eps) {
+  MT_CHECK(x.dim() >= 1 && x.size(-1) > 0 && is_floating(x.dtype()), "layer_norm: x must be a "
+           "floating-point tensor with a non-empty last dimension, got shape ",
+           shape_str(x.shape()), " ", dtype_name(x.dtype()));
+  MT_CHECK(std::isfinite(eps) && eps >= 0, "layer_norm: eps must be finite and >= 0, got ", eps);
+}
+
+std::tuple<Tensor, Tensor, Tensor> backward_of(Context& ctx, const Tensor& dy_in,
+                                               const Tensor& dres, bool want_dx, size_t w_arg);
+
 struct LayerNormFn : Function<LayerNormFn> {
   static constexpr const char* name = "layer_norm";
 
   static Tensor forward(Context& ctx, const Tensor& x, const Tensor& weight, const Tensor& bias,
                         double eps) {
-    MT_CHECK(x.dim() >= 1 && x.size(-1) > 0 && is_floating(x.dtype()), "layer_norm: x must be a "
-             "floating-point tensor with a non-empty last dimension, got shape ",
-             shape_str(x.shape()), " ", dtype_name(x.dtype()));
+    check_input(x, eps);
     check_param("weight", weight, x);
     check_param("bias", bias, x);
-    MT_CHECK(std::isfinite(eps) && eps >= 0, "layer_norm: eps must be finite and >= 0, got ", eps);
     const int64_t d = x.size(-1);
     Tensor xc = x.contiguous(), wc = weight.contiguous(), bc = bias.contiguous();
     Tensor y = empty(x.shape(), x.dtype(), x.device());
     Tensor mean = empty({x.numel() / d}, weight.dtype(), x.device());
     Tensor rstd = empty({x.numel() / d}, weight.dtype(), x.device());
-    kernel<LayerNormForwardFn>(name, Phase::Forward, x.device())(as_rows(xc), wc, bc, eps,
-                                                                 as_rows(y), mean, rstd);
+    kernel<LayerNormForwardFn>("layer_norm", Phase::Forward, x.device())(
+        as_rows(xc), Tensor(), wc, bc, eps, Tensor(), as_rows(y), mean, rstd);
     ctx.save_for_backward({xc, wc, mean, rstd});
     return y;
   }
 
   static GradList backward(Context& ctx, const GradList& dys) {
-    auto saved = ctx.saved_tensors();
-    const Tensor &x = saved[0], &w = saved[1], &mean = saved[2], &rstd = saved[3];
-    Tensor dy = dys[0].contiguous();  // upstream gradients may be strided views
-    Tensor dx, dw, db, sink_w, sink_b;
-    if (ctx.needs_input_grad(0)) dx = empty(x.shape(), x.dtype(), x.device());
-    if (ctx.needs_input_grad(1)) {
-      sink_w = ctx.grad_sink(1);  // weight's .grad when it is a leaf: the kernel adds into it
-      dw = sink_w.defined() ? sink_w : zeros(w.shape(), w.dtype(), w.device());
-    }
-    if (ctx.needs_input_grad(2)) {
-      sink_b = ctx.grad_sink(2);
-      db = sink_b.defined() ? sink_b : zeros(w.shape(), w.dtype(), w.device());
-    }
-    kernel<LayerNormBackwardFn>(name, Phase::Backward, x.device())(
-        as_rows(x), w, mean, rstd, as_rows(dy), dx.defined() ? as_rows(dx) : Tensor(), dw, db);
-    if (sink_w.defined()) dw = Tensor();  // already added into .grad
-    if (sink_b.defined()) db = Tensor();
+    auto [dx, dw, db] = backward_of(ctx, dys[0], Tensor(), ctx.needs_input_grad(0), 1);
     return {dx, dw, db, Tensor()};  // x, weight, bias, eps (not differentiable)
+  }
+};
+
+// The LayerNorm's backward from its saved {x, weight, mean, rstd}, for upstream dy and the
+// residual gradient dres (undefined: none) added into dx: {dx (undefined unless want_dx),
+// dweight, dbias}. The parameters are inputs w_arg and w_arg + 1 of the node: their gradients
+// go into their .grads when they are sinks (then returned undefined).
+std::tuple<Tensor, Tensor, Tensor> backward_of(Context& ctx, const Tensor& dy_in,
+                                               const Tensor& dres, bool want_dx, size_t w_arg) {
+  auto saved = ctx.saved_tensors();
+  const Tensor &x = saved[0], &w = saved[1], &mean = saved[2], &rstd = saved[3];
+  Tensor dy = dy_in.contiguous();  // upstream gradients may be strided views
+  Tensor dx, dw, db, sink_w, sink_b;
+  if (want_dx) dx = empty(x.shape(), x.dtype(), x.device());
+  if (ctx.needs_input_grad(w_arg)) {
+    sink_w = ctx.grad_sink(w_arg);  // weight's .grad when it is a leaf: the kernel adds into it
+    dw = sink_w.defined() ? sink_w : zeros(w.shape(), w.dtype(), w.device());
+  }
+  if (ctx.needs_input_grad(w_arg + 1)) {
+    sink_b = ctx.grad_sink(w_arg + 1);
+    db = sink_b.defined() ? sink_b : zeros(w.shape(), w.dtype(), w.device());
+  }
+  kernel<LayerNormBackwardFn>("layer_norm", Phase::Backward, x.device())(
+      as_rows(x), w, mean, rstd, as_rows(dy), dres.defined() ? as_rows(dres) : Tensor(),
+      dx.defined() ? as_rows(dx) : Tensor(), dw, db);
+  if (sink_w.defined()) dw = Tensor();  // already added into .grad
+  if (sink_b.defined()) db = Tensor();
+  return {dx, dw, db};
+}
+
+struct AddLayerNormFn : Function<AddLayerNormFn> {
+  static constexpr const char* name = "add_layer_norm";
+
+  static std::vector<Tensor> forward(Context& ctx, const Tensor& x, const Tensor& r,
+                                     const Tensor& weight, const Tensor& bias, double eps) {
+    check_input(x, eps);
+    MT_CHECK(r.shape() == x.shape() && r.dtype() == x.dtype() && r.device() == x.device(),
+             "add_layer_norm: the residual r must match x, got x ", shape_str(x.shape()), " ",
+             dtype_name(x.dtype()), " on ", x.device().str(), " and r ", shape_str(r.shape()),
+             " ", dtype_name(r.dtype()), " on ", r.device().str());
+    check_param("weight", weight, x);
+    check_param("bias", bias, x);
+    const int64_t d = x.size(-1);
+    Tensor xc = x.contiguous(), rc = r.contiguous(), wc = weight.contiguous(),
+           bc = bias.contiguous();
+    Tensor sum = empty(x.shape(), x.dtype(), x.device());
+    Tensor y = empty(x.shape(), x.dtype(), x.device());
+    Tensor mean = empty({x.numel() / d}, weight.dtype(), x.device());
+    Tensor rstd = empty({x.numel() / d}, weight.dtype(), x.device());
+    kernel<LayerNormForwardFn>("layer_norm", Phase::Forward, x.device())(
+        as_rows(xc), as_rows(rc), wc, bc, eps, as_rows(sum), as_rows(y), mean, rstd);
+    ctx.save_for_backward({sum, wc, mean, rstd});
+    return {sum, y};
+  }
+
+  // dys: {ds, dy}, either undefined when that output got no gradient.
+  static GradList backward(Context& ctx, const GradList& dys) {
+    const Tensor &ds = dys[0], &dy = dys[1];
+    const bool want = ctx.needs_input_grad(0) || ctx.needs_input_grad(1);
+    Tensor dsum = ds, dw, db;
+    if (dy.defined()) {
+      std::tie(dsum, dw, db) = backward_of(ctx, dy, ds.defined() ? ds.contiguous() : Tensor(),
+                                           want, 2);
+    }
+    if (!want) dsum = Tensor();
+    // s = x + r: one gradient for both (the engine sums out of place, so sharing it is safe).
+    return {ctx.needs_input_grad(0) ? dsum : Tensor(), ctx.needs_input_grad(1) ? dsum : Tensor(),
+            dw, db, Tensor()};
   }
 };
 
 // ---- CPU reference kernels ----------------------------------------------------------------
 // weight, bias, mean, rstd, dweight, dbias are acc_t<scalar_t>: the grad dtype.
 
-void forward_cpu(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
-                 const Tensor& y, const Tensor& mean, const Tensor& rstd) {
+// residual: the row is first s = x + residual, rounded to scalar_t as add rounds it, into sum.
+void forward_cpu(const Tensor& x, const Tensor& residual, const Tensor& weight, const Tensor& bias,
+                 double eps, const Tensor& sum_out, const Tensor& y, const Tensor& mean,
+                 const Tensor& rstd) {
   MT_DISPATCH_FLOATING(x.dtype(), "layer_norm", [&] {
     using acc = cpu::acc_t<scalar_t>;
     const int64_t rows = x.size(0), d = x.size(1);
@@ -83,6 +145,13 @@ void forward_cpu(const Tensor& x, const Tensor& weight, const Tensor& bias, doub
     const acc* bp = bias.data<acc>();
     for (int64_t r = 0; r < rows; ++r) {
       const scalar_t* xr = x.data<scalar_t>() + r * d;
+      if (residual.defined()) {
+        const scalar_t* rr = residual.data<scalar_t>() + r * d;
+        scalar_t* sr = sum_out.data<scalar_t>() + r * d;
+        for (int64_t j = 0; j < d; ++j)
+          sr[j] = cpu::from_acc<scalar_t>(cpu::to_acc(xr[j]) + cpu::to_acc(rr[j]));
+        xr = sr;
+      }
       scalar_t* yr = y.data<scalar_t>() + r * d;
       double sum = 0;  // the reference reduces in double, two passes: it is the GPU's oracle
       for (int64_t j = 0; j < d; ++j) sum += double(cpu::to_acc(xr[j]));
@@ -103,8 +172,10 @@ void forward_cpu(const Tensor& x, const Tensor& weight, const Tensor& bias, doub
 
 // Accumulation: dx '=' (x's dtype, math in acc_t); dweight and dbias '+=' into the .grads (the
 // sinks) or fresh zeros, each column summed in double over the rows in order.
+// dresidual: added to dx before its one rounding.
 void backward_cpu(const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
-                  const Tensor& dy, const Tensor& dx, const Tensor& dweight, const Tensor& dbias) {
+                  const Tensor& dy, const Tensor& dresidual, const Tensor& dx,
+                  const Tensor& dweight, const Tensor& dbias) {
   MT_DISPATCH_FLOATING(x.dtype(), "layer_norm", [&] {
     using acc = cpu::acc_t<scalar_t>;
     const int64_t rows = x.size(0), d = x.size(1);
@@ -126,10 +197,12 @@ void backward_cpu(const Tensor& x, const Tensor& weight, const Tensor& mean, con
       if (!dx.defined()) continue;
       const acc mg = acc(sum_g / double(d)), mgx = acc(sum_gx / double(d));
       scalar_t* dxr = dx.data<scalar_t>() + r * d;
+      const scalar_t* drr = dresidual.defined() ? dresidual.data<scalar_t>() + r * d : nullptr;
       for (int64_t j = 0; j < d; ++j) {
         const acc xhat = (cpu::to_acc(xr[j]) - m) * rs;  // recomputed
         const acc g = cpu::to_acc(dyr[j]) * wp[j];
-        dxr[j] = cpu::from_acc<scalar_t>(rs * (g - mg - xhat * mgx));
+        const acc v = rs * (g - mg - xhat * mgx);
+        dxr[j] = cpu::from_acc<scalar_t>(drr != nullptr ? v + cpu::to_acc(drr[j]) : v);
       }
     }
     // '+=': these are the .grads when they are sinks; a store would drop earlier microbatches.
@@ -146,8 +219,14 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
   return LayerNormFn::apply(x, weight, bias, eps);
 }
 
+std::vector<Tensor> add_layer_norm(const Tensor& x, const Tensor& r, const Tensor& weight,
+                                   const Tensor& bias, double eps) {
+  return AddLayerNormFn::apply(x, r, weight, bias, eps);
+}
+
 MT_DEFINE_OP(layer_norm,
-             "y = (x-mean)*rstd*w + b; dx = rstd*(g - mean(g) - xh*mean(g*xh)), dw += sum(dy*xh), "
+             "y = (x-mean)*rstd*w + b (x = x + residual when given); "
+             "dx = rstd*(g - mean(g) - xh*mean(g*xh)) (+ dresidual), dw += sum(dy*xh), "
              "db += sum(dy)",
              LayerNormForwardFn, LayerNormBackwardFn);
 MT_REGISTER_KERNEL(layer_norm, Forward, CPU, forward_cpu);

@@ -119,13 +119,14 @@ __device__ __forceinline__ void load_row(const T* __restrict__ base, int64_t row
 }
 
 // Warps stride over rows (row = global warp, + all warps of the grid, ...), each loading its next
-// row before it works on the current one, so a row's load is always in flight.
-template <class T, int V, int kPPL>
+// row before it works on the current one, so a row's load is always in flight. kRes: the row is
+// s = x + res (rounded to T as add rounds it), written to sum_out before it is normalized.
+template <class T, int V, int kPPL, bool kRes>
 __global__ void __launch_bounds__(kWarpRowsBlock)
-    forward_warp_kernel(const T* __restrict__ x, const float* __restrict__ weight,
-                        const float* __restrict__ bias, T* __restrict__ y,
-                        float* __restrict__ mean, float* __restrict__ rstd, int64_t rows, int d,
-                        float eps) {
+    forward_warp_kernel(const T* __restrict__ x, const T* __restrict__ res,
+                        const float* __restrict__ weight, const float* __restrict__ bias,
+                        T* __restrict__ sum_out, T* __restrict__ y, float* __restrict__ mean,
+                        float* __restrict__ rstd, int64_t rows, int d, float eps) {
   using P = Pack<T, V>;
   __shared__ __align__(16) float sw[kPPL * 32 * V], sb[kPPL * 32 * V];
   stage<V, kPPL>(weight, sw, d);
@@ -134,11 +135,28 @@ __global__ void __launch_bounds__(kWarpRowsBlock)
   const int packs = d / V;
   const int64_t stride = int64_t(gridDim.x) * (kWarpRowsBlock / 32);
   int64_t row = int64_t(blockIdx.x) * (kWarpRowsBlock / 32) + threadIdx.x / 32;
-  P xv[kPPL];
-  if (row < rows) load_row<T, V, kPPL>(x, row, d, lane, xv);
+  P xv[kPPL], rv[kRes ? kPPL : 1];
+  if (row < rows) {
+    load_row<T, V, kPPL>(x, row, d, lane, xv);
+    if constexpr (kRes) load_row<T, V, kPPL>(res, row, d, lane, rv);
+  }
   for (; row < rows; row += stride) {  // a whole warp: it shares no barrier
-    P next[kPPL];
-    if (row + stride < rows) load_row<T, V, kPPL>(x, row + stride, d, lane, next);
+    P next[kPPL], rnext[kRes ? kPPL : 1];
+    if (row + stride < rows) {
+      load_row<T, V, kPPL>(x, row + stride, d, lane, next);
+      if constexpr (kRes) load_row<T, V, kPPL>(res, row + stride, d, lane, rnext);
+    }
+    if constexpr (kRes) {
+#pragma unroll
+      for (int p = 0; p < kPPL; ++p) {
+        const int q = lane + 32 * p;
+        if (q >= packs) break;
+#pragma unroll
+        for (int k = 0; k < V; ++k)
+          xv[p].v[k] = from_float<T>(to_float(xv[p].v[k]) + to_float(rv[p].v[k]));
+        reinterpret_cast<P*>(sum_out + row * d)[q] = xv[p];
+      }
+    }
     float sum = 0.0f;
 #pragma unroll
     for (int p = 0; p < kPPL; ++p)
@@ -171,7 +189,10 @@ __global__ void __launch_bounds__(kWarpRowsBlock)
       reinterpret_cast<P*>(y + row * d)[q] = out;
     }
 #pragma unroll
-    for (int p = 0; p < kPPL; ++p) xv[p] = next[p];
+    for (int p = 0; p < kPPL; ++p) {
+      xv[p] = next[p];
+      if constexpr (kRes) rv[p] = rnext[p];
+    }
   }
 }
 
@@ -192,12 +213,13 @@ constexpr size_t backward_shared_bytes() {
   return size_t(1 + 2 * (kWarpRowsBlock / 32)) * kSlot * sizeof(float);
 }
 
-template <class T, int V, int kPPL>
+// kRes: dx = dres + the LayerNorm's dx, one rounding (the residual stream's two gradients).
+template <class T, int V, int kPPL, bool kRes>
 __global__ void __launch_bounds__(kWarpRowsBlock, kBackwardMinBlocks<kPPL>)
     backward_warp_kernel(const T* __restrict__ x, const float* __restrict__ weight,
                          const float* __restrict__ mean, const float* __restrict__ rstd,
-                         const T* __restrict__ dy, T* __restrict__ dx, float* __restrict__ partials,
-                         int64_t rows, int d) {
+                         const T* __restrict__ dy, const T* __restrict__ dres, T* __restrict__ dx,
+                         float* __restrict__ partials, int64_t rows, int d) {
   using P = Pack<T, V>;
   constexpr int kWarps = kWarpRowsBlock / 32;
   constexpr int kSlot = kPPL * 32 * V;
@@ -244,12 +266,14 @@ __global__ void __launch_bounds__(kWarpRowsBlock, kBackwardMinBlocks<kPPL>)
         if (q >= packs) break;
         float w[V];
         load_staged<V>(sw, p, lane, w);
-        P out;
+        P out, rg;
+        if constexpr (kRes) rg = reinterpret_cast<const P*>(dres + row * d)[q];
 #pragma unroll
         for (int k = 0; k < V; ++k) {
           const float xhat = (to_float(xv[p].v[k]) - mu) * rs;  // recomputed, not held
           const float g = to_float(gv[p].v[k]) * w[k];
-          out.v[k] = from_float<T>(rs * (g - mg - xhat * mgx));
+          const float v = rs * (g - mg - xhat * mgx);
+          out.v[k] = from_float<T>(kRes ? v + to_float(rg.v[k]) : v);
         }
         reinterpret_cast<P*>(dx + row * d)[q] = out;
       }
@@ -269,13 +293,19 @@ __global__ void __launch_bounds__(kWarpRowsBlock, kBackwardMinBlocks<kPPL>)
 
 // ---- block rows ----------------------------------------------------------------------------
 
+// res: the row is s = x + res (rounded to T), written to sum_out and read back from there (each
+// thread re-reads only the elements it wrote).
 template <class T>
 __global__ void __launch_bounds__(kBlockRowThreads)
-    forward_block_kernel(const T* __restrict__ x, const float* __restrict__ weight,
-                         const float* __restrict__ bias, T* __restrict__ y,
-                         float* __restrict__ mean, float* __restrict__ rstd, int d, float eps) {
+    forward_block_kernel(const T* __restrict__ x, const T* __restrict__ res,
+                         const float* __restrict__ weight, const float* __restrict__ bias,
+                         T* __restrict__ sum_out, T* __restrict__ y, float* __restrict__ mean,
+                         float* __restrict__ rstd, int d, float eps) {
   const int64_t row = blockIdx.x;
-  const T* xr = x + row * d;
+  if (res != nullptr)
+    for (int j = threadIdx.x; j < d; j += blockDim.x)
+      sum_out[row * d + j] = from_float<T>(to_float(x[row * d + j]) + to_float(res[row * d + j]));
+  const T* xr = (res != nullptr ? sum_out : x) + row * d;
   float sum = 0.0f;
   for (int j = threadIdx.x; j < d; j += blockDim.x) sum += to_float(xr[j]);
   const float mu = block_allreduce(sum) / float(d);
@@ -290,11 +320,13 @@ __global__ void __launch_bounds__(kBlockRowThreads)
     y[row * d + j] = from_float<T>((to_float(xr[j]) - mu) * rs * weight[j] + bias[j]);
 }
 
+// dres (nullable): added to dx before its one rounding.
 template <class T>
 __global__ void __launch_bounds__(kBlockRowThreads)
     backward_dx_block_kernel(const T* __restrict__ x, const float* __restrict__ weight,
                              const float* __restrict__ mean, const float* __restrict__ rstd,
-                             const T* __restrict__ dy, T* __restrict__ dx, int d) {
+                             const T* __restrict__ dy, const T* __restrict__ dres,
+                             T* __restrict__ dx, int d) {
   const int64_t row = blockIdx.x;
   const T *xr = x + row * d, *gr = dy + row * d;
   const float mu = mean[row], rs = rstd[row];
@@ -308,7 +340,8 @@ __global__ void __launch_bounds__(kBlockRowThreads)
   const float mgx = block_allreduce(sum_gx) / float(d);
   for (int j = threadIdx.x; j < d; j += blockDim.x) {
     const float xhat = (to_float(xr[j]) - mu) * rs, g = to_float(gr[j]) * weight[j];
-    dx[row * d + j] = from_float<T>(rs * (g - mg - xhat * mgx));
+    const float v = rs * (g - mg - xhat * mgx);
+    dx[row * d + j] = from_float<T>(dres != nullptr ? v + to_float(dres[row * d + j]) : v);
   }
 }
 
@@ -401,59 +434,75 @@ bool warp_rows(int d, std::initializer_list<const void*> ptrs) {
   return true;
 }
 
+// Calls f(kRes): the kernels with the residual, or without it.
+template <class F>
+void with_residual(bool on, F&& f) {
+  if (on) return f(std::true_type{});
+  return f(std::false_type{});
+}
+
 template <class T>
-void forward_as(const void* x, const float* w, const float* b, void* y, float* mean, float* rstd,
-                int64_t rows, int d, float eps, cudaStream_t s) {
+void forward_as(const void* x, const void* res, const float* w, const float* b, void* sum_out,
+                void* y, float* mean, float* rstd, int64_t rows, int d, float eps, cudaStream_t s) {
   const T* xt = static_cast<const T*>(x);
+  const T* rt = static_cast<const T*>(res);
+  T* st = static_cast<T*>(sum_out);
   T* yt = static_cast<T*>(y);
-  if (warp_rows<T>(d, {x, y})) {
+  if (warp_rows<T>(d, {x, res, sum_out, y})) {
     constexpr int V = 16 / sizeof(T);
     with_ppl<V>(d, [&](auto ppl) {
-      constexpr int kPPL = decltype(ppl)::value;
-      auto kernel = forward_warp_kernel<T, V, kPPL>;
-      const int64_t grid =
-          resident_blocks(kernel, current_device(), ceil_div(rows, kWarpRowsBlock / 32));
-      kernel<<<unsigned(grid), kWarpRowsBlock, 0, s>>>(xt, w, b, yt, mean, rstd, rows, d, eps);
+      with_residual(res != nullptr, [&](auto residual) {
+        constexpr int kPPL = decltype(ppl)::value;
+        auto kernel = forward_warp_kernel<T, V, kPPL, decltype(residual)::value>;
+        const int64_t grid =
+            resident_blocks(kernel, current_device(), ceil_div(rows, kWarpRowsBlock / 32));
+        kernel<<<unsigned(grid), kWarpRowsBlock, 0, s>>>(xt, rt, w, b, st, yt, mean, rstd, rows, d,
+                                                         eps);
+      });
     });
   } else {
     MT_CHECK(rows <= INT32_MAX, "layer_norm: ", rows, " rows are more than one launch takes");
-    forward_block_kernel<T><<<unsigned(rows), kBlockRowThreads, 0, s>>>(xt, w, b, yt, mean, rstd,
-                                                                        d, eps);
+    forward_block_kernel<T><<<unsigned(rows), kBlockRowThreads, 0, s>>>(xt, rt, w, b, st, yt, mean,
+                                                                        rstd, d, eps);
   }
   MT_CUDA_CHECK_LAUNCH();
 }
 
 template <class T>
 void backward_as(const void* x, const float* w, const float* mean, const float* rstd,
-                 const void* dy, void* dx, float* dweight, float* dbias, int64_t rows, int d,
-                 cudaStream_t s) {
+                 const void* dy, const void* dres, void* dx, float* dweight, float* dbias,
+                 int64_t rows, int d, cudaStream_t s) {
   const T* xt = static_cast<const T*>(x);
   const T* gt = static_cast<const T*>(dy);
+  const T* rt = static_cast<const T*>(dres);
   T* dxt = static_cast<T*>(dx);
   const bool want_params = dweight != nullptr || dbias != nullptr;
   const int device = current_device();
   float* partials = nullptr;
   int parts = 0;
-  if (warp_rows<T>(d, {x, dy, dx})) {
+  if (warp_rows<T>(d, {x, dy, dres, dx})) {
     constexpr int V = 16 / sizeof(T);
     with_ppl<V>(d, [&](auto ppl) {
-      constexpr int kPPL = decltype(ppl)::value;
-      auto kernel = backward_warp_kernel<T, V, kPPL>;
-      constexpr size_t kShared = backward_shared_bytes<V, kPPL>();
-      if (kShared > 48 * 1024)  // past the default limit: raised for this kernel
-        MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           int(kShared)));
-      parts = int(resident_blocks(kernel, device, ceil_div(rows, kWarpRowsBlock / 32), kShared));
-      if (want_params)
-        partials = static_cast<float*>(alloc_on(s, size_t(parts) * 2 * d * sizeof(float), device));
-      kernel<<<parts, kWarpRowsBlock, kShared, s>>>(xt, w, mean, rstd, gt, dxt, partials, rows, d);
-      MT_CUDA_CHECK_LAUNCH();
+      with_residual(dres != nullptr, [&](auto residual) {
+        constexpr int kPPL = decltype(ppl)::value;
+        auto kernel = backward_warp_kernel<T, V, kPPL, decltype(residual)::value>;
+        constexpr size_t kShared = backward_shared_bytes<V, kPPL>();
+        if (kShared > 48 * 1024)  // past the default limit: raised for this kernel
+          MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             int(kShared)));
+        parts = int(resident_blocks(kernel, device, ceil_div(rows, kWarpRowsBlock / 32), kShared));
+        if (want_params)
+          partials = static_cast<float*>(alloc_on(s, size_t(parts) * 2 * d * sizeof(float), device));
+        kernel<<<parts, kWarpRowsBlock, kShared, s>>>(xt, w, mean, rstd, gt, rt, dxt, partials,
+                                                      rows, d);
+        MT_CUDA_CHECK_LAUNCH();
+      });
     });
   } else {
     MT_CHECK(rows <= INT32_MAX, "layer_norm: ", rows, " rows are more than one launch takes");
     if (dx != nullptr) {
       backward_dx_block_kernel<T><<<unsigned(rows), kBlockRowThreads, 0, s>>>(xt, w, mean, rstd,
-                                                                              gt, dxt, d);
+                                                                              gt, rt, dxt, d);
       MT_CUDA_CHECK_LAUNCH();
     }
     if (want_params) {
@@ -479,26 +528,28 @@ void check_shape(const char* op, int64_t rows, int64_t d) {
 
 }  // namespace
 
-void layer_norm_forward(const void* x, const float* weight, const float* bias, void* y,
-                        float* mean, float* rstd, int64_t rows, int64_t d, float eps, DType dt,
-                        cudaStream_t s) {
+void layer_norm_forward(const void* x, const void* res, const float* weight, const float* bias,
+                        void* sum_out, void* y, float* mean, float* rstd, int64_t rows, int64_t d,
+                        float eps, DType dt, cudaStream_t s) {
   check_shape("layer_norm_forward", rows, d);
   if (rows == 0) return;
-  MT_CHECK(x && weight && bias && y && mean && rstd, "layer_norm_forward: null pointer");
+  MT_CHECK(x && weight && bias && y && mean && rstd && (res == nullptr || sum_out != nullptr),
+           "layer_norm_forward: null pointer");
   dispatch_float</*kWithF64=*/false>(dt, "layer_norm_forward", [&](auto t) {
-    forward_as<decltype(t)>(x, weight, bias, y, mean, rstd, rows, int(d), eps, s);
+    forward_as<decltype(t)>(x, res, weight, bias, sum_out, y, mean, rstd, rows, int(d), eps, s);
   });
 }
 
 // dx '=' in dt; dweight, dbias '+=' in fp32 (fixed-order column reduce): see the top.
 void layer_norm_backward(const void* x, const float* weight, const float* mean, const float* rstd,
-                         const void* dy, void* dx, float* dweight, float* dbias, int64_t rows,
-                         int64_t d, DType dt, cudaStream_t s) {
+                         const void* dy, const void* dres, void* dx, float* dweight, float* dbias,
+                         int64_t rows, int64_t d, DType dt, cudaStream_t s) {
   check_shape("layer_norm_backward", rows, d);
   if (rows == 0 || (dx == nullptr && dweight == nullptr && dbias == nullptr)) return;
-  MT_CHECK(x && weight && mean && rstd && dy, "layer_norm_backward: null pointer");
+  MT_CHECK(x && weight && mean && rstd && dy && (dres == nullptr || dx != nullptr),
+           "layer_norm_backward: null pointer");
   dispatch_float</*kWithF64=*/false>(dt, "layer_norm_backward", [&](auto t) {
-    backward_as<decltype(t)>(x, weight, mean, rstd, dy, dx, dweight, dbias, rows, int(d), s);
+    backward_as<decltype(t)>(x, weight, mean, rstd, dy, dres, dx, dweight, dbias, rows, int(d), s);
   });
 }
 
@@ -508,26 +559,27 @@ void layer_norm_backward(const void* x, const float* weight, const float* mean, 
 namespace mt {
 namespace {
 
-void layer_norm_forward_cuda(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                             double eps, const Tensor& y, const Tensor& mean, const Tensor& rstd) {
+void layer_norm_forward_cuda(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                             const Tensor& bias, double eps, const Tensor& sum, const Tensor& y,
+                             const Tensor& mean, const Tensor& rstd) {
   const int64_t d = weight.numel();
-  cuda::layer_norm_forward(x.data_ptr(), cuda::ptr<const float>(weight),
-                           cuda::ptr<const float>(bias), y.data_ptr(), cuda::ptr<float>(mean),
-                           cuda::ptr<float>(rstd), x.numel() / d, d, float(eps), x.dtype(),
-                           cuda::stream_of(x));
+  cuda::layer_norm_forward(x.data_ptr(), cuda::ptr(residual), cuda::ptr<const float>(weight),
+                           cuda::ptr<const float>(bias), cuda::ptr(sum), y.data_ptr(),
+                           cuda::ptr<float>(mean), cuda::ptr<float>(rstd), x.numel() / d, d,
+                           float(eps), x.dtype(), cuda::stream_of(x));
 }
 
 // dx '=' in x's dtype; dweight, dbias are the fp32 .grads (sinks) or fresh zeros: the column
 // reduce adds into them ('+=').
 void layer_norm_backward_cuda(const Tensor& x, const Tensor& weight, const Tensor& mean,
-                              const Tensor& rstd, const Tensor& dy, const Tensor& dx,
-                              const Tensor& dweight, const Tensor& dbias) {
+                              const Tensor& rstd, const Tensor& dy, const Tensor& dresidual,
+                              const Tensor& dx, const Tensor& dweight, const Tensor& dbias) {
   const int64_t d = weight.numel();
   cuda::layer_norm_backward(x.data_ptr(), cuda::ptr<const float>(weight),
                             cuda::ptr<const float>(mean), cuda::ptr<const float>(rstd),
-                            dy.data_ptr(), cuda::ptr(dx), cuda::ptr<float>(dweight),
-                            cuda::ptr<float>(dbias), x.numel() / d, d, x.dtype(),
-                            cuda::stream_of(x));
+                            dy.data_ptr(), cuda::ptr(dresidual), cuda::ptr(dx),
+                            cuda::ptr<float>(dweight), cuda::ptr<float>(dbias), x.numel() / d, d,
+                            x.dtype(), cuda::stream_of(x));
 }
 
 }  // namespace

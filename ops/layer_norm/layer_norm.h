@@ -29,6 +29,8 @@
 // cache, and dweight/dbias from a separate pass over row chunks, one partial row per chunk. Both
 // then end in one column reduce that sums the partial rows in index order and adds (+=) into
 // dweight and dbias: deterministic, the same bits on every run, no atomics. y, mean, rstd and dx are written with '='.
+#include <vector>
+
 #include "core/tensor.h"
 
 namespace mt {
@@ -37,13 +39,28 @@ namespace mt {
 // (f32; f64 for f64 x).
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
 
+// The residual add and the LayerNorm after it in one pass, as a transformer's residual stream
+// uses them (llm.c's fused residual forward):
+//   s = x + r                       rounded to x's dtype, as add(x, r) rounds it
+//   y = layer_norm(s, weight, bias)
+// returns {s, y}: the same numbers, bit for bit, as add then layer_norm. Backward: s's gradient
+// arrives from its later use (the next residual add) and through y; the kernel adds the two as it
+// writes the LayerNorm's dx (one rounding), so
+//   dx = dr = ds + LN_backward(dy)
+// and the engine's separate sum of the two (two reads and a write of the row) is gone, as is the
+// forward's re-read of s. Saved: s (an output the model keeps anyway), mean, rstd.
+std::vector<Tensor> add_layer_norm(const Tensor& x, const Tensor& r, const Tensor& weight,
+                                   const Tensor& bias, double eps = 1e-5);
+
 // Kernels over x viewed as [rows, d]. mean, rstd [rows] in the grad dtype, written '='.
-using LayerNormForwardFn = void(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                                double eps, const Tensor& y, const Tensor& mean,
-                                const Tensor& rstd);
-// dx '=' (undefined: skip); dweight, dbias '+=' [d] in the grad dtype (undefined: skip).
+// residual (undefined: none): the rows normalized are s = x + residual, written to sum ('=').
+using LayerNormForwardFn = void(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                                const Tensor& bias, double eps, const Tensor& sum,
+                                const Tensor& y, const Tensor& mean, const Tensor& rstd);
+// dx '=' (undefined: skip), plus dresidual when defined (then dx must be); dweight, dbias '+='
+// [d] in the grad dtype (undefined: skip).
 using LayerNormBackwardFn = void(const Tensor& x, const Tensor& weight, const Tensor& mean,
-                                 const Tensor& rstd, const Tensor& dy, const Tensor& dx,
-                                 const Tensor& dweight, const Tensor& dbias);
+                                 const Tensor& rstd, const Tensor& dy, const Tensor& dresidual,
+                                 const Tensor& dx, const Tensor& dweight, const Tensor& dbias);
 
 }  // namespace mt
