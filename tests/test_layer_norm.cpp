@@ -307,3 +307,51 @@ TEST(AddLayerNorm, BadArgumentsAreClearErrors) {
   expect_error([] { add_layer_norm(randn({3, 4}), randn({3, 4}), randn({5}), randn({4})); },
                {"layer_norm", "weight", "[5]"});
 }
+
+// On the GPU at GPT-2's width (the warp rows, 20000 rows so every warp strides several times)
+// and off the pack (the block rows), bf16 and f32: the forward bitwise equal to add then
+// layer_norm; dweight and dbias too (the same kernels sum them); dx = dr, equal to the chain's in
+// f32 and within one bf16 rounding of it in bf16 (the chain rounds the LayerNorm's dx before the
+// engine adds ds); every result against the CPU's fused op; bitwise repeatable.
+TEST(CudaAddLayerNorm, EqualsAddThenLayerNormInBothLayouts) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device: CUDA tests skipped";
+  const Device gpu = cuda_device(0);
+  for (int64_t d : {int64_t(768), int64_t(770)})
+    for (DType dt : {DType::f32, DType::bf16}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " d=" + std::to_string(d));
+      manual_seed(11);
+      const Shape shape{20000, d};
+      Tensor x = randn(shape).to(dt), r = randn(shape).to(dt), w = rand({d}), b = randn({d}),
+             ds = randn(shape).to(dt), dy = randn(shape).to(dt);
+      auto on = [&](Device dev, bool fused) {
+        return run_add_norm(fused, x.to(dev), r.to(dev), w.to(dev), b.to(dev), ds.to(dev),
+                            dy.to(dev));
+      };
+      const AddNormRun f = on(gpu, true), f2 = on(gpu, true), c = on(gpu, false),
+                       cpu = on(kCPU, true);
+      EXPECT_EQ(f.s, c.s);
+      EXPECT_EQ(f.y, c.y);
+      EXPECT_EQ(f.dw, c.dw);
+      EXPECT_EQ(f.db, c.db);
+      EXPECT_EQ(f.dx, f.dr);
+      const double u = dt == DType::f32 ? 0.0 : unit_roundoff(dt);
+      double err = 0, scale = 0;
+      for (size_t i = 0; i < f.dx.size(); ++i) {
+        err = std::max(err, std::abs(f.dx[i] - c.dx[i]));
+        scale = std::max(scale, std::abs(c.dx[i]));
+      }
+      EXPECT_LE(err, 4 * u * scale) << "dx against the chain";
+      const std::vector<double> AddNormRun::*fields[] = {&AddNormRun::s, &AddNormRun::y,
+                                                          &AddNormRun::dx, &AddNormRun::dw,
+                                                          &AddNormRun::db};
+      for (auto field : fields) {
+        EXPECT_EQ(f.*field, f2.*field) << "not bitwise repeatable";
+        double e = 0, sc = 0;
+        for (size_t i = 0; i < (cpu.*field).size(); ++i) {
+          e = std::max(e, std::abs((f.*field)[i] - (cpu.*field)[i]));
+          sc = std::max(sc, std::abs((cpu.*field)[i]));
+        }
+        EXPECT_LE(e, (dt == DType::f32 ? 1e-4 : 2e-2) * sc) << "against the CPU";
+      }
+    }
+}
