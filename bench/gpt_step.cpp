@@ -15,14 +15,17 @@
 //   frameworks past any useful tolerance), betas (0.9, 0.95), eps 1e-8, weight decay 0.1 on every parameter of
 //   two or more dimensions (nanoGPT's groups).
 //
-//   gpt_step [--batch 16|64|all] [--microbatch M] [--export DIR] [--no-breakdown]
-//   gpt_step --gemms-alone [--microbatch M]   only the step's GEMMs, back to back (below): a
-//                                             short run to put under Nsight Compute
+//   gpt_step [--batch 16|64|all] [--microbatch M] [--export DIR] [--no-breakdown] [--gemm-autotune]
+//   gpt_step --gemms-alone [--microbatch M] [--gemm-autotune]   only the step's GEMMs, back to
+//                                             back (below): a short run to put under Nsight Compute
 //     16   16 × 1024 tokens per step
 //     64   64 × 1024 tokens per step
 //     M    sequences per microbatch (default 16): B = 64 runs as 64 / M microbatches, whose
 //          gradients add up to the full batch's (docs/README.md); fewer, larger microbatches
 //          make larger GEMMs and hold more activations
+//     --gemm-autotune  each GEMM shape's cuBLASLt algorithm chosen by timing its first 8
+//          candidates (precision.gemm_autotune, core/switches.h), as bench/train_step.cpp runs;
+//          without it, the heuristic's first (the trainer's default)
 //
 // Tokens are drawn uniformly from [0, 50257) by a seeded generator after the model's
 // initialization: tokens [B, T + 1], inputs tokens[:, :-1], targets tokens[:, 1:]. They live on
@@ -60,6 +63,7 @@
 #include "core/cuda/graph.h"
 #include "core/cuda/runtime.h"
 #include "core/rng.h"
+#include "core/switches.h"
 #include "core/tensor.h"
 #include "nn/gpt.h"
 #include "nn/serialize.h"
@@ -206,8 +210,9 @@ class OpTimes : public OpObserver {
 std::string family_of(const std::string& name) {
   const std::string op = name.substr(name.find(' ') + 1);
   if (op == "linear") return "GEMMs (linear, the head included)";
-  if (op == "attention") return "attention";
-  if (op == "layer_norm" || op == "gelu" || op == "add" || op == "dropout")
+  if (op == "attention" || op == "attention_packed") return "attention";
+  if (op == "layer_norm" || op == "add_layer_norm" || op == "gelu" || op == "add" ||
+      op == "dropout")
     return "LayerNorm, GELU, residual adds";
   if (op == "cross_entropy") return "classifier loss (cross-entropy)";
   if (op == "embedding") return "embedding";
@@ -442,7 +447,8 @@ bool run_batch(int64_t B, int64_t microbatch, const std::string& export_dir, boo
 
 int usage(const char* message) {
   std::fprintf(stderr, "gpt_step: %s\nusage: gpt_step [--batch 16|64|all] [--microbatch M] "
-               "[--export DIR] [--no-breakdown] | --gemms-alone [--microbatch M]\n", message);
+               "[--export DIR] [--no-breakdown] [--gemm-autotune] | --gemms-alone [--microbatch M] "
+               "[--gemm-autotune]\n", message);
   return 2;
 }
 
@@ -470,6 +476,8 @@ int main(int argc, char** argv) {
       breakdown = false;
     } else if (a == "--gemms-alone") {
       gemms_alone = true;
+    } else if (a == "--gemm-autotune") {
+      set_gemm_autotune(true);
     } else {
       return usage(("unknown argument '" + a + "'").c_str());
     }
@@ -487,8 +495,9 @@ int main(int argc, char** argv) {
     if (!export_dir.empty()) std::filesystem::create_directories(export_dir);
     const double gemm_tflops = bench::cublas_bf16_tflops(kDevice);
     const double copy_tb_s = bench::copy_tbps(kDevice);
-    std::printf("cuBLAS bf16 GEMM 8192^3 (fp32 compute): %.1f TFLOP/s; device copy %.3f TB/s\n",
-                gemm_tflops, copy_tb_s);
+    std::printf("cuBLAS bf16 GEMM 8192^3 (fp32 compute): %.1f TFLOP/s; device copy %.3f TB/s; "
+                "GEMM algorithms: %s\n", gemm_tflops, copy_tb_s,
+                gemm_autotune() ? "timed (--gemm-autotune)" : "cuBLASLt's first heuristic pick");
     bool ok = true;
     for (int64_t B : batches)
       ok = run_batch(B, std::min(B, microbatch), export_dir, breakdown, gemm_tflops, copy_tb_s) && ok;

@@ -67,6 +67,10 @@ __device__ float block_allreduce(float v) {
   return total;
 }
 
+// dx + dres with dx rounded first, never one FMA of dx's last product and dres: so in fp32 the
+// sum is the one the engine's separate add computes, bit for bit.
+__device__ __forceinline__ float add_unfused(float dx, float dres) { return __fadd_rn(dx, dres); }
+
 // ---- warp rows ------------------------------------------------------------------------------
 
 // Lane `lane`'s columns of pack slot p are q·V .. q·V + V − 1, q = lane + 32p: 2V floats of weight
@@ -273,7 +277,7 @@ __global__ void __launch_bounds__(kWarpRowsBlock, kBackwardMinBlocks<kPPL>)
           const float xhat = (to_float(xv[p].v[k]) - mu) * rs;  // recomputed, not held
           const float g = to_float(gv[p].v[k]) * w[k];
           const float v = rs * (g - mg - xhat * mgx);
-          out.v[k] = from_float<T>(kRes ? v + to_float(rg.v[k]) : v);
+          out.v[k] = from_float<T>(kRes ? add_unfused(v, to_float(rg.v[k])) : v);
         }
         reinterpret_cast<P*>(dx + row * d)[q] = out;
       }
@@ -341,7 +345,8 @@ __global__ void __launch_bounds__(kBlockRowThreads)
   for (int j = threadIdx.x; j < d; j += blockDim.x) {
     const float xhat = (to_float(xr[j]) - mu) * rs, g = to_float(gr[j]) * weight[j];
     const float v = rs * (g - mg - xhat * mgx);
-    dx[row * d + j] = from_float<T>(dres != nullptr ? v + to_float(dres[row * d + j]) : v);
+    dx[row * d + j] =
+        from_float<T>(dres != nullptr ? add_unfused(v, to_float(dres[row * d + j])) : v);
   }
 }
 
