@@ -18,7 +18,9 @@
 // Why ops and not view → permute → contiguous: that chain copies through a generic strided
 // kernel, and its backward zero-fills a full [3, B, H, T, d] buffer for each of q, k and v (a
 // slice's gradient), adds the three and copies once more: on GPT-2 124M that was a quarter of
-// the step (docs/perf.md). Here each direction reads and writes every element once.
+// the step (docs/perf.md). Here each direction reads and writes every element once. A model that
+// goes straight from the projection to attention needs neither: attention_packed
+// (ops/attention) reads the heads in place. These are for work on q, k or v in between.
 //
 // Grid (CUDA, heads.cu): a grid-stride loop over the heads side's elements in 16-byte packs (8
 // bf16/f16, 4 f32) when d's bytes and every pointer allow it, else one element per thread, 256
