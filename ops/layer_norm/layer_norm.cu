@@ -1,5 +1,7 @@
 // LayerNorm on the GPU, x viewed as [rows, d], weight and bias fp32 [d]. The math and the
-// saved-vs-recomputed choice are in layer_norm.h.
+// saved-vs-recomputed choice are in layer_norm.h. With a residual (add_layer_norm) the forward's
+// row is s = x + res, rounded to dt and stored as it is loaded, then normalized as x would be;
+// the backward adds dres to dx before dx's one rounding. Same grids, one more row read.
 //
 // Two layouts (both fp32 math, inputs widened, outputs rounded once to dt):
 //

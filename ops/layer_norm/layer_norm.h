@@ -23,12 +23,14 @@
 // Grids (CUDA, layer_norm.cu). Rows of at most 32 elements a lane (d ≤ 1024) whose packs are
 // 16-byte aligned: one warp per row, the row in registers, reductions by shuffles, weight and bias
 // staged once per block in shared memory. Both passes launch one wave of blocks of 8 warps, each
-// warp striding over rows with the next row's load in flight; the backward keeps its columns'
-// dweight and dbias sums in registers, combined per block in warp order and written as one fp32
-// partial row per block. Any other d: a block of 256 threads per row re-reading the row from
-// cache, and dweight/dbias from a separate pass over row chunks, one partial row per chunk. Both
-// then end in one column reduce that sums the partial rows in index order and adds (+=) into
-// dweight and dbias: deterministic, the same bits on every run, no atomics. y, mean, rstd and dx are written with '='.
+// warp striding over rows (the forward with the next row's load in flight); the backward keeps
+// its lanes' dweight and dbias sums in its warp's rows of shared memory, combined per block in
+// warp order and written as one fp32 partial row per block. Any other d: a block of 256 threads
+// per row re-reading the row from cache, and dweight/dbias from a separate pass over row chunks,
+// one partial row per chunk. Both then end in one column reduce that sums the partial rows in
+// index order and adds (+=) into dweight and dbias: deterministic, the same bits on every run, no
+// atomics. y, mean, rstd and dx are written with '='. add_layer_norm runs the same grids with one
+// more row read (r forward, ds backward) and, forward, s written.
 #include <vector>
 
 #include "core/tensor.h"
