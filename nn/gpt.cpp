@@ -110,7 +110,11 @@ Tensor GPTTrunk::forward(const Tensor& ids) {
   if (forward_hook_active()) return (*ln_f)((*h)(x));  // the hook sees every block's output
   // The residual stream with every add fused into the LayerNorm after it: block i hands
   // {x, ln(x)} to block i + 1, whose ln_1 that is (ln_f after the last).
-  auto block = [&](size_t i) { return std::static_pointer_cast<Block>((*h)[i]); };
+  auto block = [&](size_t i) {
+    auto b = std::dynamic_pointer_cast<Block>((*h)[i]);
+    MT_CHECK(b != nullptr, "GPT: h.", i, " is not a Block");
+    return b;
+  };
   Tensor normed = (*block(0)->ln_1)(x);
   for (size_t i = 0; i < h->size(); ++i) {
     LayerNorm& next = i + 1 < h->size() ? *block(i + 1)->ln_1 : *ln_f;

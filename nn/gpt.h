@@ -77,7 +77,7 @@ class GPTMLP : public Module {
   std::shared_ptr<Dropout> dropout;
 };
 
-// x + attn(ln_1(x)), then + mlp(ln_2(x)).
+// h = x + attn(ln_1(x)), then h + mlp(ln_2(h)).
 class Block : public Module {
  public:
   explicit Block(const GPTConfig& c);

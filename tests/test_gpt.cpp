@@ -7,6 +7,7 @@
 #include <cmath>
 #include <optional>
 #include <set>
+#include <string>
 
 #include "core/autograd.h"
 #include "core/rng.h"
@@ -136,14 +137,27 @@ TEST(Gpt, TheFusedResidualStreamEqualsTheModuleByModuleForward) {
   manual_seed(6);
   nn::GPT model(tiny());
   Tensor ids = random_ids(2, 6, 11, 4), targets = random_ids(2, 6, 11, 5);
+  // Counts the fused op's forwards, to know which path ran.
+  struct Counter : OpObserver {
+    int fused = 0;
+    void begin(const char* op, bool backward) override {
+      fused += !backward && std::string(op) == "add_layer_norm";
+    }
+    void end(const char*, bool) override {}
+  } counter;
   auto run = [&](bool hooked) {
     model.zero_grad();
     int calls = 0;
+    counter.fused = 0;
     std::optional<nn::ForwardHookGuard> hook;
     if (hooked) hook.emplace([&](const nn::Module&, const Tensor&) { ++calls; });
+    set_op_observer(&counter);
     Tensor logits = model(ids);
+    set_op_observer(nullptr);
     train::next_token_loss(logits, targets, tiny().vocab_size, 12.0).backward();
     if (hooked) EXPECT_GT(calls, 0);
+    // Fused: ln_2 of each block and the LayerNorm after each block (the next ln_1, or ln_f).
+    EXPECT_EQ(counter.fused, hooked ? 0 : int(2 * tiny().n_layer));
     std::vector<std::vector<double>> out{logits.to_vector()};
     for (const Tensor& p : model.parameters()) out.push_back(p.grad().to_vector());
     return out;

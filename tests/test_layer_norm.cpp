@@ -299,6 +299,25 @@ TEST(AddLayerNorm, GradientCheckForXResidualWeightAndBias) {
   }
 }
 
+// Frozen inputs (x and r need no gradient: a fine-tuned model's frozen blocks before a trainable
+// one) while weight and bias do, and both outputs get a gradient: the backward must not ask the
+// kernels to add ds into a dx nobody wants.
+TEST(AddLayerNorm, OnlyTheParametersNeedGradients) {
+  manual_seed(12);
+  Tensor x = randn({4, 24}), r = randn({4, 24}), ds = randn({4, 24}), dy = randn({4, 24});
+  auto grads = [&](bool fused) {
+    Tensor w = rand({24}).set_requires_grad(), b = randn({24}).set_requires_grad();
+    if (fused) {
+      const std::vector<Tensor> out = add_layer_norm(x, r, w, b);
+      backward({add(out[0], out[0]), out[1]}, {ds, dy});  // s's gradient reaches the node too
+    } else {
+      layer_norm(add(x, r), w, b).backward(dy);  // s = x + r alone has no graph here
+    }
+    return std::vector<std::vector<double>>{w.grad().to_vector(), b.grad().to_vector()};
+  };
+  EXPECT_EQ(grads(true), grads(false));
+}
+
 TEST(AddLayerNorm, BadArgumentsAreClearErrors) {
   expect_error([] { add_layer_norm(randn({3, 4}), randn({3, 5}), randn({4}), randn({4})); },
                {"add_layer_norm", "residual", "[3, 5]", "[3, 4]"});

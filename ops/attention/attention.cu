@@ -1047,8 +1047,11 @@ cuda::AttentionDropoutArgs dropout_args(const AttentionDropout& d) {
 
 // The layout of [B, H, T, d] views (attention.h's kernel contract): the strides of `first`,
 // which every other tensor given must share; a row's d elements contiguous.
+// A tensor of at most one element may carry any strides (it counts as contiguous), and none is
+// ever used: its layout is not checked.
 cuda::HeadsLayout layout_of(const Tensor& first, std::initializer_list<const Tensor*> others) {
   const Shape& st = first.strides();
+  if (first.numel() <= 1) return {.heads = first.size(1), .batch = 0, .head = 0, .row = 0};
   MT_CHECK(first.size(3) == 1 || st[3] == 1, "attention: a head's row must be contiguous, got "
            "strides ", shape_str(st));
   for (const Tensor* t : others)

@@ -91,7 +91,8 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
 // Causal self-attention straight from a fused projection: qkv [B, T, 3·C] holds q, k and v side
 // by side, each cut into n_head heads of d = C / n_head columns (split_heads' reading, ops/heads);
 // the result is y [B, T, C], the heads side by side (merge_heads' writing). The same numbers,
-// bit for bit, as merge_heads(attention(split_heads(qkv, n_head)..., dropout)), without its four
+// bit for bit (deterministic mode; the atomic dQ variant's last bits vary from run to run
+// anyway), as merge_heads(attention(split_heads(qkv, n_head)..., dropout)), without its four
 // copies (two forward, two backward): the kernels read each head's rows where the projection
 // left them and write O's rows into y, and the backward writes dq, dk and dv into one dqkv
 // [B, T, 3·C]. Saves qkv (the projection's output, otherwise freed), y and L; on GPT-2 124M that

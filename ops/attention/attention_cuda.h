@@ -2,8 +2,9 @@
 // CUDA launchers of the causal attention op on raw device buffers: B·H heads of [T, d] rows each
 // for q, k, v, o (wherever a HeadsLayout puts them) and lse [B·H, T] (fp32, contiguous). The ops'
 // Functions (attention.cpp) check shapes, dtypes and devices and call these; the math is in
-// attention.h, the grids at the top of attention.cu. bf16 and f16 at d = 32, 64 and 128 run on the tensor cores; f32, and other d up to
-// kAttentionMaxD, on a plain CUDA-core path (correctness first).
+// attention.h, the grids at the top of attention.cu. bf16 and f16 at d = 32, 64 and 128 run on
+// the tensor cores; f32, and other d up to kAttentionMaxD, on a plain CUDA-core path
+// (correctness first).
 #include <cstdint>
 
 #include <cuda_runtime.h>

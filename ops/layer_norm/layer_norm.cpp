@@ -121,8 +121,8 @@ struct AddLayerNormFn : Function<AddLayerNormFn> {
     const bool want = ctx.needs_input_grad(0) || ctx.needs_input_grad(1);
     Tensor dsum = ds, dw, db;
     if (dy.defined()) {
-      std::tie(dsum, dw, db) = backward_of(ctx, dy, ds.defined() ? ds.contiguous() : Tensor(),
-                                           want, 2);
+      std::tie(dsum, dw, db) =
+          backward_of(ctx, dy, want && ds.defined() ? ds.contiguous() : Tensor(), want, 2);
     }
     if (!want) dsum = Tensor();
     // s = x + r: one gradient for both (the engine sums out of place, so sharing it is safe).
@@ -176,6 +176,7 @@ void forward_cpu(const Tensor& x, const Tensor& residual, const Tensor& weight, 
 void backward_cpu(const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
                   const Tensor& dy, const Tensor& dresidual, const Tensor& dx,
                   const Tensor& dweight, const Tensor& dbias) {
+  MT_CHECK(!dresidual.defined() || dx.defined(), "layer_norm: a residual gradient needs dx");
   MT_DISPATCH_FLOATING(x.dtype(), "layer_norm", [&] {
     using acc = cpu::acc_t<scalar_t>;
     const int64_t rows = x.size(0), d = x.size(1);

@@ -69,8 +69,9 @@ __device__ float block_allreduce(float v) {
   return total;
 }
 
-// dx + dres with dx rounded first, never one FMA of dx's last product and dres: so in fp32 the
-// sum is the one the engine's separate add computes, bit for bit.
+// dx + dres: the LayerNorm's fp32 dx formed first, then one __fadd_rn (never an FMA of dx's
+// last product and dres), then the caller's one rounding to dt. In fp32 that is the sum the
+// engine's separate add computes, bit for bit.
 __device__ __forceinline__ float add_unfused(float dx, float dres) { return __fadd_rn(dx, dres); }
 
 // ---- warp rows ------------------------------------------------------------------------------

@@ -50,7 +50,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 // writes the LayerNorm's dx (one rounding), so
 //   dx = dr = ds + LN_backward(dy)
 // and the engine's separate sum of the two (two reads and a write of the row) is gone, as is the
-// forward's re-read of s. Saved: s (an output the model keeps anyway), mean, rstd.
+// forward's re-read of s. Saved: s (an output the model keeps anyway), weight, mean, rstd.
 std::vector<Tensor> add_layer_norm(const Tensor& x, const Tensor& r, const Tensor& weight,
                                    const Tensor& bias, double eps = 1e-5);
 
