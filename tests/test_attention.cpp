@@ -38,6 +38,7 @@
 #include "core/storage.h"
 #include "ops/attention/attention.h"
 #include "ops/dropout/dropout.h"
+#include "ops/elementwise/elementwise.h"
 #include "tests/expect_error.h"
 #include "tests/gradcheck.h"
 #ifdef MT_WITH_CUDA
@@ -577,6 +578,32 @@ TEST(AttentionCuda, EveryDtypeLengthAndHeadDimMatchesTheReference) {
         const Shape shape{1, 2, T, d};
         expect_matches_reference(shape, dt, 1.0, case_name(dt, shape));
       }
+}
+
+// Views of at most one element count as contiguous whatever their strides, so the op passes them
+// through as they are: T = 0 and T = 1 slices of a longer tensor, forward and backward, on the
+// CPU and (when there is one) the GPU, the one element's output and gradients as the formula
+// gives them (one key: O = v, dq = dk = 0, dv = dO, to L's fp32 rounding).
+TEST(Attention, EmptyAndOneElementViewsRun) {
+  std::vector<Device> devices{kCPU};
+  if (cuda_available()) devices.push_back(cuda_device(0));
+  for (const Device dev : devices)
+    for (int64_t T : {0, 1}) {
+      SCOPED_TRACE(dev.str() + " T=" + std::to_string(T));
+      const Tensor base = randn({1, 1, 3, 1}).to(dev);
+      Tensor q = base.narrow(2, 1, T).detach(), k = base.narrow(2, 0, T).detach(),
+             v = base.narrow(2, 2, T).detach();
+      for (Tensor* t : {&q, &k, &v}) t->set_requires_grad();
+      Tensor y = attention(q, k, v);
+      ASSERT_EQ(y.shape(), (Shape{1, 1, T, 1}));
+      sum(y).backward();
+      if (T == 1) {  // P = exp(S − L) is 1 up to L's fp32 rounding
+        EXPECT_NEAR(y.item(), v.item(), 1e-6 * std::abs(v.item()));
+        EXPECT_NEAR(q.grad().item(), 0.0, 1e-6);
+        EXPECT_NEAR(k.grad().item(), 0.0, 1e-6);
+        EXPECT_NEAR(v.grad().item(), 1.0, 1e-6);
+      }
+    }
 }
 
 // Scores up to |S| ≈ 30 and beyond: exp(S) alone would overflow fp32 at S ≈ 89 and lose every

@@ -374,3 +374,27 @@ TEST(CudaAddLayerNorm, EqualsAddThenLayerNormInBothLayouts) {
       }
     }
 }
+
+// OnlyTheParametersNeedGradients on the GPU, where the launcher refuses a residual gradient
+// without a dx: weight and bias as the chain gives them (to rounding: the column sums are the
+// same kernels, fed the same dy and s).
+TEST(CudaAddLayerNorm, OnlyTheParametersNeedGradients) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device: CUDA tests skipped";
+  const Device gpu = cuda_device(0);
+  manual_seed(13);
+  Tensor x = randn({64, 768}).to(DType::bf16).to(gpu), r = randn({64, 768}).to(DType::bf16).to(gpu);
+  Tensor ds = randn({64, 768}).to(DType::bf16).to(gpu), dy = randn({64, 768}).to(DType::bf16).to(gpu);
+  auto grads = [&](bool fused) {
+    Tensor w = rand({768}).to(gpu).detach(), b = randn({768}).to(gpu).detach();
+    w.set_requires_grad();
+    b.set_requires_grad();
+    if (fused) {
+      const std::vector<Tensor> out = add_layer_norm(x, r, w, b);
+      backward({add(out[0], out[0]), out[1]}, {ds, dy});
+    } else {
+      layer_norm(add(x, r), w, b).backward(dy);
+    }
+    return std::vector<std::vector<double>>{w.grad().to_vector(), b.grad().to_vector()};
+  };
+  EXPECT_EQ(grads(true), grads(false));
+}
