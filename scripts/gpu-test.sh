@@ -19,7 +19,7 @@
 # by timing, gpt_step --gemm-autotune) and MT_TORCH_VARIANTS
 # choose a part of it where a command's time is short (max-autotune compiles for minutes).
 #
-# On an H200 the build takes about 90 s from scratch; then tests about 4 minutes, lm about 5 (the
+# On an H200 the build takes about 90 s from scratch; then tests about 5 minutes, lm about 5 (the
 # PyTorch reference's compile and run is 2 of them; gpt2-124m's checkpoints are 1.5 GB each),
 # gpt with B = 16 and without max-autotune about 2, and the MLP phases about 10 together. A
 # machine that gives commands a time limit runs one or two phases per command (each builds
