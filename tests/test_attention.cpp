@@ -39,6 +39,7 @@
 #include "ops/attention/attention.h"
 #include "ops/dropout/dropout.h"
 #include "ops/elementwise/elementwise.h"
+#include "tests/deterministic_guard.h"
 #include "tests/expect_error.h"
 #include "tests/gradcheck.h"
 #ifdef MT_WITH_CUDA
@@ -46,6 +47,7 @@
 #endif
 
 using namespace mt;
+using mt::test::DeterministicGuard;
 using mt::test::expect_error;
 using mt::test::expect_gradcheck;
 using mt::test::random_leaf;
@@ -667,17 +669,6 @@ TEST(AttentionBrokenStatistic, TheCudaBackwardWithoutLOrWithMAloneFailsTheCheck)
 }
 
 // ---- CUDA, dropout on P -------------------------------------------------------------------
-
-namespace {
-
-// Restores the deterministic switch when a test ends.
-struct DeterministicGuard {
-  bool saved = deterministic();
-  explicit DeterministicGuard(bool on) { set_deterministic(on); }
-  ~DeterministicGuard() { set_deterministic(saved); }
-};
-
-}  // namespace
 
 // Every kernel with dropout against the CPU reference with the same key, at the tolerances of
 // the kernels without it: bf16 and f16 on the tensor cores at d = 32, 64, 128, f32 on the

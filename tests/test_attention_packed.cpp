@@ -22,10 +22,12 @@
 #include "core/switches.h"
 #include "ops/attention/attention.h"
 #include "ops/heads/heads.h"
+#include "tests/deterministic_guard.h"
 #include "tests/expect_error.h"
 #include "tests/gradcheck.h"
 
 using namespace mt;
+using mt::test::DeterministicGuard;
 using mt::test::expect_error;
 using mt::test::expect_gradcheck;
 using mt::test::random_leaf;
@@ -70,13 +72,6 @@ void expect_same_bits(int64_t B, int64_t T, int64_t H, int64_t d, DType dt, Devi
     EXPECT_TRUE(finite) << what << ": an element of dqkv was never written";
   }
 }
-
-// Restores the deterministic switch when a test ends.
-struct DeterministicGuard {
-  bool saved = deterministic();
-  explicit DeterministicGuard(bool on) { set_deterministic(on); }
-  ~DeterministicGuard() { set_deterministic(saved); }
-};
 
 }  // namespace
 

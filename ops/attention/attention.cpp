@@ -183,13 +183,14 @@ std::vector<double> widen(const Tensor& t, int64_t bh) {
   const scalar_t* p = t.data<scalar_t>();
   std::vector<double> out(size_t(T * d));
   for (int64_t i = 0; i < T; ++i)
-    for (int64_t c = 0; c < d; ++c) out[size_t(i * d + c)] = double(cpu::to_acc(p[at(t, bh, i, c)]));
+    for (int64_t c = 0; c < d; ++c)
+      out[size_t(i * d + c)] = double(cpu::to_acc(p[at(t, bh, i, c)]));
   return out;
 }
 
 // Head bh of t = rows [T, d] of doubles (times `mul`), rounded to t's dtype.
 template <class scalar_t>
-void narrow_into(const Tensor& t, int64_t bh, const std::vector<double>& rows, double mul) {
+void round_into(const Tensor& t, int64_t bh, const std::vector<double>& rows, double mul) {
   using acc = cpu::acc_t<scalar_t>;
   const int64_t T = t.size(2), d = t.size(3);
   scalar_t* p = t.data<scalar_t>();
@@ -223,7 +224,7 @@ void forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
           for (int64_t c = 0; c < d; ++c) oh[size_t(i * d + c)] += pz * vh[size_t(j * d + c)];
         }
       }
-      narrow_into<scalar_t>(o, h, oh, 1.0);
+      round_into<scalar_t>(o, h, oh, 1.0);
     }
   });
 }
@@ -272,9 +273,9 @@ void backward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
             dV[size_t(j * d + c)] += p * gh[size_t(i * d + c)];
           }
         }
-      narrow_into<scalar_t>(dq, h, dQ, scale);
-      narrow_into<scalar_t>(dk, h, dK, scale);
-      narrow_into<scalar_t>(dv, h, dV, 1.0);
+      round_into<scalar_t>(dq, h, dQ, scale);
+      round_into<scalar_t>(dk, h, dK, scale);
+      round_into<scalar_t>(dv, h, dV, 1.0);
     }
   });
 }

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "core/autograd.h"
@@ -28,40 +29,28 @@ void check_param(const char* what, const Tensor& p, const Tensor& x) {
            " is on ", p.device().str());
 }
 
-void check_input(const Tensor& x, double eps) {
+// The forward of both Functions, r undefined for the plain LayerNorm: {s = x + r (undefined
+// without r), y}; saves {the normalized rows (x or s), weight, mean, rstd}.
+std::pair<Tensor, Tensor> forward_of(Context& ctx, const Tensor& x, const Tensor& r,
+                                     const Tensor& weight, const Tensor& bias, double eps) {
   MT_CHECK(x.dim() >= 1 && x.size(-1) > 0 && is_floating(x.dtype()), "layer_norm: x must be a "
            "floating-point tensor with a non-empty last dimension, got shape ",
            shape_str(x.shape()), " ", dtype_name(x.dtype()));
+  check_param("weight", weight, x);
+  check_param("bias", bias, x);
   MT_CHECK(std::isfinite(eps) && eps >= 0, "layer_norm: eps must be finite and >= 0, got ", eps);
+  const int64_t d = x.size(-1);
+  Tensor xc = x.contiguous(), wc = weight.contiguous(), bc = bias.contiguous();
+  Tensor sum = r.defined() ? empty(x.shape(), x.dtype(), x.device()) : Tensor();
+  Tensor y = empty(x.shape(), x.dtype(), x.device());
+  Tensor mean = empty({x.numel() / d}, weight.dtype(), x.device());
+  Tensor rstd = empty({x.numel() / d}, weight.dtype(), x.device());
+  kernel<LayerNormForwardFn>("layer_norm", Phase::Forward, x.device())(
+      as_rows(xc), r.defined() ? as_rows(r.contiguous()) : Tensor(), wc, bc, eps,
+      sum.defined() ? as_rows(sum) : Tensor(), as_rows(y), mean, rstd);
+  ctx.save_for_backward({sum.defined() ? sum : xc, wc, mean, rstd});
+  return {sum, y};
 }
-
-std::tuple<Tensor, Tensor, Tensor> backward_of(Context& ctx, const Tensor& dy_in,
-                                               const Tensor& dres, bool want_dx, size_t w_arg);
-
-struct LayerNormFn : Function<LayerNormFn> {
-  static constexpr const char* name = "layer_norm";
-
-  static Tensor forward(Context& ctx, const Tensor& x, const Tensor& weight, const Tensor& bias,
-                        double eps) {
-    check_input(x, eps);
-    check_param("weight", weight, x);
-    check_param("bias", bias, x);
-    const int64_t d = x.size(-1);
-    Tensor xc = x.contiguous(), wc = weight.contiguous(), bc = bias.contiguous();
-    Tensor y = empty(x.shape(), x.dtype(), x.device());
-    Tensor mean = empty({x.numel() / d}, weight.dtype(), x.device());
-    Tensor rstd = empty({x.numel() / d}, weight.dtype(), x.device());
-    kernel<LayerNormForwardFn>("layer_norm", Phase::Forward, x.device())(
-        as_rows(xc), Tensor(), wc, bc, eps, Tensor(), as_rows(y), mean, rstd);
-    ctx.save_for_backward({xc, wc, mean, rstd});
-    return y;
-  }
-
-  static GradList backward(Context& ctx, const GradList& dys) {
-    auto [dx, dw, db] = backward_of(ctx, dys[0], Tensor(), ctx.needs_input_grad(0), 1);
-    return {dx, dw, db, Tensor()};  // x, weight, bias, eps (not differentiable)
-  }
-};
 
 // The LayerNorm's backward from its saved {x, weight, mean, rstd}, for upstream dy and the
 // residual gradient dres (undefined: none) added into dx: {dx (undefined unless want_dx),
@@ -90,28 +79,30 @@ std::tuple<Tensor, Tensor, Tensor> backward_of(Context& ctx, const Tensor& dy_in
   return {dx, dw, db};
 }
 
+struct LayerNormFn : Function<LayerNormFn> {
+  static constexpr const char* name = "layer_norm";
+
+  static Tensor forward(Context& ctx, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                        double eps) {
+    return forward_of(ctx, x, Tensor(), weight, bias, eps).second;
+  }
+
+  static GradList backward(Context& ctx, const GradList& dys) {
+    auto [dx, dw, db] = backward_of(ctx, dys[0], Tensor(), ctx.needs_input_grad(0), 1);
+    return {dx, dw, db, Tensor()};  // x, weight, bias, eps (not differentiable)
+  }
+};
+
 struct AddLayerNormFn : Function<AddLayerNormFn> {
   static constexpr const char* name = "add_layer_norm";
 
   static std::vector<Tensor> forward(Context& ctx, const Tensor& x, const Tensor& r,
                                      const Tensor& weight, const Tensor& bias, double eps) {
-    check_input(x, eps);
     MT_CHECK(r.shape() == x.shape() && r.dtype() == x.dtype() && r.device() == x.device(),
              "add_layer_norm: the residual r must match x, got x ", shape_str(x.shape()), " ",
              dtype_name(x.dtype()), " on ", x.device().str(), " and r ", shape_str(r.shape()),
              " ", dtype_name(r.dtype()), " on ", r.device().str());
-    check_param("weight", weight, x);
-    check_param("bias", bias, x);
-    const int64_t d = x.size(-1);
-    Tensor xc = x.contiguous(), rc = r.contiguous(), wc = weight.contiguous(),
-           bc = bias.contiguous();
-    Tensor sum = empty(x.shape(), x.dtype(), x.device());
-    Tensor y = empty(x.shape(), x.dtype(), x.device());
-    Tensor mean = empty({x.numel() / d}, weight.dtype(), x.device());
-    Tensor rstd = empty({x.numel() / d}, weight.dtype(), x.device());
-    kernel<LayerNormForwardFn>("layer_norm", Phase::Forward, x.device())(
-        as_rows(xc), as_rows(rc), wc, bc, eps, as_rows(sum), as_rows(y), mean, rstd);
-    ctx.save_for_backward({sum, wc, mean, rstd});
+    auto [sum, y] = forward_of(ctx, x, r, weight, bias, eps);
     return {sum, y};
   }
 
