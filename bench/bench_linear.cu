@@ -7,6 +7,11 @@
 //   their ratio is what the bias / db costs.
 //   A spot check recomputes 32 entries of each output with an fp64 dot product on the device.
 //
+//   GELU in the epilogue (gelu_mlp), at GPT-2 124M's MLP shapes for 16 × 1024 tokens: c_fc's
+//   forward with GELU_AUX_BIAS (pre and h written by the GEMM) against the bias GEMM followed by
+//   gelu's own kernel, and mlp.c_proj's dx with DGELU against the dx GEMM followed by gelu's
+//   backward kernel. Each pair is the same output; the difference is what fusing saves a layer.
+//
 //   AdamW on ~100M fp32 params (50 tensors of 2M and 50 of 4099), bf16 copy refreshed:
 //   bytes = 16 read (p, g, m, v) + 12 written (p, m, v) + 2 written (lowp) per param, over the
 //   cudaMemcpy device-to-device bandwidth (2 bytes moved per byte copied). One step is checked
@@ -25,6 +30,7 @@
 
 #include "core/cuda/check.h"
 #include "core/cuda/runtime.h"
+#include "ops/gelu/gelu_cuda.h"
 #include "ops/linear/linear_cuda.h"
 #include "optim/adamw_cuda.h"
 
@@ -260,6 +266,45 @@ bool bench_linear(cudaStream_t s) {
   return ok;
 }
 
+// ---- GELU in the epilogue --------------------------------------------------------------------------
+
+void bench_gelu_epilogue(cudaStream_t s) {
+  const int64_t M = 16384, C = 768, H = 4 * C;
+  using mt::DType;
+  bf16 *x = device_alloc<bf16>(M * C), *W1 = device_alloc<bf16>(H * C), *b1 = device_alloc<bf16>(H);
+  bf16 *pre = device_alloc<bf16>(M * H), *h = device_alloc<bf16>(M * H), *g = device_alloc<bf16>(M * H);
+  bf16* dpre = device_alloc<bf16>(M * H);
+  bf16 *W2 = device_alloc<bf16>(C * H), *dy = device_alloc<bf16>(M * C);
+  randomize(x, M * C, 5, -1.f, 1.f, s);
+  randomize(W1, H * C, 6, -0.05f, 0.05f, s);
+  randomize(b1, H, 7, -0.5f, 0.5f, s);
+  randomize(W2, C * H, 8, -0.05f, 0.05f, s);
+  randomize(dy, M * C, 9, -1.f, 1.f, s);
+  const auto [fwd_fused, fwd_split] = median_ms_pair(
+      s, [&] { mt::cuda::linear_gelu_forward(x, W1, b1, h, pre, M, H, C, DType::bf16, s); },
+      [&] {
+        mt::cuda::linear_forward_dt_bias(x, W1, b1, pre, M, H, C, DType::bf16, s);
+        mt::cuda::gelu_forward(pre, h, M * H, true, DType::bf16, s);
+      });
+  const auto [bwd_fused, bwd_split] = median_ms_pair(
+      s, [&] { mt::cuda::linear_dgelu_backward(W2, dy, pre, dpre, M, C, H, DType::bf16, s); },
+      [&] {
+        mt::cuda::linear_backward(h, W2, dy, g, nullptr, 0.f, nullptr, M, C, H, DType::bf16, s);
+        mt::cuda::gelu_backward(pre, g, dpre, M * H, true, DType::bf16, s);
+      });
+  std::printf("\n%-52s %9s %9s %9s\n", "GELU in the epilogue, bf16, M=16384 C=768 H=3072", "fused ms",
+              "split ms", "saved us");
+  std::printf("%-52s %9.3f %9.3f %9.1f\n", "c_fc forward (GELU_AUX_BIAS | bias GEMM + gelu)",
+              fwd_fused, fwd_split, 1e3 * (fwd_split - fwd_fused));
+  std::printf("%-52s %9.3f %9.3f %9.1f\n", "mlp.c_proj dx (DGELU | dx GEMM + gelu backward)",
+              bwd_fused, bwd_split, 1e3 * (bwd_split - bwd_fused));
+  std::printf("gelu epilogue: %.1f us saved a layer (forward %.1f, backward %.1f)\n",
+              1e3 * (fwd_split - fwd_fused + bwd_split - bwd_fused), 1e3 * (fwd_split - fwd_fused),
+              1e3 * (bwd_split - bwd_fused));
+  for (void* p : {(void*)x, (void*)W1, (void*)b1, (void*)pre, (void*)h, (void*)g, (void*)dpre, (void*)W2, (void*)dy})
+    MT_CUDA_CHECK(cudaFree(p));
+}
+
 // ---- AdamW --------------------------------------------------------------------------------------
 
 bool bench_adamw(cudaStream_t s) {
@@ -371,6 +416,7 @@ int main() {
     MT_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     std::printf("device: %s (%d SMs)\n\n", prop.name, prop.multiProcessorCount);
     const bool ok_linear = bench_linear(s);
+    bench_gelu_epilogue(s);
     const bool ok_adamw = bench_adamw(s);
     return ok_linear && ok_adamw ? 0 : 1;
   } catch (const std::exception& e) {

@@ -209,7 +209,7 @@ class OpTimes : public OpObserver {
 // The family an op belongs to, for the breakdown's totals.
 std::string family_of(const std::string& name) {
   const std::string op = name.substr(name.find(' ') + 1);
-  if (op == "linear") return "GEMMs (linear, the head included)";
+  if (op == "linear" || op == "gelu_mlp") return "GEMMs (linear, gelu_mlp, the head)";
   if (op == "attention" || op == "attention_packed") return "attention";
   if (op == "layer_norm" || op == "add_layer_norm" || op == "gelu" || op == "add" ||
       op == "dropout")
@@ -221,44 +221,63 @@ std::string family_of(const std::string& name) {
 }
 
 // The step's GEMMs alone, back to back: each Linear of the model and the tied head, forward and
-// backward, through the calls the linear op makes (the bias in the epilogue, dW added into an
-// existing fp32 .grad, the bias's column sums), on tensors of their own, once per microbatch of
-// M sequences, timed as one stream of work (median of 5). This is the GEMM family's floor at the
+// backward, through the calls the linear and gelu_mlp ops make (the bias in the epilogue, GELU in
+// c_fc's forward and mlp.c_proj's dx epilogues, dW added into an existing fp32 .grad, the bias's
+// column sums), on tensors of their own, once per microbatch of M sequences, timed as one stream
+// of work (median of 5). This is the GEMM family's floor at the
 // step's own shapes: what cuBLASLt takes for them with nothing in between. The bare 8192³ rate
 // is a lower floor than these shapes reach (K = 768 for all but one).
 double gemms_alone_ms(const nn::GPTConfig& cfg, int64_t M, int64_t microbatches) {
   const Device dev = cuda_device(kDevice);
   const int64_t C = cfg.n_embd, rows = M * kT;
+  // gelu: GELU_AUX_BIAS forward into y and aux (c_fc); dgelu: the DGELU dx GEMM reading aux
+  // (mlp.c_proj).
+  enum class Epi { None, Gelu, DGelu };
   struct Gemm {
-    Tensor x, W, b, y, dy, dx, dW, db;
+    Tensor x, W, b, y, dy, dx, dW, db, aux;
     int64_t N, K, count;  // count: how many of the model's Linears have this shape
+    Epi epi;
   };
   std::vector<Gemm> gemms;
-  const auto add = [&](int64_t N, int64_t K, bool bias, int64_t count) {
+  const auto add = [&](int64_t N, int64_t K, bool bias, int64_t count, Epi epi) {
+    const int64_t aux_cols = epi == Epi::Gelu ? N : K;
     gemms.push_back({.x = randn({rows, K}, DType::bf16, dev), .W = randn({N, K}, DType::bf16, dev),
                      .b = bias ? randn({N}, DType::bf16, dev) : Tensor(),
                      .y = empty({rows, N}, DType::bf16, dev), .dy = randn({rows, N}, DType::bf16, dev),
                      .dx = empty({rows, K}, DType::bf16, dev), .dW = zeros({N, K}, DType::f32, dev),
                      .db = bias ? zeros({N}, DType::f32, dev) : Tensor(),
-                     .N = N, .K = K, .count = count});
+                     .aux = epi == Epi::None ? Tensor() : randn({rows, aux_cols}, DType::bf16, dev),
+                     .N = N, .K = K, .count = count, .epi = epi});
   };
-  add(3 * C, C, true, cfg.n_layer);             // attn.c_attn
-  add(C, C, true, cfg.n_layer);                 // attn.c_proj
-  add(4 * C, C, true, cfg.n_layer);             // mlp.c_fc
-  add(C, 4 * C, true, cfg.n_layer);             // mlp.c_proj
-  add(cfg.padded_vocab(), C, false, 1);         // the tied head
+  add(3 * C, C, true, cfg.n_layer, Epi::None);       // attn.c_attn
+  add(C, C, true, cfg.n_layer, Epi::None);           // attn.c_proj
+  add(4 * C, C, true, cfg.n_layer, Epi::Gelu);       // mlp.c_fc
+  add(C, 4 * C, true, cfg.n_layer, Epi::DGelu);      // mlp.c_proj
+  add(cfg.padded_vocab(), C, false, 1, Epi::None);   // the tied head
   cudaStream_t st = cuda::stream(kDevice);
   const auto all = [&] {
     for (int64_t m = 0; m < microbatches; ++m)
       for (const Gemm& g : gemms)
         for (int64_t i = 0; i < g.count; ++i) {
-          cuda::linear_forward_dt_bias(g.x.data_ptr(), g.W.data_ptr(),
-                                       g.b.defined() ? g.b.data_ptr() : nullptr, g.y.data_ptr(),
-                                       rows, g.N, g.K, DType::bf16, st);
-          cuda::linear_backward(g.x.data_ptr(), g.W.data_ptr(), g.dy.data_ptr(), g.dx.data_ptr(),
-                                static_cast<float*>(g.dW.data_ptr()), 1.0f,
-                                g.db.defined() ? static_cast<float*>(g.db.data_ptr()) : nullptr, rows, g.N, g.K,
-                                DType::bf16, st);
+          const void* b = g.b.defined() ? g.b.data_ptr() : nullptr;
+          float* db = g.db.defined() ? static_cast<float*>(g.db.data_ptr()) : nullptr;
+          if (g.epi == Epi::Gelu)
+            cuda::linear_gelu_forward(g.x.data_ptr(), g.W.data_ptr(), b, g.y.data_ptr(),
+                                      g.aux.data_ptr(), rows, g.N, g.K, DType::bf16, st);
+          else
+            cuda::linear_forward_dt_bias(g.x.data_ptr(), g.W.data_ptr(), b, g.y.data_ptr(), rows,
+                                         g.N, g.K, DType::bf16, st);
+          if (g.epi == Epi::DGelu) {
+            cuda::linear_dgelu_backward(g.W.data_ptr(), g.dy.data_ptr(), g.aux.data_ptr(),
+                                        g.dx.data_ptr(), rows, g.N, g.K, DType::bf16, st);
+            cuda::linear_backward(g.x.data_ptr(), g.W.data_ptr(), g.dy.data_ptr(), nullptr,
+                                  static_cast<float*>(g.dW.data_ptr()), 1.0f, db, rows, g.N, g.K,
+                                  DType::bf16, st);
+          } else {
+            cuda::linear_backward(g.x.data_ptr(), g.W.data_ptr(), g.dy.data_ptr(), g.dx.data_ptr(),
+                                  static_cast<float*>(g.dW.data_ptr()), 1.0f, db, rows, g.N, g.K,
+                                  DType::bf16, st);
+          }
         }
   };
   return median(time_each(kDevice, 1, 5, all));

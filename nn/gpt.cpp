@@ -10,6 +10,7 @@
 #include "nn/init.h"
 #include "ops/attention/attention.h"
 #include "ops/elementwise/elementwise.h"
+#include "ops/gelu_mlp/gelu_mlp.h"
 #include "ops/linear/linear.h"
 
 namespace mt::nn {
@@ -58,7 +59,13 @@ GPTMLP::GPTMLP(const GPTConfig& c) {
 }
 
 Tensor GPTMLP::forward(const Tensor& x) {
-  return (*dropout)((*c_proj)((*gelu)((*c_fc)(x))));
+  if (forward_hook_active() || gelu->exact)  // module by module (the epilogue's GELU is tanh's)
+    return (*dropout)((*c_proj)((*gelu)((*c_fc)(x))));
+  // One node, GELU in the GEMMs' epilogues (ops/gelu_mlp): the same math, a rounding apart.
+  const auto copy = [](const Tensor& p) { return p.defined() ? p.compute_copy() : Tensor(); };
+  return (*dropout)(gelu_mlp(x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias,
+                             copy(c_fc->weight), copy(c_fc->bias), copy(c_proj->weight),
+                             copy(c_proj->bias)));
 }
 
 Block::Block(const GPTConfig& c) {

@@ -66,6 +66,8 @@ class CausalSelfAttention : public Module {
 };
 
 // The feed-forward half of a block (nanoGPT's MLP): Linear(C, 4C) → GELU (tanh) → Linear(4C, C).
+// It runs as one gelu_mlp node (ops/gelu_mlp: GELU in the GEMMs' epilogues on CUDA), or module by
+// module while a forward hook is set or for the exact GELU.
 class GPTMLP : public Module {
  public:
   explicit GPTMLP(const GPTConfig& c);

@@ -130,25 +130,27 @@ TEST(Gpt, GradientsMatchFiniteDifferences) {
   for (double v : params[0].grad().slice_rows(11, 16).to_vector()) ASSERT_EQ(v, 0.0);
 }
 
-// The trunk fuses each residual add into the LayerNorm after it (add_layer_norm); with a forward
-// hook set it runs module by module instead, so the hook sees every output. In f32 on the CPU the
-// two give the same bits: the logits and every parameter's gradient.
+// The trunk fuses each residual add into the LayerNorm after it (add_layer_norm) and runs each MLP
+// as one gelu_mlp node; with a forward hook set it runs module by module instead, so the hook sees
+// every output. In f32 on the CPU the two give the same bits: the logits and every parameter's
+// gradient.
 TEST(Gpt, TheFusedResidualStreamEqualsTheModuleByModuleForward) {
   manual_seed(6);
   nn::GPT model(tiny());
   Tensor ids = random_ids(2, 6, 11, 4), targets = random_ids(2, 6, 11, 5);
-  // Counts the fused op's forwards, to know which path ran.
+  // Counts the fused ops' forwards, to know which path ran.
   struct Counter : OpObserver {
-    int fused = 0;
+    int fused = 0, mlp = 0;
     void begin(const char* op, bool backward) override {
       fused += !backward && std::string(op) == "add_layer_norm";
+      mlp += !backward && std::string(op) == "gelu_mlp";
     }
     void end(const char*, bool) override {}
   } counter;
   auto run = [&](bool hooked) {
     model.zero_grad();
     int calls = 0;
-    counter.fused = 0;
+    counter.fused = counter.mlp = 0;
     std::optional<nn::ForwardHookGuard> hook;
     if (hooked) hook.emplace([&](const nn::Module&, const Tensor&) { ++calls; });
     set_op_observer(&counter);
@@ -158,6 +160,7 @@ TEST(Gpt, TheFusedResidualStreamEqualsTheModuleByModuleForward) {
     if (hooked) EXPECT_GT(calls, 0);
     // Fused: ln_2 of each block and the LayerNorm after each block (the next ln_1, or ln_f).
     EXPECT_EQ(counter.fused, hooked ? 0 : int(2 * tiny().n_layer));
+    EXPECT_EQ(counter.mlp, hooked ? 0 : int(tiny().n_layer)) << "each block's MLP as one gelu_mlp";
     std::vector<std::vector<double>> out{logits.to_vector()};
     for (const Tensor& p : model.parameters()) out.push_back(p.grad().to_vector());
     return out;

@@ -17,6 +17,7 @@
 #include "ops/elementwise/elementwise.h"
 #include "ops/embedding/embedding.h"
 #include "ops/gelu/gelu.h"
+#include "ops/gelu_mlp/gelu_mlp.h"
 #include "ops/layer_norm/layer_norm.h"
 #include "ops/linear/linear.h"
 #include "ops/rms_norm/rms_norm.h"
@@ -109,6 +110,38 @@ OpSpec linear_spec() {
   s.bad_inputs = {
       {"W whose columns do not match x", [] { linear(randn({2, 24}), randn({17, 23})); }},
       {"b of the wrong length", [] { linear(randn({2, 24}), randn({17, 24}), randn({16})); }},
+  };
+  return s;
+}
+
+// Hidden width h: a multiple of 8 runs cuBLASLt's GELU epilogues on CUDA, another width the
+// GEMMs with gelu's kernels between them (ops/gelu_mlp/gelu_mlp.h).
+OpSpec gelu_mlp_spec(int64_t h) {
+  OpSpec s;
+  s.name = "gelu_mlp (h = " + std::to_string(h) + ")";
+  s.inputs = {{"x", Cast::Compute, true, true}, {"W1", Cast::Compute, true, false},
+              {"b1", Cast::Compute, true, false}, {"W2", Cast::Compute, true, false},
+              {"b2", Cast::Compute, true, false}};
+  s.op = [](const Inputs& in) { return Inputs{gelu_mlp(in[0], in[1], in[2], in[3], in[4])}; };
+  s.make = [h](Generator& g, int64_t n) {
+    return Inputs{normal(g, {n, 16}), normal(g, {h, 16}, 0.4), normal(g, {h}, 0.5),
+                  normal(g, {12, h}, 0.3), normal(g, {12})};
+  };
+  s.sizes = {1, 7, 33, 515};
+  s.gradcheck_size = 3;
+  s.row_separable = true;
+  s.alignment_invariant = false;  // cuBLAS(Lt) picks its kernel by the pointers' alignment
+  s.bad_inputs = {
+      {"W1 whose columns do not match x",
+       [h] { gelu_mlp(randn({2, 16}), randn({h, 15}), randn({h}), randn({12, h}), randn({12})); }},
+      {"W2 whose columns do not match the hidden width",
+       [h] { gelu_mlp(randn({2, 16}), randn({h, 16}), randn({h}), randn({12, h + 1}), randn({12})); }},
+      {"b2 of the wrong length",
+       [h] { gelu_mlp(randn({2, 16}), randn({h, 16}), randn({h}), randn({12, h}), randn({11})); }},
+      {"W2 in another dtype than W1",
+       [h] {
+         gelu_mlp(randn({2, 16}), randn({h, 16}), randn({h}), randn({12, h}, DType::f64), randn({12}));
+       }},
   };
   return s;
 }
@@ -304,6 +337,8 @@ TEST(OpCheck, RMSNormVectorWidth) { MT_EXPECT_OP_CHECK(rms_norm_spec(256)); }
 TEST(OpCheck, RMSNormScaledSiLUOddWidth) { MT_EXPECT_OP_CHECK(rms_norm_scaled_silu_spec(37)); }
 TEST(OpCheck, RMSNormScaledSiLUVectorWidth) { MT_EXPECT_OP_CHECK(rms_norm_scaled_silu_spec(256)); }
 TEST(OpCheck, Linear) { MT_EXPECT_OP_CHECK(linear_spec()); }
+TEST(OpCheck, GeluMlpEpilogueWidth) { MT_EXPECT_OP_CHECK(gelu_mlp_spec(24)); }
+TEST(OpCheck, GeluMlpOddWidth) { MT_EXPECT_OP_CHECK(gelu_mlp_spec(13)); }
 TEST(OpCheck, CrossEntropy) { MT_EXPECT_OP_CHECK(cross_entropy_spec()); }
 TEST(OpCheck, CrossEntropyPaddedVocabulary) { MT_EXPECT_OP_CHECK(cross_entropy_padded_spec()); }
 TEST(OpCheck, LayerNormOddWidth) { MT_EXPECT_OP_CHECK(layer_norm_spec(37)); }

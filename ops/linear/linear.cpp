@@ -17,7 +17,8 @@ namespace {
 
 bool is_16bit(DType t) { return t == DType::bf16 || t == DType::f16; }
 
-// x [..., K] as the matrix [M, K] its leading dimensions flatten into (a view of a contiguous x).
+}  // namespace
+
 Tensor as_matrix(const Tensor& t) {
   Shape lead(t.shape().begin(), t.shape().end() - 1);
   return t.view({numel_of(lead), t.size(-1)});
@@ -26,72 +27,78 @@ Tensor as_matrix(const Tensor& t) {
 // The dtype rule: the GEMM runs in x's dtype. W (and b, which shares W's dtype) is either x's
 // dtype or, under mixed precision, the fp32 master copy of the weights of a bf16/f16 x; then
 // W_compute, when given, is the x-dtype copy of W the optimizer keeps fresh.
-void check_args(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& W_compute,
-                const Tensor& b_compute) {
-  MT_CHECK(x.dim() >= 1 && is_floating(x.dtype()), "linear: x must be a floating-point tensor "
+void check_linear_args(const char* op, const Tensor& x, const Tensor& W, const Tensor& b,
+                       const Tensor& W_compute, const Tensor& b_compute) {
+  MT_CHECK(x.dim() >= 1 && is_floating(x.dtype()), op, ": x must be a floating-point tensor "
            "with at least one dimension, got shape ", shape_str(x.shape()), " ",
            dtype_name(x.dtype()));
-  MT_CHECK(W.dim() == 2, "linear: W must be [out_features, in_features], got shape ",
+  MT_CHECK(W.dim() == 2, op, ": W must be [out_features, in_features], got shape ",
            shape_str(W.shape()));
-  MT_CHECK(x.size(-1) == W.size(1), "linear: x has shape ", shape_str(x.shape()),
+  MT_CHECK(x.size(-1) == W.size(1), op, ": x has shape ", shape_str(x.shape()),
            " but W has shape ", shape_str(W.shape()), "; x's last dimension must equal W's second");
-  MT_CHECK(x.device() == W.device(), "linear: x (shape ", shape_str(x.shape()), ") is on ",
+  MT_CHECK(x.device() == W.device(), op, ": x (shape ", shape_str(x.shape()), ") is on ",
            x.device().str(), " but W (shape ", shape_str(W.shape()), ") is on ", W.device().str());
   const bool mixed = x.dtype() != W.dtype();
-  MT_CHECK(!mixed || (is_16bit(x.dtype()) && W.dtype() == DType::f32), "linear: x (shape ",
+  MT_CHECK(!mixed || (is_16bit(x.dtype()) && W.dtype() == DType::f32), op, ": x (shape ",
            shape_str(x.shape()), ") is ", dtype_name(x.dtype()), " but W (shape ",
            shape_str(W.shape()), ") is ", dtype_name(W.dtype()),
            "; W must be x's dtype, or f32 master weights for a bf16/f16 x");
   if (b.defined()) {
-    MT_CHECK(b.dim() == 1 && b.size(0) == W.size(0), "linear: b has shape ", shape_str(b.shape()),
+    MT_CHECK(b.dim() == 1 && b.size(0) == W.size(0), op, ": b has shape ", shape_str(b.shape()),
              " but W has shape ", shape_str(W.shape()), "; b must be [", W.size(0), "]");
-    MT_CHECK(b.dtype() == W.dtype(), "linear: b (shape ", shape_str(b.shape()), ") is ",
+    MT_CHECK(b.dtype() == W.dtype(), op, ": b (shape ", shape_str(b.shape()), ") is ",
              dtype_name(b.dtype()), " but W (shape ", shape_str(W.shape()), ") is ",
              dtype_name(W.dtype()), "; b must be W's dtype");
-    MT_CHECK(b.device() == W.device(), "linear: b (shape ", shape_str(b.shape()), ") is on ",
+    MT_CHECK(b.device() == W.device(), op, ": b (shape ", shape_str(b.shape()), ") is on ",
              b.device().str(), " but W (shape ", shape_str(W.shape()), ") is on ",
              W.device().str());
   }
   if (W_compute.defined()) {
-    MT_CHECK(mixed, "linear: W_compute was given but x and W are both ", dtype_name(x.dtype()),
+    MT_CHECK(mixed, op, ": W_compute was given but x and W are both ", dtype_name(x.dtype()),
              "; it is the bf16/f16 copy of f32 master weights, for mixed precision only");
     MT_CHECK(W_compute.shape() == W.shape() && W_compute.dtype() == x.dtype(),
-             "linear: W_compute has shape ", shape_str(W_compute.shape()), " ",
+             op, ": W_compute has shape ", shape_str(W_compute.shape()), " ",
              dtype_name(W_compute.dtype()), " but must be W's shape ", shape_str(W.shape()),
              " in x's dtype ", dtype_name(x.dtype()));
-    MT_CHECK(W_compute.device() == W.device(), "linear: W_compute (shape ",
+    MT_CHECK(W_compute.device() == W.device(), op, ": W_compute (shape ",
              shape_str(W_compute.shape()), ") is on ", W_compute.device().str(), " but W (shape ",
              shape_str(W.shape()), ") is on ", W.device().str());
   }
   if (b_compute.defined()) {
-    MT_CHECK(mixed && b.defined(), "linear: b_compute was given without a bias, or with x and W "
+    MT_CHECK(mixed && b.defined(), op, ": b_compute was given without a bias, or with x and W "
              "both ", dtype_name(x.dtype()), "; it is the bf16/f16 copy of an f32 bias, for "
              "mixed precision only");
     MT_CHECK(b_compute.shape() == b.shape() && b_compute.dtype() == x.dtype() &&
                  b_compute.device() == b.device(),
-             "linear: b_compute has shape ", shape_str(b_compute.shape()), " ",
+             op, ": b_compute has shape ", shape_str(b_compute.shape()), " ",
              dtype_name(b_compute.dtype()), " on ", b_compute.device().str(), " but must be b's "
              "shape ", shape_str(b.shape()), " in x's dtype ", dtype_name(x.dtype()), " on ",
              b.device().str());
   }
 }
 
+// The GEMM reads W in x's dtype: W itself, the optimizer's compute copy, or a cast made here. The
+// bias as the epilogue adds it: the optimizer's rounded copy, else b itself (the kernel rounds it
+// to x's dtype, as the copy is rounded).
+LinearOperands linear_operands(const Tensor& x, const Tensor& W, const Tensor& b,
+                               const Tensor& W_compute, const Tensor& b_compute) {
+  Tensor Wc = x.dtype() == W.dtype() ? W : W_compute.defined() ? W_compute : W.to(x.dtype());
+  Tensor bc = b_compute.defined() ? b_compute.contiguous()
+              : b.defined()       ? b.to(grad_dtype_for(x.dtype())).contiguous()
+                                  : Tensor();
+  return {Wc.contiguous(), bc};
+}
+
+namespace {
+
 struct LinearFn : Function<LinearFn> {
   static constexpr const char* name = "linear";
 
   static Tensor forward(Context& ctx, const Tensor& x, const Tensor& W, const Tensor& b,
                         const Tensor& W_compute, const Tensor& b_compute) {
-    check_args(x, W, b, W_compute, b_compute);
-    const DType grad_dtype = grad_dtype_for(x.dtype());
-    // The GEMM reads W in x's dtype: W itself, the optimizer's compute copy, or a cast made here.
-    Tensor Wc = x.dtype() == W.dtype() ? W : W_compute.defined() ? W_compute : W.to(x.dtype());
-    Wc = Wc.contiguous();
+    check_linear_args(name, x, W, b, W_compute, b_compute);
+    auto [Wc, bc] = linear_operands(x, W, b, W_compute, b_compute);
     Tensor xc = x.contiguous();
-    // The bias as the epilogue adds it: the optimizer's rounded copy, else b itself (the
-    // kernel rounds it to x's dtype, as the copy is rounded).
-    Tensor bc = b_compute.defined() ? b_compute.contiguous()
-                : b.defined()       ? b.to(grad_dtype).contiguous()
-                                    : Tensor();
     Shape y_shape = x.shape();
     y_shape.back() = W.size(0);
     Tensor y = empty(y_shape, x.dtype(), x.device());

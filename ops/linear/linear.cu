@@ -63,13 +63,15 @@ cudaDataType_t cuda_type(DType dt, const char* op) {
   }
 }
 
-// One column-major GEMM D = alpha · op(A) · op(B) + beta · C with C = D.
+// One column-major GEMM D = alpha · op(A) · op(B) + beta · C with C = D. aux_ld: the leading
+// dimension of the GELU epilogues' auxiliary matrix (the pre-activation), 0 for the others.
 struct Gemm {
   cublasOperation_t ta, tb;
   int64_t m, n, k;
   cudaDataType_t ab_type, cd_type;
   int64_t lda, ldb, ldc;
   cublasLtEpilogue_t epilogue;
+  int64_t aux_ld = 0;
 };
 
 // What cuBLASLt chose for one GEMM, built once and kept for the life of the process.
@@ -97,9 +99,9 @@ uint32_t alignment(const void* p) {
 }
 
 // The key holds everything the choice depends on: device, shape, ops, types, leading dims,
-// epilogue, the pointers' alignment (the bias pointer's too, which the heuristic reads) and
-// whether the algorithm is measured (gemm_autotune()).
-using PlanKey = std::array<int64_t, 17>;
+// epilogue, the pointers' alignment (the bias and aux pointers' too, which the heuristic reads)
+// and whether the algorithm is measured (gemm_autotune()).
+using PlanKey = std::array<int64_t, 19>;
 
 std::mutex g_plans_mutex;
 std::map<PlanKey, std::unique_ptr<Plan>> g_plans;
@@ -152,8 +154,8 @@ int fastest(cublasLtHandle_t h, const Plan& p, const cublasLtMatmulHeuristicResu
 // gemm_autotune() the fastest of its first kCandidates measured here (not while the stream is
 // being captured into a graph: timing would wait on a stream that runs nothing yet).
 std::unique_ptr<Plan> make_plan(cublasLtHandle_t h, const Gemm& g, const void* A, const void* B,
-                                const void* C, const void* bias, float beta, void* ws,
-                                size_t ws_bytes, cudaStream_t s) {
+                                const void* C, const void* bias, const void* aux, float beta,
+                                void* ws, size_t ws_bytes, cudaStream_t s) {
   auto p = std::make_unique<Plan>();
   MT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &g.ta, sizeof(g.ta)));
@@ -163,6 +165,12 @@ std::unique_ptr<Plan> make_plan(cublasLtHandle_t h, const Gemm& g, const void* A
   if (bias != nullptr)
     MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                    sizeof(bias)));
+  if (aux != nullptr) {
+    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                   &aux, sizeof(aux)));
+    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                                                   &g.aux_ld, sizeof(g.aux_ld)));
+  }
   // Stored shapes: op N keeps (rows, cols) = (m, k) for A and (k, n) for B; op T swaps them.
   const bool at = g.ta != CUBLAS_OP_N, bt = g.tb != CUBLAS_OP_N;
   MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, g.ab_type, at ? g.k : g.m, at ? g.m : g.k, g.lda));
@@ -201,9 +209,10 @@ std::unique_ptr<Plan> make_plan(cublasLtHandle_t h, const Gemm& g, const void* A
   return p;
 }
 
-// D = alpha · op(A) · op(B) + beta · D (+ bias), planned once per key, on stream s.
+// D = alpha · op(A) · op(B) + beta · D (+ bias, and the epilogue's aux matrix read or written),
+// planned once per key, on stream s.
 void lt_matmul(const Gemm& g, const void* A, const void* B, void* D, float alpha, float beta,
-               const void* bias, cudaStream_t s) {
+               const void* bias, cudaStream_t s, const void* aux = nullptr) {
   int dev = 0;
   MT_CUDA_CHECK(cudaGetDevice(&dev));
   cublasLtHandle_t h = cublaslt(dev);
@@ -211,16 +220,21 @@ void lt_matmul(const Gemm& g, const void* A, const void* B, void* D, float alpha
   void* ws = cublaslt_workspace(dev, s, &ws_bytes);
   const PlanKey key{dev,        g.ta,       g.tb,         g.m,          g.n,        g.k,
                     g.ab_type,  g.cd_type,  g.lda,        g.ldb,        g.ldc,      g.epilogue,
-                    alignment(A), alignment(B), alignment(D), alignment(bias), gemm_autotune()};
-  // One lock for lookup and launch: the bias pointer is written into the shared descriptor.
+                    alignment(A), alignment(B), alignment(D), alignment(bias), gemm_autotune(),
+                    g.aux_ld,   alignment(aux)};
+  // One lock for lookup and launch: the bias and aux pointers are written into the shared
+  // descriptor.
   std::lock_guard<std::mutex> lock(g_plans_mutex);
   auto it = g_plans.find(key);
   if (it == g_plans.end())
-    it = g_plans.emplace(key, make_plan(h, g, A, B, D, bias, beta, ws, ws_bytes, s)).first;
+    it = g_plans.emplace(key, make_plan(h, g, A, B, D, bias, aux, beta, ws, ws_bytes, s)).first;
   Plan& p = *it->second;
   if (bias != nullptr)
     MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                    sizeof(bias)));
+  if (aux != nullptr)
+    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                   &aux, sizeof(aux)));
   MT_CUBLAS_CHECK(cublasLtMatmul(h, p.desc, &alpha, A, p.a, B, p.b, &beta, D, p.c, D, p.c, &p.algo,
                                  ws, ws_bytes, s));
 }
@@ -385,6 +399,40 @@ void linear_backward(const void* x, const void* W, const void* dy, void* dx, flo
   }
   if (db != nullptr) bias_grad(dy, db, M, N, dt, branch.stream());
   branch.join();
+}
+
+// cuBLASLt's GELU epilogues keep the pre-activation as an aux matrix whose leading dimension (the
+// hidden width) must be a multiple of 8 (cublasLt.h, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD).
+bool gelu_epilogue_fits(int64_t hidden, DType dt) {
+  return hidden % 8 == 0 && (dt == DType::f32 || dt == DType::bf16 || dt == DType::f16);
+}
+
+// y^T = W · x^T as in the forward above, with GELU_AUX_BIAS (GELU_AUX without a bias): cuBLASLt
+// adds the bias to the fp32 accumulator, writes that as pre (the aux matrix, ld N) and GELU of it
+// as h, each rounded once to dt.
+void linear_gelu_forward(const void* x, const void* W, const void* bias, void* h, void* pre,
+                         int64_t M, int64_t N, int64_t K, DType dt, cudaStream_t s) {
+  check_shape("linear_gelu_forward", M, N, K);
+  MT_CHECK(gelu_epilogue_fits(N, dt), "linear_gelu_forward: ", N, " features in ",
+           dtype_name(dt), " do not fit cuBLASLt's GELU epilogue (a multiple of 8, f32/bf16/f16)");
+  if (M == 0) return;
+  const cudaDataType_t t = cuda_type(dt, "linear_gelu_forward");
+  const Gemm g{CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, t, t, K, K, N,
+               bias != nullptr ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX, N};
+  lt_matmul(g, W, x, h, 1.f, 0.f, bias, s, pre);
+}
+
+// dx^T = W^T · dy^T as in linear_backward, with DGELU: cuBLASLt multiplies the fp32 accumulator by
+// GELU's derivative at pre (the aux matrix, ld K) before the one rounding to dt.
+void linear_dgelu_backward(const void* W, const void* dy, const void* pre, void* dpre, int64_t M,
+                           int64_t N, int64_t K, DType dt, cudaStream_t s) {
+  check_shape("linear_dgelu_backward", M, N, K);
+  MT_CHECK(gelu_epilogue_fits(K, dt), "linear_dgelu_backward: ", K, " features in ",
+           dtype_name(dt), " do not fit cuBLASLt's GELU epilogue (a multiple of 8, f32/bf16/f16)");
+  if (M == 0) return;
+  const cudaDataType_t t = cuda_type(dt, "linear_dgelu_backward");
+  const Gemm g{CUBLAS_OP_N, CUBLAS_OP_N, K, M, N, t, t, K, N, K, CUBLASLT_EPILOGUE_DGELU, K};
+  lt_matmul(g, W, dy, dpre, 1.f, 0.f, nullptr, s, pre);
 }
 
 }  // namespace mt::cuda

@@ -31,4 +31,16 @@ using LinearForwardFn = void(const Tensor& x, const Tensor& W, const Tensor& b, 
 using LinearBackwardFn = void(const Tensor& x, const Tensor& W, const Tensor& dy, const Tensor& dx,
                               const Tensor& dW, const Tensor& db);
 
+// For ops built from linear layers (ops/gelu_mlp): linear's argument rules, as an mt::Error that
+// names `op`; the W and b the GEMM reads (W in x's dtype, contiguous; the bias its epilogue adds);
+// and x [..., K] as the matrix [M, K] its leading dimensions flatten into (x contiguous).
+void check_linear_args(const char* op, const Tensor& x, const Tensor& W, const Tensor& b,
+                       const Tensor& W_compute, const Tensor& b_compute);
+struct LinearOperands {
+  Tensor W, b;
+};
+LinearOperands linear_operands(const Tensor& x, const Tensor& W, const Tensor& b,
+                               const Tensor& W_compute, const Tensor& b_compute);
+Tensor as_matrix(const Tensor& x);
+
 }  // namespace mt

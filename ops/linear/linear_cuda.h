@@ -41,6 +41,19 @@ void linear_backward(const void* x, const void* W, const void* dy, void* dx, flo
                      float beta_dW, float* db, int64_t M, int64_t N, int64_t K, DType dt,
                      cudaStream_t s);
 
+// The GELU MLP's two fused GEMMs (ops/gelu_mlp), GELU in its tanh form in cuBLASLt's epilogue.
+// Both need gelu_epilogue_fits(hidden, dt): hidden (N of the forward, K of the backward) a
+// multiple of 8, dt f32, bf16 or f16.
+bool gelu_epilogue_fits(int64_t hidden, DType dt);
+// pre ('=', dt) = x · W^T (+ bias) and h ('=', dt) = gelu(pre), both from the fp32 accumulator in
+// one GEMM (GELU_AUX_BIAS). bias in dt or nullptr.
+void linear_gelu_forward(const void* x, const void* W, const void* bias, void* h, void* pre,
+                         int64_t M, int64_t N, int64_t K, DType dt, cudaStream_t s);
+// dpre ('=', dt) = (dy · W) ∘ gelu'(pre): linear's dx GEMM with the derivative applied to its
+// fp32 accumulator (DGELU). dy [M, N], W [N, K], pre and dpre [M, K].
+void linear_dgelu_backward(const void* W, const void* dy, const void* pre, void* dpre, int64_t M,
+                           int64_t N, int64_t K, DType dt, cudaStream_t s);
+
 // GEMM plans built so far in this process: how many, how many chose by measuring (gemm_autotune()
 // on, more than one candidate), and how many of those kept a candidate other than the heuristic's
 // first.
