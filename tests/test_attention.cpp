@@ -649,6 +649,33 @@ TEST(AttentionCuda, SameBitsRunToRunAndTheAtomicVariantWithinTolerance) {
   }
 }
 
+// The backward's row sums D = rowsum(dO ∘ O) load 16-byte packs where the heads are aligned and
+// single elements where not, in the same chunks and the same order (attention.cu): an upstream
+// gradient one element off alignment must give the same bits as an aligned copy of it. f32 (the
+// CUDA-core path, which takes misaligned heads); d = 64 packs evenly, d = 44 leaves a partial
+// chunk at the end of each row.
+TEST(AttentionCuda, RowSumsGiveTheSameBitsAlignedOrNot) {
+  MT_REQUIRE_CUDA();
+  manual_seed(13);
+  const Device gpu = cuda_device(0);
+  for (int64_t d : {64, 44}) {
+    SCOPED_TRACE("d=" + std::to_string(d));
+    const Shape shape{2, 3, 77, d};
+    Tensor q = randn(shape, DType::f32, gpu), k = randn(shape, DType::f32, gpu),
+           v = randn(shape, DType::f32, gpu);
+    const Tensor off = randn({numel_of(shape) + 1}, DType::f32, gpu).narrow(0, 1, numel_of(shape)).view(shape);
+    ASSERT_NE(reinterpret_cast<uintptr_t>(off.data_ptr()) % 16, 0u) << "the view is aligned after all";
+    auto grads = [&](const Tensor& dout) {
+      std::vector<Tensor> in{q.detach(), k.detach(), v.detach()};
+      for (Tensor& t : in) t.set_requires_grad();
+      attention(in[0], in[1], in[2]).backward(dout);
+      return std::vector<std::vector<double>>{in[0].grad().to_vector(), in[1].grad().to_vector(),
+                                              in[2].grad().to_vector()};
+    };
+    EXPECT_EQ(grads(off), grads(off.clone()));
+  }
+}
+
 TEST(AttentionBrokenStatistic, TheCudaBackwardWithoutLOrWithMAloneFailsTheCheck) {
   MT_REQUIRE_CUDA();
   manual_seed(13);

@@ -427,19 +427,43 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // ---- backward, pass 1: D = rowsum(dO ∘ O) ------------------------------------------------------
+// A row is d elements of dO and of O (128 bytes each at d = 64, bf16): too short for a warp. Eight
+// lanes share a row, each summing V consecutive elements (one 16-byte pack) at a time, lane l
+// taking elements [V·l, V·l + V), then [V·l + 8V, ...); the eight partial sums meet in a fixed
+// shuffle tree. kVec loads each chunk as one pack; without it (d not a multiple of V, or heads
+// not 16-byte aligned) the same chunks are loaded element by element, so both give the same bits.
 
-template <class T>
+constexpr int kRowLanes = 8;
+
+template <class T, bool kVec>
 __global__ void __launch_bounds__(kThreads)
     rowdot_kernel(const T* __restrict__ dout, const T* __restrict__ o, HeadsLayout out,
                   float* __restrict__ D_out, int64_t rows, int T_len, int d) {
-  const int64_t row = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;  // bh·T + i
-  if (row >= rows) return;
-  const int lane = threadIdx.x % 32;
-  const int64_t at = head_base(out, int(row / T_len)) + (row % T_len) * out.row;
+  constexpr int V = 16 / sizeof(T);
+  const int64_t row = int64_t(blockIdx.x) * (kThreads / kRowLanes) + threadIdx.x / kRowLanes;
+  const int lane = threadIdx.x % kRowLanes;
   float sum = 0.0f;
-  for (int c = lane; c < d; c += 32) sum += to_float(dout[at + c]) * to_float(o[at + c]);
-  sum = warp_sum(sum);
-  if (lane == 0) D_out[row] = sum;
+  if (row < rows) {  // no early return: every lane of the warp takes part in the shuffles
+    const int64_t at = head_base(out, int(row / T_len)) + (row % T_len) * out.row;
+    for (int c = V * lane; c < d; c += V * kRowLanes) {
+      Pack<T, V> a, b;
+      if constexpr (kVec) {
+        a = *reinterpret_cast<const Pack<T, V>*>(dout + at + c);
+        b = *reinterpret_cast<const Pack<T, V>*>(o + at + c);
+      } else {
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          a.v[i] = c + i < d ? dout[at + c + i] : from_float<T>(0.0f);
+          b.v[i] = c + i < d ? o[at + c + i] : from_float<T>(0.0f);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < V; ++i) sum += to_float(a.v[i]) * to_float(b.v[i]);
+    }
+  }
+#pragma unroll
+  for (int off = 1; off < kRowLanes; off *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  if (row < rows && lane == 0) D_out[row] = sum;
 }
 
 // ---- tensor-core backward, pass 2: dK, dV (and the atomic dQ) ---------------------------------
@@ -875,12 +899,17 @@ void with_dropout(bool on, F&& f) {
 }
 
 // The tensor-core tiles move 16-byte chunks: every buffer and stride must keep them aligned.
-void check_aligned(const char* op, const HeadsLayout& l, size_t elem,
-                   std::initializer_list<const void*> buffers) {
+// Whether every head of the layout starts, and every row is, 16-byte aligned in each buffer.
+bool aligned(const HeadsLayout& l, size_t elem, std::initializer_list<const void*> buffers) {
   bool ok = (l.batch * elem) % 16 == 0 && (l.head * elem) % 16 == 0 && (l.row * elem) % 16 == 0;
   for (const void* p : buffers) ok = ok && reinterpret_cast<uintptr_t>(p) % 16 == 0;
-  MT_CHECK(ok, op, ": the tensor-core kernels need 16-byte aligned heads (buffers and the strides ",
-           l.batch, ", ", l.head, ", ", l.row, " of ", elem, "-byte elements)");
+  return ok;
+}
+
+void check_aligned(const char* op, const HeadsLayout& l, size_t elem,
+                   std::initializer_list<const void*> buffers) {
+  MT_CHECK(aligned(l, elem, buffers), op, ": the tensor-core kernels need 16-byte aligned heads "
+           "(buffers and the strides ", l.batch, ", ", l.head, ", ", l.row, " of ", elem, "-byte elements)");
 }
 
 void check_shape(const char* op, int64_t heads, int64_t T, int64_t d) {
@@ -969,8 +998,13 @@ void attention_backward(const void* q, const void* k, const void* v, const Heads
       auto qp = static_cast<const Tp*>(q), kp = static_cast<const Tp*>(k),
            vp = static_cast<const Tp*>(v), gp = static_cast<const Tp*>(dout);
       auto dqp = static_cast<Tp*>(dq), dkp = static_cast<Tp*>(dk), dvp = static_cast<Tp*>(dv);
-      rowdot_kernel<Tp><<<unsigned(ceil_div(heads * T, kWarps)), kThreads, 0, s>>>(
-          gp, static_cast<const Tp*>(o), out, Dvec, heads * T, int(T), int(d));
+      const unsigned row_blocks = unsigned(ceil_div(heads * T, kThreads / kRowLanes));
+      if (d % (16 / sizeof(Tp)) == 0 && aligned(out, sizeof(Tp), {o, dout}))
+        rowdot_kernel<Tp, true><<<row_blocks, kThreads, 0, s>>>(
+            gp, static_cast<const Tp*>(o), out, Dvec, heads * T, int(T), int(d));
+      else
+        rowdot_kernel<Tp, false><<<row_blocks, kThreads, 0, s>>>(
+            gp, static_cast<const Tp*>(o), out, Dvec, heads * T, int(T), int(d));
       MT_CUDA_CHECK_LAUNCH();
       if constexpr (!std::is_same_v<Tp, float>) {
         if (attention_uses_tensor_cores(dt, d)) {
