@@ -15,17 +15,19 @@
 //   frameworks past any useful tolerance), betas (0.9, 0.95), eps 1e-8, weight decay 0.1 on every parameter of
 //   two or more dimensions (nanoGPT's groups).
 //
-//   gpt_step [--batch 16|64|all] [--microbatch M] [--export DIR] [--no-breakdown] [--gemm-autotune]
-//   gpt_step --gemms-alone [--microbatch M] [--gemm-autotune]   only the step's GEMMs, back to
+//   gpt_step [--batch 16|64|all] [--microbatch M] [--export DIR] [--no-breakdown]
+//            [--gemm-algo measured|heuristic]
+//   gpt_step --gemms-alone [--microbatch M] [--gemm-algo ...]   only the step's GEMMs, back to
 //                                             back (below): a short run to put under Nsight Compute
 //     16   16 × 1024 tokens per step
 //     64   64 × 1024 tokens per step
 //     M    sequences per microbatch (default 16): B = 64 runs as 64 / M microbatches, whose
 //          gradients add up to the full batch's (docs/README.md); fewer, larger microbatches
 //          make larger GEMMs and hold more activations
-//     --gemm-autotune  each GEMM shape's cuBLASLt algorithm chosen by timing its first 8
-//          candidates (precision.gemm_autotune, core/switches.h), as bench/train_step.cpp runs;
-//          without it, the heuristic's first (the trainer's default)
+//     --gemm-algo measured (the default, as bench/train_step.cpp runs) chooses each GEMM shape's
+//          cuBLASLt algorithm by timing its first 8 candidates once (precision.gemm_autotune,
+//          core/switches.h); heuristic takes the first (the trainer's default). The GELU
+//          epilogues of gelu_mlp are where the two differ most (docs/perf.md).
 //
 // Tokens are drawn uniformly from [0, 50257) by a seeded generator after the model's
 // initialization: tokens [B, T + 1], inputs tokens[:, :-1], targets tokens[:, 1:]. They live on
@@ -466,8 +468,8 @@ bool run_batch(int64_t B, int64_t microbatch, const std::string& export_dir, boo
 
 int usage(const char* message) {
   std::fprintf(stderr, "gpt_step: %s\nusage: gpt_step [--batch 16|64|all] [--microbatch M] "
-               "[--export DIR] [--no-breakdown] [--gemm-autotune] | --gemms-alone [--microbatch M] "
-               "[--gemm-autotune]\n", message);
+               "[--export DIR] [--no-breakdown] [--gemm-algo measured|heuristic] | --gemms-alone "
+               "[--microbatch M] [--gemm-algo measured|heuristic]\n", message);
   return 2;
 }
 
@@ -478,6 +480,7 @@ int main(int argc, char** argv) {
   std::string export_dir;
   int64_t microbatch = 16;
   bool breakdown = true, gemms_alone = false;
+  set_gemm_autotune(true);
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--batch" && i + 1 < argc) {
@@ -495,8 +498,11 @@ int main(int argc, char** argv) {
       breakdown = false;
     } else if (a == "--gemms-alone") {
       gemms_alone = true;
-    } else if (a == "--gemm-autotune") {
-      set_gemm_autotune(true);
+    } else if (a == "--gemm-algo" && i + 1 < argc) {
+      const std::string v = argv[++i];
+      if (v != "measured" && v != "heuristic")
+        return usage(("--gemm-algo must be measured or heuristic, got '" + v + "'").c_str());
+      set_gemm_autotune(v == "measured");
     } else {
       return usage(("unknown argument '" + a + "'").c_str());
     }
@@ -516,7 +522,8 @@ int main(int argc, char** argv) {
     const double copy_tb_s = bench::copy_tbps(kDevice);
     std::printf("cuBLAS bf16 GEMM 8192^3 (fp32 compute): %.1f TFLOP/s; device copy %.3f TB/s; "
                 "GEMM algorithms: %s\n", gemm_tflops, copy_tb_s,
-                gemm_autotune() ? "timed (--gemm-autotune)" : "cuBLASLt's first heuristic pick");
+                gemm_autotune() ? "measured (each shape's first 8 candidates timed)"
+                                : "cuBLASLt's first heuristic pick (--gemm-algo heuristic)");
     bool ok = true;
     for (int64_t B : batches)
       ok = run_batch(B, std::min(B, microbatch), export_dir, breakdown, gemm_tflops, copy_tb_s) && ok;
