@@ -10,7 +10,8 @@
 //   GELU in the epilogue (gelu_mlp), at GPT-2 124M's MLP shapes for 16 × 1024 tokens: c_fc's
 //   forward with GELU_AUX_BIAS (pre and h written by the GEMM) against the bias GEMM followed by
 //   gelu's own kernel, and mlp.c_proj's dx with DGELU against the dx GEMM followed by gelu's
-//   backward kernel. Each pair is the same output; the difference is what fusing saves a layer.
+//   backward kernel. Each pair computes the same h and dpre (checked first, normwise within two
+//   bf16 roundings); the difference in time is what fusing saves a layer.
 //
 //   AdamW on ~100M fp32 params (50 tensors of 2M and 50 of 4099), bf16 copy refreshed:
 //   bytes = 16 read (p, g, m, v) + 12 written (p, m, v) + 2 written (lowp) per param, over the
@@ -270,7 +271,21 @@ bool bench_linear(cudaStream_t s) {
 
 // ---- GELU in the epilogue --------------------------------------------------------------------------
 
-void bench_gelu_epilogue(cudaStream_t s) {
+// max |a - b| / max |b| over n bf16 elements on the device.
+double normwise_error(const bf16* a, const bf16* b, int64_t n) {
+  std::vector<bf16> ha(n), hb(n);
+  MT_CUDA_CHECK(cudaMemcpy(ha.data(), a, n * sizeof(bf16), cudaMemcpyDeviceToHost));
+  MT_CUDA_CHECK(cudaMemcpy(hb.data(), b, n * sizeof(bf16), cudaMemcpyDeviceToHost));
+  double err = 0, scale = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double x = __bfloat162float(ha[i]), y = __bfloat162float(hb[i]);
+    err = std::max(err, std::abs(x - y));
+    scale = std::max(scale, std::abs(y));
+  }
+  return err / scale;
+}
+
+bool bench_gelu_epilogue(cudaStream_t s) {
   const int64_t M = 16384, C = 768, H = 4 * C;
   using mt::DType;
   bf16 *x = device_alloc<bf16>(M * C), *W1 = device_alloc<bf16>(H * C), *b1 = device_alloc<bf16>(H);
@@ -282,6 +297,21 @@ void bench_gelu_epilogue(cudaStream_t s) {
   randomize(b1, H, 7, -0.5f, 0.5f, s);
   randomize(W2, C * H, 8, -0.05f, 0.05f, s);
   randomize(dy, M * C, 9, -1.f, 1.f, s);
+  // The same results both ways: h from the fused forward against the split one, then dpre.
+  bf16 *h_split = device_alloc<bf16>(M * H), *dpre_split = device_alloc<bf16>(M * H);
+  mt::cuda::linear_forward_dt_bias(x, W1, b1, pre, M, H, C, DType::bf16, s);
+  mt::cuda::gelu_forward(pre, h_split, M * H, true, DType::bf16, s);
+  mt::cuda::linear_backward(h_split, W2, dy, g, nullptr, 0.f, nullptr, M, C, H, DType::bf16, s);
+  mt::cuda::gelu_backward(pre, g, dpre_split, M * H, true, DType::bf16, s);
+  mt::cuda::linear_gelu_forward(x, W1, b1, h, pre, M, H, C, DType::bf16, s);
+  mt::cuda::linear_dgelu_backward(W2, dy, pre, dpre, M, C, H, DType::bf16, s);
+  MT_CUDA_CHECK(cudaStreamSynchronize(s));
+  const double err_h = normwise_error(h, h_split, M * H), err_d = normwise_error(dpre, dpre_split, M * H);
+  const bool ok = err_h < 0x1p-7 && err_d < 0x1p-7;
+  std::printf("\ngelu epilogue check (fused against split, normwise): h %.2e  dpre %.2e  %s\n", err_h,
+              err_d, ok ? "ok" : "FAILED");
+  MT_CUDA_CHECK(cudaFree(h_split));
+  MT_CUDA_CHECK(cudaFree(dpre_split));
   // Each pair with cuBLASLt's first heuristic candidate (the default), then with the algorithms
   // timed (gemm_autotune, for both sides): the epilogue kernels are where the two differ most.
   for (bool timed : {false, true}) {
@@ -313,6 +343,7 @@ void bench_gelu_epilogue(cudaStream_t s) {
   mt::set_gemm_autotune(false);
   for (void* p : {(void*)x, (void*)W1, (void*)b1, (void*)pre, (void*)h, (void*)g, (void*)dpre, (void*)W2, (void*)dy})
     MT_CUDA_CHECK(cudaFree(p));
+  return ok;
 }
 
 // ---- AdamW --------------------------------------------------------------------------------------
@@ -426,9 +457,9 @@ int main() {
     MT_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     std::printf("device: %s (%d SMs)\n\n", prop.name, prop.multiProcessorCount);
     const bool ok_linear = bench_linear(s);
-    bench_gelu_epilogue(s);
+    const bool ok_gelu = bench_gelu_epilogue(s);
     const bool ok_adamw = bench_adamw(s);
-    return ok_linear && ok_adamw ? 0 : 1;
+    return ok_linear && ok_gelu && ok_adamw ? 0 : 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_linear: %s\n", e.what());
     return 1;

@@ -44,6 +44,8 @@
 #include "tests/gradcheck.h"
 #ifdef MT_WITH_CUDA
 #include "core/cuda/graph.h"
+#include "core/cuda/runtime.h"
+#include "ops/attention/attention_cuda.h"
 #endif
 
 using namespace mt;
@@ -649,33 +651,6 @@ TEST(AttentionCuda, SameBitsRunToRunAndTheAtomicVariantWithinTolerance) {
   }
 }
 
-// The backward's row sums D = rowsum(dO ∘ O) load 16-byte packs where the heads are aligned and
-// single elements where not, in the same chunks and the same order (attention.cu): an upstream
-// gradient one element off alignment must give the same bits as an aligned copy of it. f32 (the
-// CUDA-core path, which takes misaligned heads); d = 64 packs evenly, d = 44 leaves a partial
-// chunk at the end of each row.
-TEST(AttentionCuda, RowSumsGiveTheSameBitsAlignedOrNot) {
-  MT_REQUIRE_CUDA();
-  manual_seed(13);
-  const Device gpu = cuda_device(0);
-  for (int64_t d : {64, 44}) {
-    SCOPED_TRACE("d=" + std::to_string(d));
-    const Shape shape{2, 3, 77, d};
-    Tensor q = randn(shape, DType::f32, gpu), k = randn(shape, DType::f32, gpu),
-           v = randn(shape, DType::f32, gpu);
-    const Tensor off = randn({numel_of(shape) + 1}, DType::f32, gpu).narrow(0, 1, numel_of(shape)).view(shape);
-    ASSERT_NE(reinterpret_cast<uintptr_t>(off.data_ptr()) % 16, 0u) << "the view is aligned after all";
-    auto grads = [&](const Tensor& dout) {
-      std::vector<Tensor> in{q.detach(), k.detach(), v.detach()};
-      for (Tensor& t : in) t.set_requires_grad();
-      attention(in[0], in[1], in[2]).backward(dout);
-      return std::vector<std::vector<double>>{in[0].grad().to_vector(), in[1].grad().to_vector(),
-                                              in[2].grad().to_vector()};
-    };
-    EXPECT_EQ(grads(off), grads(off.clone()));
-  }
-}
-
 TEST(AttentionBrokenStatistic, TheCudaBackwardWithoutLOrWithMAloneFailsTheCheck) {
   MT_REQUIRE_CUDA();
   manual_seed(13);
@@ -790,6 +765,42 @@ TEST(CudaAttentionDropout, PassesTheOpCheckOnTheGpu) {
   gpu_only.cpu = false;
   for (int64_t d : {16, 64}) MT_EXPECT_OP_CHECK(attention_dropout_spec(d), gpu_only);
 }
+
+#ifdef MT_WITH_CUDA
+// The backward's row sums D = rowsum(dO ∘ O) load 16-byte packs where the heads are aligned and
+// single elements where not, in the same chunks and the same order (attention.cu): a dO one
+// element off alignment must give the same bits as an aligned copy of it. Through the launcher:
+// the op itself hands the kernels aligned copies. f32 (the CUDA-core kernels, which take
+// misaligned heads); d = 64 packs evenly, d = 44 leaves a partial pack at each row's end.
+TEST(AttentionCuda, RowSumsGiveTheSameBitsAlignedOrNot) {
+  MT_REQUIRE_CUDA();
+  manual_seed(13);
+  const Device gpu = cuda_device(0);
+  const cudaStream_t st = cuda::stream(0);
+  for (int64_t d : {64, 44}) {
+    SCOPED_TRACE("d=" + std::to_string(d));
+    const int64_t heads = 6, T = 77, n = heads * T * d;
+    const cuda::HeadsLayout layout = cuda::contiguous_heads(T, d);
+    Tensor q = randn({n}, DType::f32, gpu), k = randn({n}, DType::f32, gpu),
+           v = randn({n}, DType::f32, gpu), o = empty({n}, DType::f32, gpu),
+           lse = empty({heads * T}, DType::f32, gpu);
+    cuda::attention_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), layout, o.data_ptr(), layout,
+                            lse.data<float>(), heads, T, d, DType::f32, st);
+    const Tensor off = randn({n + 1}, DType::f32, gpu).narrow(0, 1, n);
+    ASSERT_NE(reinterpret_cast<uintptr_t>(off.data_ptr()) % 16, 0u) << "the view is aligned after all";
+    auto grads = [&](const Tensor& dout) {
+      Tensor dq = empty({n}, DType::f32, gpu), dk = empty({n}, DType::f32, gpu),
+             dv = empty({n}, DType::f32, gpu);
+      cuda::attention_backward(q.data_ptr(), k.data_ptr(), v.data_ptr(), layout, o.data_ptr(),
+                               dout.data_ptr(), layout, lse.data<float>(), dq.data_ptr(),
+                               dk.data_ptr(), dv.data_ptr(), heads, T, d, DType::f32,
+                               /*deterministic=*/true, st);
+      return std::vector<std::vector<double>>{dq.to_vector(), dk.to_vector(), dv.to_vector()};
+    };
+    EXPECT_EQ(grads(off), grads(off.clone()));
+  }
+}
+#endif
 
 #ifdef MT_WITH_CUDA
 // A captured forward and backward replays with the word the device holds at that moment:

@@ -85,6 +85,32 @@ void expect_near(const Results& got, const Results& ref, double rel, const std::
                           what + ", result " + std::to_string(i) + " (y, then the gradients)");
 }
 
+// bf16 inputs of a block whose W2 is the identity (H = N = 64, the epilogue's width), and the
+// f64 GELU of the f64 pre-activation rounded to bf16: what y must be when h is rounded once.
+struct Unrounded {
+  Tensor x, W1, b1, W2;
+  std::vector<double> want;
+  // The share of y's elements equal to `want`.
+  double share_equal(const Tensor& y) const {
+    const std::vector<double> got = y.to_vector();
+    int64_t same = 0;
+    for (size_t i = 0; i < got.size(); ++i) same += got[i] == want[i];
+    return double(same) / double(got.size());
+  }
+};
+
+Unrounded unrounded_case() {
+  const int64_t rows = 64, K = 32, H = 64;
+  std::vector<double> eye(size_t(H * H), 0.0);
+  for (int64_t i = 0; i < H; ++i) eye[size_t(i * H + i)] = 1.0;
+  Unrounded u{randn({rows, K}).to(DType::bf16), scale(randn({H, K}), 0.3).to(DType::bf16),
+              scale(randn({H}), 0.5).to(DType::bf16), from_vector(eye, {H, H}).to(DType::bf16), {}};
+  u.want = gelu(linear(u.x.to(DType::f64), u.W1.to(DType::f64), u.b1.to(DType::f64)))
+               .to(DType::bf16)
+               .to_vector();
+  return u;
+}
+
 }  // namespace
 
 TEST(GeluMlp, EqualsLinearGeluLinearBitwiseInF32AndF64) {
@@ -115,22 +141,9 @@ TEST(GeluMlp, SixteenBitIsNearTheF64Block) {
 // the other way where fp32's pre sits on a tie), while the chain's h misses on many more.
 TEST(GeluMlp, SixteenBitAppliesGeluToTheUnroundedPreActivation) {
   manual_seed(27);
-  const int64_t rows = 64, K = 32, H = 64;
-  std::vector<double> eye(size_t(H * H), 0.0);
-  for (int64_t i = 0; i < H; ++i) eye[size_t(i * H + i)] = 1.0;
-  const Tensor x = randn({rows, K}).to(DType::bf16), W1 = scale(randn({H, K}), 0.3).to(DType::bf16),
-               b1 = scale(randn({H}), 0.5).to(DType::bf16),
-               W2 = from_vector(eye, {H, H}).to(DType::bf16);
-  const std::vector<double> want =
-      gelu(linear(x.to(DType::f64), W1.to(DType::f64), b1.to(DType::f64))).to(DType::bf16).to_vector();
-  auto share_equal = [&](const Tensor& y) {
-    const std::vector<double> got = y.to_vector();
-    int64_t same = 0;
-    for (size_t i = 0; i < got.size(); ++i) same += got[i] == want[i];
-    return double(same) / double(got.size());
-  };
-  const double fused = share_equal(gelu_mlp(x, W1, b1, W2, Tensor()));
-  const double chain = share_equal(linear(gelu(linear(x, W1, b1)), W2));
+  const Unrounded u = unrounded_case();
+  const double fused = u.share_equal(gelu_mlp(u.x, u.W1, u.b1, u.W2, Tensor()));
+  const double chain = u.share_equal(linear(gelu(linear(u.x, u.W1, u.b1)), u.W2));
   std::printf("bf16 h equal to the f64 GELU rounded: fused %.3f, chain %.3f\n", fused, chain);
   EXPECT_GE(fused, 0.99);
   EXPECT_LT(chain, 0.95) << "the chain rounds pre first: the check would not tell the two apart";
@@ -154,9 +167,9 @@ TEST(GeluMlp, MixedPrecisionWithOrWithoutComputeCopies) {
   EXPECT_EQ(W2.grad().dtype(), DType::f32);
 }
 
-// Only the second layer trains (the input and the first layer frozen): no gradient is made below
-// the GELU, and W2's and b2's are the chain's.
-TEST(GeluMlp, OnlyTheSecondLayerNeedsGradients) {
+// Some inputs frozen: only the second layer trains (no gradient is made below the GELU), or only
+// x needs a gradient; each gradient is the chain's.
+TEST(GeluMlp, PartialGradientsMatchTheChain) {
   manual_seed(24);
   const Block blk = make_block({6, 16}, 24, 12, DType::f32, DType::f32);
   EXPECT_EQ(run(blk, kCPU, true, {0, 0, 0, 1, 1}), run(blk, kCPU, false, {0, 0, 0, 1, 1}));
@@ -165,11 +178,39 @@ TEST(GeluMlp, OnlyTheSecondLayerNeedsGradients) {
 
 TEST(GeluMlp, BadArgumentsAreClearErrors) {
   expect_error([] { gelu_mlp(randn({2, 16}), randn({24, 15}), randn({24}), randn({8, 24}), randn({8})); },
-               {"gelu_mlp (first layer)", "[2, 16]", "[24, 15]"});
+               {"gelu_mlp", "x has shape [2, 16]", "W1 has shape [24, 15]"});
   expect_error([] { gelu_mlp(randn({2, 16}), randn({24, 16}), randn({24}), randn({8, 25}), randn({8})); },
-               {"gelu_mlp (second layer", "[8, 25]", "24"});
+               {"gelu_mlp", "h (the hidden activation) has shape [2, 24]", "W2 has shape [8, 25]"});
   expect_error([] { gelu_mlp(randn({2, 16}), randn({24, 16}), randn({24}), randn({8, 24}), randn({7})); },
-               {"gelu_mlp (second layer", "b", "[7]"});
+               {"gelu_mlp", "b2 has shape [7]", "b2 must be [8]"});
+  expect_error([] { gelu_mlp(randn({2, 16}), randn({24, 16}), randn({24}, DType::f64), randn({8, 24}), randn({8})); },
+               {"gelu_mlp", "b1", "f64", "W1's dtype"});
+}
+
+// Each layer follows linear's dtype rule on its own: f32 masters for the first layer and bf16
+// weights for the second under one bf16 x. When the parameters are not leaves (the node returns
+// their gradients instead of adding into a .grad), each comes back in its own parameter's dtype
+// (the engine refuses any other), and the values are the chain's.
+TEST(GeluMlp, EachLayerKeepsItsOwnParameterDtype) {
+  manual_seed(28);
+  const Tensor x = randn({5, 16}).to(DType::bf16), dy = randn({5, 8}).to(DType::bf16);
+  const Tensor W1 = scale(randn({24, 16}), 0.3), b1 = randn({24}),
+               W2 = scale(randn({8, 24}), 0.3).to(DType::bf16), b2 = randn({8}).to(DType::bf16);
+  auto grads = [&](bool fused) {
+    std::vector<Tensor> p{W1.detach(), b1.detach(), W2.detach(), b2.detach()};
+    for (Tensor& t : p) t.set_requires_grad();
+    // Not leaves: a scale by one in front of each.
+    const Tensor w1 = scale(p[0], 1.0), c1 = scale(p[1], 1.0), w2 = scale(p[2], 1.0),
+                 c2 = scale(p[3], 1.0);
+    Tensor y = fused ? gelu_mlp(x, w1, c1, w2, c2) : linear(gelu(linear(x, w1, c1)), w2, c2);
+    y.backward(dy);
+    Results out{y.to_vector()};
+    for (const Tensor& t : p) out.push_back(t.grad().to_vector());
+    return out;
+  };
+  Results fused;
+  ASSERT_NO_THROW(fused = grads(true));
+  expect_near(fused, grads(false), 8 * mt::test::unit_roundoff(DType::bf16), "against the chain");
 }
 
 // The GPU against the CPU reference: H = 256 takes cuBLASLt's GELU epilogues, H = 260 the GEMMs
@@ -198,6 +239,21 @@ TEST(CudaGeluMlp, MatchesTheCpuReference) {
         expect_near(g, run(blk, gpu, false, {1, 1, 1, 1, 1}, mixed), tol,
                     "fused against the chain on the GPU", grad_tol);
       }
+}
+
+// The epilogue's rounding on the GPU: as on the CPU, h is GELU of the fp32 accumulator, rounded
+// once (GeluMlp.SixteenBitAppliesGeluToTheUnroundedPreActivation's check, H = 64 so the epilogue
+// runs).
+TEST(CudaGeluMlp, SixteenBitAppliesGeluToTheUnroundedPreActivation) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device: CUDA tests skipped";
+  const Device gpu = cuda_device(0);
+  manual_seed(27);
+  const Unrounded u = unrounded_case();
+  const double fused = u.share_equal(gelu_mlp(u.x.to(gpu), u.W1.to(gpu), u.b1.to(gpu), u.W2.to(gpu), Tensor()));
+  const double chain = u.share_equal(linear(gelu(linear(u.x.to(gpu), u.W1.to(gpu), u.b1.to(gpu))), u.W2.to(gpu)));
+  std::printf("GPU bf16 h equal to the f64 GELU rounded: fused %.3f, chain %.3f\n", fused, chain);
+  EXPECT_GE(fused, 0.99);
+  EXPECT_LT(chain, 0.95);
 }
 
 // The gradient paths on the GPU when only some inputs need one: W2 and b2 alone (no dpre is made),

@@ -138,7 +138,7 @@ OpSpec gelu_mlp_spec(int64_t h) {
        [h] { gelu_mlp(randn({2, 16}), randn({h, 16}), randn({h}), randn({12, h + 1}), randn({12})); }},
       {"b2 of the wrong length",
        [h] { gelu_mlp(randn({2, 16}), randn({h, 16}), randn({h}), randn({12, h}), randn({11})); }},
-      {"W2 in another dtype than W1",
+      {"W2 in a dtype the hidden activation cannot use (f64 under an f32 x)",
        [h] {
          gelu_mlp(randn({2, 16}), randn({h, 16}), randn({h}), randn({12, h}, DType::f64), randn({12}));
        }},

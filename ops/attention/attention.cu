@@ -18,7 +18,7 @@
 //              the online softmax: per row a running max m and sum ℓ (a thread's partial sum;
 //              its quad adds them at the end), the output rescaled by exp2(m_old − m_new)
 //              whenever m grows. Writes O = acc / ℓ and L.
-//   backward   1. D = rowsum(dO ∘ O): one warp per row (any dtype).
+//   backward   1. D = rowsum(dO ∘ O): eight lanes a row, 16-byte packs (any dtype).
 //              2. dK, dV: grid (T/64 K tiles, B·H). A block owns 64 keys (16 a warp) and walks
 //                 the Q tiles from its diagonal to T: Sᵀ = K·Qᵀ, P = exp2(x − L),
 //                 dPᵀ = V·dOᵀ, dSᵀ = Pᵀ ∘ (dPᵀ − D), then dV += Pᵀ·dO and dK += dSᵀ·Q in fp32

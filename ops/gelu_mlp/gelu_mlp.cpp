@@ -20,16 +20,18 @@ struct GeluMlpFn : Function<GeluMlpFn> {
                         const Tensor& W2, const Tensor& b2, const Tensor& W1_compute,
                         const Tensor& b1_compute, const Tensor& W2_compute,
                         const Tensor& b2_compute) {
-    check_linear_args("gelu_mlp (first layer)", x, W1, b1, W1_compute, b1_compute);
-    // The second layer reads h [..., H] in x's dtype, on x's device: its rules on a stand-in.
-    check_linear_args("gelu_mlp (second layer, on the hidden activation)",
-                      empty({0, W1.size(0)}, x.dtype(), x.device()), W2, b2, W2_compute,
-                      b2_compute);
+    MT_CHECK(x.defined() && W1.defined(), name, ": x and W1 must be defined");
+    check_linear_args(name, {x.shape(), x.dtype(), x.device(), "x", "W1", "b1"}, W1, b1,
+                      W1_compute, b1_compute);
+    // The second layer reads h = gelu(pre) [..., H], in x's dtype on x's device.
+    Shape h_shape = x.shape();
+    h_shape.back() = W1.size(0);
+    check_linear_args(name, {h_shape, x.dtype(), x.device(), "h (the hidden activation)", "W2",
+                             "b2"},
+                      W2, b2, W2_compute, b2_compute);
     auto [W1c, b1c] = linear_operands(x, W1, b1, W1_compute, b1_compute);
     auto [W2c, b2c] = linear_operands(x, W2, b2, W2_compute, b2_compute);
     Tensor xc = x.contiguous();
-    Shape h_shape = x.shape();
-    h_shape.back() = W1.size(0);
     Tensor pre = empty(h_shape, x.dtype(), x.device());
     Tensor h = empty(h_shape, x.dtype(), x.device());
     Shape y_shape = x.shape();
@@ -37,7 +39,8 @@ struct GeluMlpFn : Function<GeluMlpFn> {
     Tensor y = empty(y_shape, x.dtype(), x.device());
     kernel<GeluMlpForwardFn>(name, Phase::Forward, x.device())(
         as_matrix(xc), W1c, b1c, W2c, b2c, as_matrix(pre), as_matrix(h), as_matrix(y));
-    ctx.set("W_dtype", W1.dtype());
+    ctx.set("W1_dtype", W1.dtype());  // each layer's parameters keep their own dtype
+    ctx.set("W2_dtype", W2.dtype());
     ctx.save_for_backward({xc, W1c, W2c, pre, h});
     return y;
   }
@@ -46,18 +49,23 @@ struct GeluMlpFn : Function<GeluMlpFn> {
     auto saved = ctx.saved_tensors();
     const Tensor &x = saved[0], &W1c = saved[1], &W2c = saved[2], &pre = saved[3], &h = saved[4];
     const DType grad_dtype = grad_dtype_for(x.dtype());
-    const DType param_dtype = ctx.get<DType>("W_dtype");
     Tensor dy = dys[0].contiguous();  // upstream gradients may be strided views
     // A parameter's gradient goes into its .grad when it is a leaf (the kernels add into it), else
-    // into fresh zeros returned in its own dtype. Slots: W1 1, b1 2, W2 3, b2 4.
+    // into fresh zeros returned in its own dtype. Argument slots: W1 1, b1 2, W2 3, b2 4.
+    struct Slot {
+      size_t arg;
+      Shape shape;
+      DType dtype;
+    };
+    const Slot slots[] = {{1, W1c.shape(), ctx.get<DType>("W1_dtype")},
+                          {2, {W1c.size(0)}, ctx.get<DType>("W1_dtype")},
+                          {3, W2c.shape(), ctx.get<DType>("W2_dtype")},
+                          {4, {W2c.size(0)}, ctx.get<DType>("W2_dtype")}};
     Tensor sinks[5], grads[5];
-    for (size_t i = 1; i <= 4; ++i) {
-      if (!ctx.needs_input_grad(i)) continue;
-      sinks[i] = ctx.grad_sink(i);
-      const Tensor& w = i <= 2 ? W1c : W2c;
-      grads[i] = sinks[i].defined() ? sinks[i]
-                 : i % 2 == 1       ? zeros(w.shape(), grad_dtype, x.device())
-                                    : zeros({w.size(0)}, grad_dtype, x.device());
+    for (const Slot& p : slots) {
+      if (!ctx.needs_input_grad(p.arg)) continue;
+      sinks[p.arg] = ctx.grad_sink(p.arg);
+      grads[p.arg] = sinks[p.arg].defined() ? sinks[p.arg] : zeros(p.shape, grad_dtype, x.device());
     }
     Tensor dx = ctx.needs_input_grad(0) ? empty(x.shape(), x.dtype(), x.device()) : Tensor();
     // dpre only when something below the GELU needs a gradient.
@@ -69,8 +77,9 @@ struct GeluMlpFn : Function<GeluMlpFn> {
         as_matrix(x), W1c, W2c, as_matrix(pre), as_matrix(h), as_matrix(dy), m(dpre), m(dx),
         grads[1], grads[2], grads[3], grads[4]);
     // A sunk gradient is already in .grad; a returned one takes its parameter's dtype.
-    for (size_t i = 1; i <= 4; ++i)
-      if (grads[i].defined()) grads[i] = sinks[i].defined() ? Tensor() : grads[i].to(param_dtype);
+    for (const Slot& p : slots)
+      if (grads[p.arg].defined())
+        grads[p.arg] = sinks[p.arg].defined() ? Tensor() : grads[p.arg].to(p.dtype);
     // x, W1, b1, W2, b2, and the four compute copies (no gradient)
     return {dx, grads[1], grads[2], grads[3], grads[4], Tensor(), Tensor(), Tensor(), Tensor()};
   }

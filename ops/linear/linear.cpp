@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -27,54 +28,62 @@ Tensor as_matrix(const Tensor& t) {
 // The dtype rule: the GEMM runs in x's dtype. W (and b, which shares W's dtype) is either x's
 // dtype or, under mixed precision, the fp32 master copy of the weights of a bf16/f16 x; then
 // W_compute, when given, is the x-dtype copy of W the optimizer keeps fresh.
-void check_linear_args(const char* op, const Tensor& x, const Tensor& W, const Tensor& b,
+void check_linear_args(const char* op, const LinearInput& in, const Tensor& W, const Tensor& b,
                        const Tensor& W_compute, const Tensor& b_compute) {
-  MT_CHECK(x.dim() >= 1 && is_floating(x.dtype()), op, ": x must be a floating-point tensor "
-           "with at least one dimension, got shape ", shape_str(x.shape()), " ",
-           dtype_name(x.dtype()));
-  MT_CHECK(W.dim() == 2, op, ": W must be [out_features, in_features], got shape ",
-           shape_str(W.shape()));
-  MT_CHECK(x.size(-1) == W.size(1), op, ": x has shape ", shape_str(x.shape()),
-           " but W has shape ", shape_str(W.shape()), "; x's last dimension must equal W's second");
-  MT_CHECK(x.device() == W.device(), op, ": x (shape ", shape_str(x.shape()), ") is on ",
-           x.device().str(), " but W (shape ", shape_str(W.shape()), ") is on ", W.device().str());
-  const bool mixed = x.dtype() != W.dtype();
-  MT_CHECK(!mixed || (is_16bit(x.dtype()) && W.dtype() == DType::f32), op, ": x (shape ",
-           shape_str(x.shape()), ") is ", dtype_name(x.dtype()), " but W (shape ",
-           shape_str(W.shape()), ") is ", dtype_name(W.dtype()),
-           "; W must be x's dtype, or f32 master weights for a bf16/f16 x");
+  const std::string x = in.x, w = in.W, bn = in.b, xs = shape_str(in.shape);
+  const std::string ws = W.defined() ? shape_str(W.shape()) : "undefined";
+  MT_CHECK(!in.shape.empty() && is_floating(in.dtype), op, ": ", x, " must be a floating-point "
+           "tensor with at least one dimension, got shape ", xs, " ", dtype_name(in.dtype));
+  MT_CHECK(W.defined() && W.dim() == 2, op, ": ", w, " must be [out_features, in_features], got "
+           "shape ", ws);
+  MT_CHECK(in.shape.back() == W.size(1), op, ": ", x, " has shape ", xs, " but ", w,
+           " has shape ", ws, "; ", x, "'s last dimension must equal ", w, "'s second");
+  MT_CHECK(in.device == W.device(), op, ": ", x, " (shape ", xs, ") is on ", in.device.str(),
+           " but ", w, " (shape ", ws, ") is on ", W.device().str());
+  const bool mixed = in.dtype != W.dtype();
+  MT_CHECK(!mixed || (is_16bit(in.dtype) && W.dtype() == DType::f32), op, ": ", x, " (shape ",
+           xs, ") is ", dtype_name(in.dtype), " but ", w, " (shape ", ws, ") is ",
+           dtype_name(W.dtype()), "; ", w, " must be ", x, "'s dtype, or f32 master weights for a "
+           "bf16/f16 ", x);
   if (b.defined()) {
-    MT_CHECK(b.dim() == 1 && b.size(0) == W.size(0), op, ": b has shape ", shape_str(b.shape()),
-             " but W has shape ", shape_str(W.shape()), "; b must be [", W.size(0), "]");
-    MT_CHECK(b.dtype() == W.dtype(), op, ": b (shape ", shape_str(b.shape()), ") is ",
-             dtype_name(b.dtype()), " but W (shape ", shape_str(W.shape()), ") is ",
-             dtype_name(W.dtype()), "; b must be W's dtype");
-    MT_CHECK(b.device() == W.device(), op, ": b (shape ", shape_str(b.shape()), ") is on ",
-             b.device().str(), " but W (shape ", shape_str(W.shape()), ") is on ",
-             W.device().str());
+    MT_CHECK(b.dim() == 1 && b.size(0) == W.size(0), op, ": ", bn, " has shape ",
+             shape_str(b.shape()), " but ", w, " has shape ", ws, "; ", bn, " must be [",
+             W.size(0), "]");
+    MT_CHECK(b.dtype() == W.dtype(), op, ": ", bn, " (shape ", shape_str(b.shape()), ") is ",
+             dtype_name(b.dtype()), " but ", w, " (shape ", ws, ") is ", dtype_name(W.dtype()),
+             "; ", bn, " must be ", w, "'s dtype");
+    MT_CHECK(b.device() == W.device(), op, ": ", bn, " (shape ", shape_str(b.shape()), ") is on ",
+             b.device().str(), " but ", w, " (shape ", ws, ") is on ", W.device().str());
   }
   if (W_compute.defined()) {
-    MT_CHECK(mixed, op, ": W_compute was given but x and W are both ", dtype_name(x.dtype()),
-             "; it is the bf16/f16 copy of f32 master weights, for mixed precision only");
-    MT_CHECK(W_compute.shape() == W.shape() && W_compute.dtype() == x.dtype(),
-             op, ": W_compute has shape ", shape_str(W_compute.shape()), " ",
-             dtype_name(W_compute.dtype()), " but must be W's shape ", shape_str(W.shape()),
-             " in x's dtype ", dtype_name(x.dtype()));
-    MT_CHECK(W_compute.device() == W.device(), op, ": W_compute (shape ",
-             shape_str(W_compute.shape()), ") is on ", W_compute.device().str(), " but W (shape ",
-             shape_str(W.shape()), ") is on ", W.device().str());
+    MT_CHECK(mixed, op, ": ", w, "_compute was given but ", x, " and ", w, " are both ",
+             dtype_name(in.dtype), "; it is the bf16/f16 copy of f32 master weights, for mixed "
+             "precision only");
+    MT_CHECK(W_compute.shape() == W.shape() && W_compute.dtype() == in.dtype, op, ": ", w,
+             "_compute has shape ", shape_str(W_compute.shape()), " ",
+             dtype_name(W_compute.dtype()), " but must be ", w, "'s shape ", ws, " in ", x,
+             "'s dtype ", dtype_name(in.dtype));
+    MT_CHECK(W_compute.device() == W.device(), op, ": ", w, "_compute (shape ",
+             shape_str(W_compute.shape()), ") is on ", W_compute.device().str(), " but ", w,
+             " (shape ", ws, ") is on ", W.device().str());
   }
   if (b_compute.defined()) {
-    MT_CHECK(mixed && b.defined(), op, ": b_compute was given without a bias, or with x and W "
-             "both ", dtype_name(x.dtype()), "; it is the bf16/f16 copy of an f32 bias, for "
-             "mixed precision only");
-    MT_CHECK(b_compute.shape() == b.shape() && b_compute.dtype() == x.dtype() &&
+    MT_CHECK(mixed && b.defined(), op, ": ", bn, "_compute was given without a bias, or with ", x,
+             " and ", w, " both ", dtype_name(in.dtype), "; it is the bf16/f16 copy of an f32 "
+             "bias, for mixed precision only");
+    MT_CHECK(b_compute.shape() == b.shape() && b_compute.dtype() == in.dtype &&
                  b_compute.device() == b.device(),
-             op, ": b_compute has shape ", shape_str(b_compute.shape()), " ",
-             dtype_name(b_compute.dtype()), " on ", b_compute.device().str(), " but must be b's "
-             "shape ", shape_str(b.shape()), " in x's dtype ", dtype_name(x.dtype()), " on ",
-             b.device().str());
+             op, ": ", bn, "_compute has shape ", shape_str(b_compute.shape()), " ",
+             dtype_name(b_compute.dtype()), " on ", b_compute.device().str(), " but must be ", bn,
+             "'s shape ", shape_str(b.shape()), " in ", x, "'s dtype ", dtype_name(in.dtype),
+             " on ", b.device().str());
   }
+}
+
+void check_linear_args(const char* op, const Tensor& x, const Tensor& W, const Tensor& b,
+                       const Tensor& W_compute, const Tensor& b_compute) {
+  MT_CHECK(x.defined(), op, ": x is undefined");
+  check_linear_args(op, {x.shape(), x.dtype(), x.device()}, W, b, W_compute, b_compute);
 }
 
 // The GEMM reads W in x's dtype: W itself, the optimizer's compute copy, or a cast made here. The

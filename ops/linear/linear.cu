@@ -1,4 +1,5 @@
-// Linear forward / backward on CUDA: three cuBLASLt GEMMs, a bias cast and a column sum.
+// Linear forward / backward on CUDA: three cuBLASLt GEMMs, a bias cast and a column sum; and the
+// same GEMMs with GELU in the epilogue for gelu_mlp (at the end of the file).
 //
 // Row-major through column-major cuBLAS. A row-major [R, C] buffer is, read column-major, the
 // [C, R] transpose. So each row-major product is computed as its transpose, C^T = B^T · A^T,
@@ -112,7 +113,8 @@ constexpr int kTimedRuns = 5;   // back-to-back runs per candidate, after one un
 GemmPlanStats g_stats;
 
 // Times each candidate on the call's own A, B and bias into a zeroed scratch D (never the real
-// one: with beta 1 that is a .grad being accumulated), kTimedRuns runs back to back between two
+// one: with beta 1 that is a .grad being accumulated; a GELU_AUX epilogue still writes the real
+// aux matrix, which the call itself then overwrites, and DGELU only reads it), kTimedRuns runs back to back between two
 // events, and returns the index of the fastest (the earlier on a tie). Waits for the device. The
 // scratch is a plain cudaMalloc, not the pool, because s need not be the framework stream; this
 // runs once per shape, on the first call.
@@ -209,7 +211,8 @@ std::unique_ptr<Plan> make_plan(cublasLtHandle_t h, const Gemm& g, const void* A
   return p;
 }
 
-// D = alpha · op(A) · op(B) + beta · D (+ bias, and the epilogue's aux matrix read or written),
+// D = alpha · op(A) · op(B) + beta · D (+ bias, and the epilogue's aux matrix: written by
+// GELU_AUX, read by DGELU; const here because cuBLASLt takes both through one void* attribute),
 // planned once per key, on stream s.
 void lt_matmul(const Gemm& g, const void* A, const void* B, void* D, float alpha, float beta,
                const void* bias, cudaStream_t s, const void* aux = nullptr) {

@@ -36,6 +36,16 @@ using LinearBackwardFn = void(const Tensor& x, const Tensor& W, const Tensor& dy
 // and x [..., K] as the matrix [M, K] its leading dimensions flatten into (x contiguous).
 void check_linear_args(const char* op, const Tensor& x, const Tensor& W, const Tensor& b,
                        const Tensor& W_compute, const Tensor& b_compute);
+// The same rules for a layer whose input is not a tensor yet (a fused op's hidden activation):
+// its shape, dtype and device, and the names the messages give the three operands.
+struct LinearInput {
+  Shape shape;
+  DType dtype;
+  Device device;
+  const char *x = "x", *W = "W", *b = "b";
+};
+void check_linear_args(const char* op, const LinearInput& in, const Tensor& W, const Tensor& b,
+                       const Tensor& W_compute, const Tensor& b_compute);
 struct LinearOperands {
   Tensor W, b;
 };

@@ -1,5 +1,6 @@
 #pragma once
-// Linear layer on CUDA: one GEMM forward, two GEMMs and a column sum backward.
+// Linear layer on CUDA: one GEMM forward, two GEMMs and a column sum backward; and, for gelu_mlp,
+// the forward and dx GEMMs with GELU and its derivative in cuBLASLt's epilogue.
 //
 //   forward   y[M,N]  = x[M,K] · W[N,K]^T (+ bias[N])
 //   backward  dx[M,K] = dy[M,N] · W[N,K]
