@@ -11,8 +11,6 @@
 namespace mt {
 namespace {
 
-bool is_16bit(DType t) { return t == DType::bf16 || t == DType::f16; }
-
 struct GeluMlpFn : Function<GeluMlpFn> {
   static constexpr const char* name = "gelu_mlp";
 
@@ -96,11 +94,10 @@ LinearForwardFn* linear_forward_cpu() {
 LinearBackwardFn* linear_backward_cpu() {
   return kernel<LinearBackwardFn>("linear", Phase::Backward, kCPU);
 }
-DType acc_dtype(DType t) { return is_16bit(t) ? DType::f32 : t; }
 
 void forward_cpu(const Tensor& x, const Tensor& W1, const Tensor& b1, const Tensor& W2,
                  const Tensor& b2, const Tensor& pre, const Tensor& h, const Tensor& y) {
-  const DType acc = acc_dtype(x.dtype());
+  const DType acc = grad_dtype_for(x.dtype());  // f64 for f64, else f32
   const bool widened = acc != pre.dtype();
   Tensor pre_acc = widened ? empty(pre.shape(), acc) : pre;
   linear_forward_cpu()(x.to(acc), W1.to(acc), b1.defined() ? b1.to(acc) : b1, pre_acc);
@@ -118,7 +115,7 @@ void forward_cpu(const Tensor& x, const Tensor& W1, const Tensor& b1, const Tens
 void backward_cpu(const Tensor& x, const Tensor& W1, const Tensor& W2, const Tensor& pre,
                   const Tensor& h, const Tensor& dy, const Tensor& dpre, const Tensor& dx,
                   const Tensor& dW1, const Tensor& db1, const Tensor& dW2, const Tensor& db2) {
-  const DType acc = acc_dtype(x.dtype());
+  const DType acc = grad_dtype_for(x.dtype());  // f64 for f64, else f32
   // g = dy · W2 in the accumulation dtype, beside dW2 and db2.
   Tensor g = dpre.defined() ? empty(pre.shape(), acc) : Tensor();
   if (g.defined() || dW2.defined() || db2.defined())
