@@ -26,7 +26,8 @@
 //              3. dQ (deterministic): grid (T/64 Q tiles, B·H); a block owns
 //                 its query rows and walks the K/V tiles up to its diagonal, recomputing S, P, dP
 //                 and dS (two more GEMMs than FlashAttention-2's atomic dQ) and adding dS·K in
-//                 fp32 registers. Non-deterministic variant: pass 2 also writes dSᵀ to shared
+//                 fp32 registers. It needs nothing from pass 2: in a graph capture the two run
+//                 side by side. Non-deterministic variant: pass 2 also writes dSᵀ to shared
 //                 memory, computes the tile's dS·K and atomicAdds it into an fp32 scratch; a last
 //                 map rounds it into dq.
 // CUDA-core path (f32; bf16 and f16 at other d ≤ 256): one warp per row (forward, dQ) or per key
@@ -467,9 +468,17 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // ---- tensor-core backward, pass 2: dK, dV (and the atomic dQ) ---------------------------------
+// At d = 64 the deterministic pass asks for three blocks an SM (the launch bounds' second
+// argument): ptxas then keeps it to 168 registers, spilling 40 bytes a thread outside the
+// products, where on its own it takes 184 and two blocks fit. A latency-bound kernel gains more
+// from the third block's warps than the spill costs: 0.240 against 0.268 ms at [16, 12, 1024, 64]
+// on an H200 (bf16). 0 leaves the choice to ptxas, as for the other shapes.
+template <int D, bool kAtomicDq>
+constexpr int dkdv_min_blocks() { return D == 64 && !kAtomicDq ? 3 : 0; }
+
 
 template <class T, int D, int BR, bool kAtomicDq, bool kDrop>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, dkdv_min_blocks<D, kAtomicDq>())
     dkdv_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
             HeadsLayout in, const T* __restrict__ dout, HeadsLayout out,
             const float* __restrict__ lse, const float* __restrict__ Dvec, T* __restrict__ dk,
@@ -1016,6 +1025,10 @@ void attention_backward(const void* q, const void* k, const void* v, const Heads
                                        size_t(4 * BR) * sizeof(float);
             const dim3 kgrid(unsigned(ceil_div(T, kTile)), unsigned(heads));
             if (deterministic) {
+              // The two passes need only D, not each other: in a graph capture dQ's runs on a
+              // side branch beside dK/dV's (SideBranch), which fills each one's last wave with
+              // the other's blocks. The kernels are the same either way, and so are the bits.
+              SideBranch branch(s, /*wanted=*/true);
               auto dkdv = dkdv_tc<Tp, D, BR, false, kDrop>;
               allow_shared(dkdv, tiles_bytes);
               dkdv<<<kgrid, kThreads, tiles_bytes, s>>>(qp, kp, vp, in, gp, out, lse, Dvec, dkp, dvp,
@@ -1027,9 +1040,10 @@ void attention_backward(const void* q, const void* k, const void* v, const Heads
               const size_t dq_bytes = size_t(2 * kBM + 4 * dq_keys<D>()) * (D + kPad) * sizeof(Tp);
               allow_shared(dqk, dq_bytes);
               const dim3 qgrid(unsigned(ceil_div(T, kBM)), unsigned(heads));
-              dqk<<<qgrid, kThreads, dq_bytes, s>>>(qp, kp, vp, in, gp, out, lse, Dvec, dqp, int(T),
-                                                    scale, scale * kLog2e, dropout);
+              dqk<<<qgrid, kThreads, dq_bytes, branch.stream()>>>(
+                  qp, kp, vp, in, gp, out, lse, Dvec, dqp, int(T), scale, scale * kLog2e, dropout);
               MT_CUDA_CHECK_LAUNCH();
+              branch.join();  // before Dvec goes back to the pool on s
             } else {
               const int64_t n = heads * T * d;
               float* dq_acc = static_cast<float*>(alloc_on(s, size_t(n) * sizeof(float), device));
