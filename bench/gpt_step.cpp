@@ -21,9 +21,10 @@
 //                                             back (below): a short run to put under Nsight Compute
 //     16   16 × 1024 tokens per step
 //     64   64 × 1024 tokens per step
-//     M    sequences per microbatch (default 16): B = 64 runs as 64 / M microbatches, whose
-//          gradients add up to the full batch's (docs/README.md); fewer, larger microbatches
-//          make larger GEMMs and hold more activations
+//     M    sequences per microbatch (default 64: each batch is one microbatch, as PyTorch runs
+//          it): B = 64 runs as 64 / M microbatches, whose gradients add up to the full batch's
+//          (docs/README.md); fewer, larger microbatches make larger GEMMs and hold more
+//          activations (one of 64: 32 GiB; four of 16: under 10)
 //     --gemm-algo measured (the default, as bench/train_step.cpp runs) chooses each GEMM shape's
 //          cuBLASLt algorithm by timing its first 8 candidates once (precision.gemm_autotune,
 //          core/switches.h); heuristic takes the first (the trainer's default). The GELU
@@ -478,7 +479,7 @@ int usage(const char* message) {
 int main(int argc, char** argv) {
   std::vector<int64_t> batches = {16, 64};
   std::string export_dir;
-  int64_t microbatch = 16;
+  int64_t microbatch = 64;
   bool breakdown = true, gemms_alone = false;
   set_gemm_autotune(true);
   for (int i = 1; i < argc; ++i) {

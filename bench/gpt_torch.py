@@ -14,7 +14,8 @@ with the tanh approximation, the head tied to the token embedding; fp32 paramete
 autocast; loss = mean cross-entropy over the first 50257 of the 50304 padded logits (minitrain's
 and llm.c's rule); clip_grad_norm_(1.0); fused AdamW (lr 1e-4, betas (0.9, 0.95), eps 1e-8, weight
 decay 0.1 on every parameter of >= 2 dims). The whole batch is one forward and backward (B = 64:
-one batch of 64, PyTorch's fastest; minitrain runs it as 4 microbatches of 16, the same gradient).
+one batch of 64, PyTorch's fastest; minitrain runs it the same way by default, or as microbatches
+with gpt_step --microbatch, whose gradients add up to the same).
 
 1. Check: 20 eager steps from minitrain's initial weights on the same tokens; each loss must be
    within LOSS_ATOL of minitrain's, or the script prints both curves and exits 1 (no timing).

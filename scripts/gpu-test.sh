@@ -15,7 +15,7 @@
 #
 # gpt: the GPT-2 124M step (bench/gpt_step.cpp) beside PyTorch eager, torch.compile and
 # max-autotune (bench/gpt_torch.py); MT_GPT_BATCH=16|64|all (default all), MT_GPT_MICROBATCH
-# (16, 32 or 64: sequences per microbatch, default 16), MT_GPT_GEMM_ALGO=heuristic (cuBLASLt's
+# (16, 32 or 64: sequences per microbatch, default 64: each batch in one), MT_GPT_GEMM_ALGO=heuristic (cuBLASLt's
 # first pick for each GEMM instead of the fastest of its first 8, gpt_step --gemm-algo) and
 # MT_TORCH_VARIANTS
 # choose a part of it where a command's time is short (max-autotune compiles for minutes).
@@ -274,7 +274,7 @@ fi
 run_gpt() {
 local batch=${MT_GPT_BATCH:-all} dir=$build/gpt-step
 mkdir -p "$dir"
-timeout 900 "$build/gpt_step" --batch "$batch" --microbatch "${MT_GPT_MICROBATCH:-16}" \
+timeout 900 "$build/gpt_step" --batch "$batch" --microbatch "${MT_GPT_MICROBATCH:-64}" \
   --gemm-algo "${MT_GPT_GEMM_ALGO:-measured}" --export "$dir" >"$logs/gpt_step.log" 2>&1
 rc=$?
 note "gpt_step B=$batch (rc $rc):"
