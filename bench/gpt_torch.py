@@ -191,8 +191,8 @@ def run_batch(B, directory):
 
     tokens_per_step = B * T
     print(f"   {'variant':<22} {'ms/step':>9} {'tok/s':>10} {'peak GiB':>9}  note")
-    print(f"   minitrain: {B // ours.get('microbatch', 16)} microbatch(es) of {ours.get('microbatch', 16)}; "
-          f"PyTorch: one batch of {B}")
+    microbatch = ours["microbatch"]
+    print(f"   minitrain: {B // microbatch} microbatch(es) of {microbatch}; PyTorch: one batch of {B}")
     table = [("minitrain eager", ours["ms_per_step"], ours["peak_bytes_eager"], ""),
              ("minitrain CUDA graph", ours["ms_per_step_graph"], ours["peak_bytes_graph"],
               f"{ours['graph_losses_equal']} of {ours['loss_steps']} losses = eager")]

@@ -15,10 +15,11 @@
 #
 # gpt: the GPT-2 124M step (bench/gpt_step.cpp) beside PyTorch eager, torch.compile and
 # max-autotune (bench/gpt_torch.py); MT_GPT_BATCH=16|64|all (default all), MT_GPT_MICROBATCH
-# (16, 32 or 64: sequences per microbatch, default 64: each batch in one), MT_GPT_GEMM_ALGO=heuristic (cuBLASLt's
+# (16, 32 or 64: sequences per microbatch; default 64, each batch in one, which at B = 64 needs
+# about 32 GiB of device memory: 16 needs under 10), MT_GPT_GEMM_ALGO=heuristic (cuBLASLt's
 # first pick for each GEMM instead of the fastest of its first 8, gpt_step --gemm-algo) and
-# MT_TORCH_VARIANTS
-# choose a part of it where a command's time is short (max-autotune compiles for minutes).
+# MT_TORCH_VARIANTS choose a part of it where a command's time is short (max-autotune compiles
+# for minutes).
 #
 # On an H200 the build takes about 90 s from scratch; then tests about 5 minutes, lm about 5 (the
 # PyTorch reference's compile and run is 2 of them; gpt2-124m's checkpoints are 1.5 GB each),

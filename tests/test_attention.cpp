@@ -19,7 +19,8 @@
 // eval are attention(q, k, v) to the bit; the op check; bad arguments; on a GPU, the CPU
 // reference's results (same tolerances) for every dtype, T and d, the same mask bits read back
 // from every kernel, the same bits run to run, and a CUDA graph whose replays draw the next
-// steps' masks through the base word, as eager steps do.
+// steps' masks through the base word, as eager steps do. Without dropout, a captured backward
+// (its dQ pass on a side branch) gives eager's bits.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -861,43 +862,52 @@ TEST(CudaAttentionDropout, EachGraphReplayDrawsTheNextStepsMaskAsEagerDoes) {
   }
 }
 
-// In a graph capture the dQ pass runs on a side branch beside the dK/dV pass (attention.cu); the
-// replay must give eager's bits, at every head dimension the tensor cores take, with a ragged
-// last tile.
+// In a graph capture the dQ pass runs on a side branch beside the dK/dV pass (attention.cu): the
+// graph must have a branch, and its replay must give eager's bits, at every head dimension the
+// tensor cores take, with a ragged last tile, for separate q, k, v and for the packed projection
+// (where the two passes write column ranges of one dqkv).
 TEST(CudaAttention, ACapturedBackwardIsTheEagerOneBitForBit) {
   MT_REQUIRE_CUDA();
   manual_seed(35);
   DeterministicGuard det(true);
   const Device dev = cuda_device(0);
-  for (int64_t d : {32, 64, 128}) {
-    SCOPED_TRACE("d = " + std::to_string(d));
-    const Shape shape{2, 3, 257, d};
-    const DType dt = DType::bf16;
-    const Tensor q0 = randn(shape, dt, dev), k0 = randn(shape, dt, dev), v0 = randn(shape, dt, dev),
-                 dout = randn(shape, dt, dev);
-    auto leaf = [](const Tensor& t) {
-      Tensor x = t.clone().detach();
-      x.set_requires_grad();
-      return x;
-    };
-    Tensor eq = leaf(q0), ek = leaf(k0), ev = leaf(v0);
-    const Tensor ey = attention(eq, ek, ev);
+  const DType dt = DType::bf16;
+  const int64_t B = 2, H = 3, T = 257;
+  auto leaf = [](const Tensor& t) {
+    Tensor x = t.clone().detach();
+    x.set_requires_grad();
+    return x;
+  };
+  // The eager pass, then the same as a graph (after an eager call: the .grad it adds into), its
+  // output and gradients against eager's.
+  auto check = [&](const std::vector<Tensor>& inputs, const Tensor& dout, const auto& op) {
+    std::vector<Tensor> eager, graphed;
+    for (const Tensor& t : inputs) eager.push_back(leaf(t)), graphed.push_back(leaf(t));
+    const Tensor ey = op(eager);
     ey.backward(dout);
-
-    Tensor q = leaf(q0), k = leaf(k0), v = leaf(v0);
-    const Tensor out = empty(shape, dt, dev);
-    attention(q, k, v).backward(dout);  // the .grad the captured backward adds into
+    const Tensor out = empty(ey.shape(), dt, dev);
+    op(graphed).backward(dout);
     cuda::Graph g = cuda::Graph::capture(0, [&] {
-      Tensor y = attention(q, k, v);
+      Tensor y = op(graphed);
       out.copy_(y);
       y.backward(dout);
     });
-    for (Tensor* t : {&q, &k, &v}) t->grad().fill_(0.0);  // .grad accumulates: one replay's worth
+    EXPECT_LT(g.longest_chain(), g.num_nodes()) << "no side branch: " << g.node_kinds();
+    for (Tensor& t : graphed) t.grad().fill_(0.0);  // .grad accumulates: one replay's worth
     g.replay();
-    EXPECT_EQ(out.to_vector(), ey.to_vector()) << "O";
-    EXPECT_EQ(q.grad().to_vector(), eq.grad().to_vector()) << "dq";
-    EXPECT_EQ(k.grad().to_vector(), ek.grad().to_vector()) << "dk";
-    EXPECT_EQ(v.grad().to_vector(), ev.grad().to_vector()) << "dv";
+    EXPECT_EQ(out.to_vector(), ey.to_vector()) << "output";
+    for (size_t i = 0; i < inputs.size(); ++i)
+      EXPECT_EQ(graphed[i].grad().to_vector(), eager[i].grad().to_vector()) << "gradient " << i;
+  };
+  for (int64_t d : {32, 64, 128}) {
+    SCOPED_TRACE("d = " + std::to_string(d));
+    const Shape shape{B, H, T, d};
+    check({randn(shape, dt, dev), randn(shape, dt, dev), randn(shape, dt, dev)},
+          randn(shape, dt, dev),
+          [](const std::vector<Tensor>& x) { return attention(x[0], x[1], x[2]); });
   }
+  SCOPED_TRACE("packed, d = 64");
+  check({randn({B, T, 3 * H * 64}, dt, dev)}, randn({B, T, H * 64}, dt, dev),
+        [&](const std::vector<Tensor>& x) { return attention_packed(x[0], H); });
 }
 #endif
