@@ -572,6 +572,13 @@ std::string case_name(DType dt, const Shape& shape, const char* tag = "") {
   return std::string(dtype_name(dt)) + " " + shape_str(shape) + tag;
 }
 
+// A leaf holding a copy of t's values: an eager and a captured run each get their own .grad.
+Tensor leaf(const Tensor& t) {
+  Tensor x = t.clone().detach();
+  x.set_requires_grad();
+  return x;
+}
+
 }  // namespace
 
 TEST(AttentionCuda, EveryDtypeLengthAndHeadDimMatchesTheReference) {
@@ -819,11 +826,6 @@ TEST(CudaAttentionDropout, EachGraphReplayDrawsTheNextStepsMaskAsEagerDoes) {
     const Shape shape{2, 2, 67, 64};
     const Tensor q0 = randn(shape, dt, dev), k0 = randn(shape, dt, dev), v0 = randn(shape, dt, dev),
                  dout = randn(shape, dt, dev);
-    auto leaf = [](const Tensor& t) {
-      Tensor x = t.clone().detach();
-      x.set_requires_grad();
-      return x;
-    };
     Tensor q = leaf(q0), k = leaf(k0), v = leaf(v0);
     Tensor base = zeros({1}, DType::i64, dev);
     const Tensor out = empty(shape, dt, dev);  // outlives the replays: made before the capture
@@ -873,11 +875,6 @@ TEST(CudaAttention, ACapturedBackwardIsTheEagerOneBitForBit) {
   const Device dev = cuda_device(0);
   const DType dt = DType::bf16;
   const int64_t B = 2, H = 3, T = 257;
-  auto leaf = [](const Tensor& t) {
-    Tensor x = t.clone().detach();
-    x.set_requires_grad();
-    return x;
-  };
   // The eager pass, then the same as a graph (after an eager call: the .grad it adds into), its
   // output and gradients against eager's.
   auto check = [&](const std::vector<Tensor>& inputs, const Tensor& dout, const auto& op) {
@@ -908,6 +905,6 @@ TEST(CudaAttention, ACapturedBackwardIsTheEagerOneBitForBit) {
   }
   SCOPED_TRACE("packed, d = 64");
   check({randn({B, T, 3 * H * 64}, dt, dev)}, randn({B, T, H * 64}, dt, dev),
-        [&](const std::vector<Tensor>& x) { return attention_packed(x[0], H); });
+        [H](const std::vector<Tensor>& x) { return attention_packed(x[0], H); });
 }
 #endif
