@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Configures and builds minitrain into build/ (CUDA on when nvcc is found, for the visible GPU's
-# architecture, or sm_80 and sm_90 when no GPU is visible). Extra arguments go to cmake's
-# configure step, e.g. scripts/build.sh -DCMAKE_CUDA_ARCHITECTURES=90. MT_BUILD_TARGETS="a b"
+# architecture, or sm_80 and sm_90a when no GPU is visible). Extra arguments go to cmake's
+# configure step, e.g. scripts/build.sh -DCMAKE_CUDA_ARCHITECTURES=90a. MT_BUILD_TARGETS="a b"
 # builds only those targets (and what they need); everything otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/.."

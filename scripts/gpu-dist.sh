@@ -23,7 +23,7 @@ trap finish EXIT
 
 gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
 note "GPUs: $gpus x $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
-if ! MT_BUILD_DIR=$build bash scripts/build.sh -DMT_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+if ! MT_BUILD_DIR=$build bash scripts/build.sh -DMT_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
     >"$logs/build.log" 2>&1; then
   tail -40 "$logs/build.log"
   note "build FAILED"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On a machine with an NVIDIA GPU: build for sm_90, run every test (the CUDA ones included), the
+# On a machine with an NVIDIA GPU: build for sm_90a, run every test (the CUDA ones included), the
 # kernel benchmarks and the kernel lab (lab_bench, which rewrites docs/lab_results.md), the
 # default training run in f32/bf16/f16 with the mixed-precision checks,
 # then the train-step benchmark beside PyTorch, and print a short summary last. The summary is
@@ -79,7 +79,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 start=$(date +%s)
 if [[ ${MT_GPU_TEST_SKIP_BUILD:-0} == 1 ]]; then
   note "build skipped (MT_GPU_TEST_SKIP_BUILD=1): using $build as it is"
-elif ! MT_BUILD_DIR=$build bash scripts/build.sh -DMT_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+elif ! MT_BUILD_DIR=$build bash scripts/build.sh -DMT_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
     >"$logs/build.log" 2>&1; then
   tail -40 "$logs/build.log"
   fail "build (see $logs/build.log)"

@@ -18,6 +18,9 @@
 //              the online softmax: per row a running max m and sum ℓ (a thread's partial sum;
 //              its quad adds them at the end), the output rescaled by exp2(m_old − m_new)
 //              whenever m grows. Writes O = acc / ℓ and L.
+//              On a Hopper GPU built for sm_90a (bf16, f16; d = 64, 128) the same
+//              walk runs as forward_wg: blocks of 2 warpgroups, 64 rows each, K/V tiles of 128
+//              keys, the products as wgmma from swizzled shared memory (its section below).
 //   backward   1. D = rowsum(dO ∘ O): eight lanes a row, 16-byte packs (any dtype).
 //              2. dK, dV: grid (T/64 K tiles, B·H). A block owns 64 keys (16 a warp) and walks
 //                 the Q tiles from its diagonal to T: Sᵀ = K·Qᵀ, P = exp2(x − L),
@@ -309,6 +312,96 @@ __device__ __forceinline__ void zero(float (&acc)[MT][N][4]) {
     for (int n = 0; n < N; ++n) acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.0f;
 }
 
+// Masks the keys past each row (only a tile reaching past the warp's first row has any), then
+// the online softmax of one score tile for rows w0 + 16m + g + 8h: per row the new running max m
+// (log2 units), the factor exp2(m_old − m_new) that rescales ℓ and the output, and P = exp2(x − m)
+// unnormalised in place of the scores (ℓ adds them).
+template <int MT, int BC, int D>
+__device__ __forceinline__ void online_softmax(float (&s)[MT][BC / 8][4],
+                                               float (&acc)[MT][D / 8][4], float (&m_run)[MT][2],
+                                               float (&l)[MT][2], int key0, int w0, int g, int t,
+                                               float scale_log2) {
+  if (key0 + BC - 1 > w0) {
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int n = 0; n < BC / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (key0 + n * 8 + 2 * t + e % 2 > w0 + 16 * m + g + 8 * (e / 2)) s[m][n][e] = -kInf;
+  }
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = -kInf;
+#pragma unroll
+      for (int n = 0; n < BC / 8; ++n) mx = fmaxf(mx, fmaxf(s[m][n][2 * h], s[m][n][2 * h + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m_run[m][h], mx * scale_log2);
+      const float m_use = m_new == -kInf ? 0.0f : m_new;  // a row with nothing yet: no NaN
+      const float corr = fast_exp2(m_run[m][h] - m_use);  // rescales what came before
+      m_run[m][h] = m_new;
+      l[m][h] *= corr;
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) acc[m][n][2 * h] *= corr, acc[m][n][2 * h + 1] *= corr;
+#pragma unroll
+      for (int n = 0; n < BC / 8; ++n)
+#pragma unroll
+        for (int e = 2 * h; e < 2 * h + 2; ++e) {
+          const float p = fast_exp2(s[m][n][e] * scale_log2 - m_use);
+          s[m][n][e] = p;
+          l[m][h] += p;
+        }
+    }
+}
+
+// Dropout on a tile of P after ℓ took it: P·Z goes into the product and Z's 1/(1 − p) comes at
+// the end. Rows w0 + 16m + g + 8h, keys key0 + 8n + 2t and + 1 (one draw for both); elements
+// past the diagonal or T are 0 already and draw nothing.
+template <int MT, int BC>
+__device__ __forceinline__ void drop_tile(float (&s)[MT][BC / 8][4], const Drop& dr, int bh,
+                                          int key0, int w0, int g, int t, int T_len) {
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = w0 + 16 * m + g + 8 * h, j = key0 + 2 * t;
+#pragma unroll
+      for (int n = 0; n < BC / 8; ++n) {
+        if (row >= T_len || j + n * 8 > row) continue;
+        bool k0, k1;
+        kept_pair(dr, p_row(bh, row, T_len) + uint64_t(j + n * 8), k0, k1);
+        if (!k0) s[m][n][2 * h] = 0.0f;
+        if (!k1) s[m][n][2 * h + 1] = 0.0f;
+      }
+    }
+}
+
+// The end of a forward walk: each row's ℓ summed over its quad, L = (m + log2 ℓ) · ln 2 written,
+// and O = acc · mul / ℓ stored (mul: dropout's 1/(1 − p), else 1).
+template <int MT, int D, class T>
+__device__ __forceinline__ void finish_rows(float (&acc)[MT][D / 8][4], const float (&m_run)[MT][2],
+                                            const float (&l)[MT][2], int w0, int g, int t,
+                                            int T_len, int bh, float* lse, T* o, int64_t stride,
+                                            float mul) {
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float sum = l[m][h];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const int row = w0 + 16 * m + g + 8 * h;
+      if (t == 0 && row < T_len) lse[int64_t(bh) * T_len + row] = (m_run[m][h] + log2f(sum)) * kLn2;
+      const float inv = 1.0f / sum * mul;
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) acc[m][n][2 * h] *= inv, acc[m][n][2 * h + 1] *= inv;
+    }
+  store_rows<MT, D, T>(o, stride, acc, w0, T_len, 1.0f);
+}
+
 // ---- tensor-core forward ----------------------------------------------------------------------
 // Block: kWarps warps of 16·MT query rows each (kBM rows); K/V tiles of BC keys.
 
@@ -359,72 +452,226 @@ __global__ void __launch_bounds__(kThreads)
     zero(s);
     if constexpr (kHoldQ) mma_reg<false, MT, BC, D>(s, qa, sK + buf * BC * kS, kS);
     else mma_smem_nt<MT, BC, D>(s, sQw, sK + buf * BC * kS, kS);
-    if (kt * BC + BC - 1 > w0) {  // some key of the tile comes after some row of the warp: mask
-#pragma unroll
-      for (int m = 0; m < MT; ++m)
-#pragma unroll
-        for (int n = 0; n < BC / 8; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            if (kt * BC + n * 8 + 2 * t + e % 2 > w0 + 16 * m + g + 8 * (e / 2)) s[m][n][e] = -kInf;
-    }
-#pragma unroll
-    for (int m = 0; m < MT; ++m)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float mx = -kInf;
-#pragma unroll
-        for (int n = 0; n < BC / 8; ++n) mx = fmaxf(mx, fmaxf(s[m][n][2 * h], s[m][n][2 * h + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m_run[m][h], mx * scale_log2);
-        const float m_use = m_new == -kInf ? 0.0f : m_new;  // a row with nothing yet: no NaN
-        const float corr = fast_exp2(m_run[m][h] - m_use);  // rescales what came before
-        m_run[m][h] = m_new;
-        l[m][h] *= corr;
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n) acc[m][n][2 * h] *= corr, acc[m][n][2 * h + 1] *= corr;
-#pragma unroll
-        for (int n = 0; n < BC / 8; ++n)
-#pragma unroll
-          for (int e = 2 * h; e < 2 * h + 2; ++e) {
-            const float p = fast_exp2(s[m][n][e] * scale_log2 - m_use);
-            s[m][n][e] = p;
-            l[m][h] += p;
-          }
-        if constexpr (kDrop) {  // after ℓ: P·Z into the product, Z's 1/(1 − p) at the end
-          const int row = w0 + 16 * m + g + 8 * h, j = kt * BC + 2 * t;
-#pragma unroll
-          for (int n = 0; n < BC / 8; ++n) {
-            if (row >= T_len || j + n * 8 > row) continue;  // masked already: p = 0
-            bool k0, k1;
-            kept_pair(dr, p_row(int(blockIdx.y), row, T_len) + uint64_t(j + n * 8), k0, k1);
-            if (!k0) s[m][n][2 * h] = 0.0f;
-            if (!k1) s[m][n][2 * h + 1] = 0.0f;
-          }
-        }
-      }
+    online_softmax<MT, BC, D>(s, acc, m_run, l, kt * BC, w0, g, t, scale_log2);
+    if constexpr (kDrop) drop_tile<MT, BC>(s, dr, int(blockIdx.y), kt * BC, w0, g, t, T_len);
     uint32_t pa[MT][BC / 16][4];
     to_a<MT, BC, T>(s, pa);
     mma_reg<true, MT, D, BC>(acc, pa, sV + buf * BC * kS, kS);
   }
 
+  finish_rows<MT, D, T>(acc, m_run, l, w0, g, t, T_len, int(blockIdx.y), lse,
+                        o + head_base(out, int(blockIdx.y)), out.row, kDrop ? dr.scale : 1.0f);
+}
+
+// ---- tensor-core forward on Hopper: warpgroup products (sm_90a) ------------------------------
+// The walk of forward_tc with the products issued by warpgroups (4 warps, 64 query rows each) as
+// wgmma: S = Q·Kᵀ with both operands read by the tensor cores straight from shared memory, and
+// O += P·V with P in registers (S's accumulators re-packed, as above: wgmma's accumulator layout
+// per warp is mma.sync's) and V from shared memory. A wgmma runs asynchronously; the warpgroup
+// waits for it (wgmma.wait_group) before it reads the result. Shared-memory operands are tiles
+// of 64-column slabs whose 128-byte rows are swizzled: 16-byte chunk c of row r sits at chunk
+// c ^ (r % 8), the layout wgmma's 128-byte swizzle mode reads without bank conflicts; each slab
+// starts on a 1024-byte boundary (the swizzle is a function of address bits 4-9). Q and K are
+// read K-major (d along a row), V MN-major (the tensor cores transpose it). Built only where the
+// architecture list holds sm_90a (wgmma is not in plain sm_90); the launcher picks it on such a
+// device for bf16 and f16 at d = 64 and 128, with or without dropout, forward_tc elsewhere.
+//   grid (T/128 Q tiles, B·H), the last Q tile first; blocks of 2 warpgroups sharing K/V tiles
+//   of 128 keys, double-buffered; a warpgroup skips a tile that lies wholly past its rows.
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MT_ATTENTION_WGMMA_BODY 1
+#endif
+constexpr int kWgRows = 64;  // query rows of a warpgroup
+constexpr int kWgGroups = 2;  // warpgroups of a block
+constexpr int kWgKeys = 128;  // keys of a K/V tile
+
+// ROWS rows of D elements into D/64 slabs of ROWS × 64, swizzled as above (zeros past T).
+template <class T, int D, int ROWS, int kBlockThreads>
+__device__ __forceinline__ void load_tile_swizzled(T* s, const T* g, int64_t stride, int row0,
+                                                   int T_len) {
+  constexpr int kChunks = D / 8;
 #pragma unroll
-  for (int m = 0; m < MT; ++m)
+  for (int idx = threadIdx.x; idx < ROWS * kChunks; idx += kBlockThreads) {
+    const int r = idx / kChunks, c = idx % kChunks;
+    const bool valid = row0 + r < T_len;
+    cp_async16(s + (c / 8) * ROWS * 64 + r * 64 + ((c % 8) ^ (r % 8)) * 8,
+               g + int64_t(valid ? row0 + r : 0) * stride + c * 8, valid);
+  }
+}
+
+#if defined(MT_ATTENTION_WGMMA_BODY)  // the wgmma helpers exist only in the sm_90a pass
+// A shared-memory matrix descriptor in the 128-byte swizzle mode: start address, leading and
+// stride byte offsets (K-major: stride = 8 rows, leading unused; MN-major: leading = one
+// 64-column slab to the next, stride = 8 rows of K), each in 16-byte units.
+__device__ __forceinline__ uint64_t wg_desc(const void* p, uint32_t leading, uint32_t stride) {
+  return uint64_t((smem_addr(p) & 0x3FFFF) >> 4) | uint64_t(leading >> 4) << 16 |
+         uint64_t(stride >> 4) << 32 | uint64_t(1) << 62;
+}
+
+__device__ __forceinline__ void wg_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wg_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wg_wait_all() {
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+// cp.async writes the tiles through the generic proxy; wgmma reads them through the async one.
+__device__ __forceinline__ void fence_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Keeps the compiler from moving the uses of a wgmma's result above the wait that completes it.
+template <int N>
+__device__ __forceinline__ void wg_hold(float (&d)[N][4]) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float sum = l[m][h];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      const int row = w0 + 16 * m + g + 8 * h;
-      if (t == 0 && row < T_len)
-        lse[int64_t(blockIdx.y) * T_len + row] = (m_run[m][h] + log2f(sum)) * kLn2;
-      float inv = 1.0f / sum;
-      if constexpr (kDrop) inv *= dr.scale;
+  for (int n = 0; n < N; ++n)
 #pragma unroll
-      for (int n = 0; n < D / 8; ++n) acc[m][n][2 * h] *= inv, acc[m][n][2 * h + 1] *= inv;
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[n][e])::"memory");
+}
+
+// d (+)= A·B for one m64nNk16 step of the warpgroup, N = 64 or 128: d is this thread's N/2
+// accumulators in the mma layout (d[n][e]). wg_ss reads A and B through descriptors (scale-d
+// p = accumulate: false overwrites d); wg_rs takes A as four registers (the A fragment of
+// mma.sync, its warp's 16 rows) and B MN-major.
+#define MT_ACC4(n) "+f"(d[n][0]), "+f"(d[n][1]), "+f"(d[n][2]), "+f"(d[n][3])
+#define MT_ACC32 \
+  MT_ACC4(0), MT_ACC4(1), MT_ACC4(2), MT_ACC4(3), MT_ACC4(4), MT_ACC4(5), MT_ACC4(6), MT_ACC4(7)
+#define MT_ACC64 MT_ACC32, MT_ACC4(8), MT_ACC4(9), MT_ACC4(10), MT_ACC4(11), MT_ACC4(12), \
+                 MT_ACC4(13), MT_ACC4(14), MT_ACC4(15)
+#define MT_REGS32                                                                                 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "   \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define MT_REGS64                                                                                 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "   \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "    \
+  "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "    \
+  "%56, %57, %58, %59, %60, %61, %62, %63}"
+// SS: descriptors %R, %R+1 and the flag %R+2; RS: A %R .. %R+3, descriptor %R+4, flag %R+5.
+#define MT_WGMMA_SS(SHAPE, TY, REGS, A, B, P)                                                     \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %" P ", 0;\nwgmma.mma_async.sync.aligned." SHAPE ".f32." TY \
+  "." TY " " REGS ", %" A ", %" B ", p, 1, 1, 0, 0;\n}\n"
+#define MT_WGMMA_RS(SHAPE, TY, REGS, A0, A1, A2, A3, B, P)                                        \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %" P ", 0;\nwgmma.mma_async.sync.aligned." SHAPE ".f32." TY \
+  "." TY " " REGS ", {%" A0 ", %" A1 ", %" A2 ", %" A3 "}, %" B ", p, 1, 1, 1;\n}\n"
+
+template <class T, int N>
+__device__ __forceinline__ void wg_ss(float (&d)[N / 8][4], uint64_t a, uint64_t b,
+                                      bool accumulate) {
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  const int p = accumulate;
+  if constexpr (N == 64 && kBf16)
+    asm volatile(MT_WGMMA_SS("m64n64k16", "bf16", MT_REGS32, "32", "33", "34")
+                 : MT_ACC32 : "l"(a), "l"(b), "r"(p));
+  else if constexpr (N == 64)
+    asm volatile(MT_WGMMA_SS("m64n64k16", "f16", MT_REGS32, "32", "33", "34")
+                 : MT_ACC32 : "l"(a), "l"(b), "r"(p));
+  else if constexpr (kBf16)
+    asm volatile(MT_WGMMA_SS("m64n128k16", "bf16", MT_REGS64, "64", "65", "66")
+                 : MT_ACC64 : "l"(a), "l"(b), "r"(p));
+  else
+    asm volatile(MT_WGMMA_SS("m64n128k16", "f16", MT_REGS64, "64", "65", "66")
+                 : MT_ACC64 : "l"(a), "l"(b), "r"(p));
+}
+
+template <class T, int N>
+__device__ __forceinline__ void wg_rs(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t b) {
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  if constexpr (N == 64 && kBf16)
+    asm volatile(MT_WGMMA_RS("m64n64k16", "bf16", MT_REGS32, "32", "33", "34", "35", "36", "37")
+                 : MT_ACC32 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+  else if constexpr (N == 64)
+    asm volatile(MT_WGMMA_RS("m64n64k16", "f16", MT_REGS32, "32", "33", "34", "35", "36", "37")
+                 : MT_ACC32 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+  else if constexpr (kBf16)
+    asm volatile(MT_WGMMA_RS("m64n128k16", "bf16", MT_REGS64, "64", "65", "66", "67", "68", "69")
+                 : MT_ACC64 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+  else
+    asm volatile(MT_WGMMA_RS("m64n128k16", "f16", MT_REGS64, "64", "65", "66", "67", "68", "69")
+                 : MT_ACC64 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+#undef MT_ACC4
+#undef MT_ACC32
+#undef MT_ACC64
+#undef MT_REGS32
+#undef MT_REGS64
+#undef MT_WGMMA_SS
+#undef MT_WGMMA_RS
+#endif
+
+// Two blocks an SM at d = 64 without dropout (128 registers a thread), else ptxas's choice.
+template <int D, bool kDrop>
+constexpr int wg_min_blocks() { return D == 64 && !kDrop ? 2 : 1; }
+
+template <class T, int D, bool kDrop>
+__global__ void __launch_bounds__(128 * kWgGroups, wg_min_blocks<D, kDrop>())
+    forward_wg(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+               HeadsLayout in, T* __restrict__ o, HeadsLayout out, float* __restrict__ lse,
+               int T_len, float scale_log2, AttentionDropoutArgs dropout) {
+#if defined(MT_ATTENTION_WGMMA_BODY)
+  constexpr int BC = kWgKeys, kBM = kWgRows * kWgGroups, kBlock = 128 * kWgGroups;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+  T* sQ = reinterpret_cast<T*>(smem);  // [D/64][kBM][64]
+  T* sK = sQ + kBM * D;                // [2][D/64][BC][64]
+  T* sV = sK + 2 * BC * D;             // [2][D/64][BC][64]
+  const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int q0 = (int(gridDim.x) - 1 - int(blockIdx.x)) * kBM;  // the longest walks first
+  const int r0 = q0 + wg * kWgRows, w0 = r0 + warp * 16;  // the warpgroup's, the warp's first row
+  const int64_t base = head_base(in, int(blockIdx.y));
+  const int tiles = int(ceil_div(min(q0 + kBM, T_len), BC));  // keys up to the block's last row
+  [[maybe_unused]] const Drop dr = drop_of<kDrop>(dropout);
+  load_tile_swizzled<T, D, kBM, kBlock>(sQ, q + base, in.row, q0, T_len);
+  load_tile_swizzled<T, D, BC, kBlock>(sK, k + base, in.row, 0, T_len);
+  load_tile_swizzled<T, D, BC, kBlock>(sV, v + base, in.row, 0, T_len);
+  cp_async_commit();
+
+  float acc[1][D / 8][4];
+  zero(acc);
+  float m_run[1][2] = {{-kInf, -kInf}}, l[1][2] = {{0.0f, 0.0f}};  // rows w0 + g + 8h
+  for (int kt = 0; kt < tiles; ++kt) {
+    cp_async_wait_all();
+    fence_async_shared();
+    __syncthreads();  // tile kt landed, and both warpgroups are done with the buffer refilled next
+    const int buf = kt & 1;
+    if (kt + 1 < tiles) {
+      load_tile_swizzled<T, D, BC, kBlock>(sK + (buf ^ 1) * BC * D, k + base, in.row,
+                                           (kt + 1) * BC, T_len);
+      load_tile_swizzled<T, D, BC, kBlock>(sV + (buf ^ 1) * BC * D, v + base, in.row,
+                                           (kt + 1) * BC, T_len);
     }
-  store_rows<MT, D, T>(o + head_base(out, int(blockIdx.y)), out.row, acc, w0, T_len, 1.0f);
+    cp_async_commit();
+    if (kt * BC > r0 + kWgRows - 1) continue;  // every key of the tile comes after every row
+
+    float s[1][BC / 8][4];  // raw q·k
+    const T* sKb = sK + buf * BC * D;
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {  // slab kk / 4, 32 bytes a k-step along the swizzled row
+      const T* a = sQ + (kk / 4) * kBM * 64 + wg * kWgRows * 64 + (kk % 4) * 16;
+      const T* b = sKb + (kk / 4) * BC * 64 + (kk % 4) * 16;
+      wg_ss<T, BC>(s[0], wg_desc(a, 16, 1024), wg_desc(b, 16, 1024), /*accumulate=*/kk > 0);
+    }
+    wg_commit();
+    wg_wait_all();
+    wg_hold(s[0]);
+    online_softmax<1, BC, D>(s, acc, m_run, l, kt * BC, w0, g, t, scale_log2);
+    if constexpr (kDrop) drop_tile<1, BC>(s, dr, int(blockIdx.y), kt * BC, w0, g, t, T_len);
+    uint32_t pa[1][BC / 16][4];
+    to_a<1, BC, T>(s, pa);
+    const T* sVb = sV + buf * BC * D;
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk)  // 16 keys = 2 groups of 8 swizzled rows a k-step
+      wg_rs<T, D>(acc[0], pa[0][kk], wg_desc(sVb + kk * 16 * 64, BC * 64 * sizeof(T), 1024));
+    wg_commit();
+    wg_wait_all();
+    wg_hold(acc[0]);
+  }
+  finish_rows<1, D, T>(acc, m_run, l, w0, g, t, T_len, int(blockIdx.y), lse,
+                       o + head_base(out, int(blockIdx.y)), out.row, kDrop ? dr.scale : 1.0f);
+#endif
 }
 
 // ---- backward, pass 1: D = rowsum(dO ∘ O) ------------------------------------------------------
@@ -957,6 +1204,20 @@ bool attention_uses_tensor_cores(DType dt, int64_t d) {
   return (dt == DType::bf16 || dt == DType::f16) && (d == 32 || d == 64 || d == 128);
 }
 
+bool attention_forward_uses_wgmma(DType dt, int64_t d) {
+#if defined(MT_CUDA_SM90A)
+  if ((dt != DType::bf16 && dt != DType::f16) || (d != 64 && d != 128)) return false;
+  int dev = 0, major = 0, minor = 0;
+  MT_CUDA_CHECK(cudaGetDevice(&dev));
+  MT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  MT_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  return major == 9 && minor == 0;
+#else
+  (void)dt, (void)d;
+  return false;
+#endif
+}
+
 void attention_forward(const void* q, const void* k, const void* v, const HeadsLayout& in, void* o,
                        const HeadsLayout& out, float* lse, int64_t heads, int64_t T, int64_t d,
                        DType dt, cudaStream_t s, const AttentionDropoutArgs& dropout) {
@@ -976,6 +1237,20 @@ void attention_forward(const void* q, const void* k, const void* v, const HeadsL
           check_aligned("attention_forward", out, sizeof(Tp), {o});
           with_head_dim(d, [&](auto dim) {
             constexpr int D = decltype(dim)::value;
+            if constexpr (D >= 64) {
+              if (attention_forward_uses_wgmma(dt, d)) {
+                auto kernel = forward_wg<Tp, D, kDrop>;
+                constexpr int kBM = kWgRows * kWgGroups;
+                // + 1024: the tiles realign to a 1024-byte boundary
+                const size_t bytes = size_t(kBM + 4 * kWgKeys) * D * sizeof(Tp) + 1024;
+                allow_shared(kernel, bytes);
+                const dim3 grid(unsigned(ceil_div(T, kBM)), unsigned(heads));
+                kernel<<<grid, 128 * kWgGroups, bytes, s>>>(qp, kp, vp, in, op, out, lse, int(T),
+                                                            scale * kLog2e, dropout);
+                MT_CUDA_CHECK_LAUNCH();
+                return;
+              }
+            }
             constexpr int BC = fwd_keys<D>(), kBM = kWarps * 16 * kFwdMT;
             auto kernel = forward_tc<Tp, D, kFwdMT, BC, kDrop>;
             const size_t bytes = size_t(kBM + 4 * BC) * (D + kPad) * sizeof(Tp);
