@@ -111,8 +111,8 @@ void bench(const Shape& sh, bool dropout, bool packed, int device, cudaStream_t 
   const double b_ms = median_ms(s, bwd(true));
   const double a_ms = median_ms(s, bwd(false));
   const double ff = sh.fwd_flops(), bf = 2.5 * ff;
-  const bool wgmma = mt::cuda::attention_forward_uses_wgmma(mt::DType::bf16, sh.d);
-  std::printf("[%lld, %lld, %lld, %lld] bf16 causal%s   fwd (%s) %7.3f ms %6.1f TFLOP/s   "
+  const bool wgmma = mt::cuda::attention_uses_wgmma(mt::DType::bf16, sh.d);
+  std::printf("[%lld, %lld, %lld, %lld] bf16 causal%s   (%s) fwd %7.3f ms %6.1f TFLOP/s   "
               "bwd %7.3f ms %6.1f TFLOP/s   bwd atomic-dQ %7.3f ms %6.1f TFLOP/s\n",
               (long long)sh.B, (long long)sh.H, (long long)sh.T, (long long)sh.d,
               dropout ? ", dropout 0.2" : packed ? ", packed" : "",

@@ -20,7 +20,9 @@
 //              whenever m grows. Writes O = acc / ℓ and L.
 //              On a Hopper GPU built for sm_90a (bf16, f16; d = 64, 128) the same
 //              walk runs as forward_wg: blocks of 2 warpgroups, 64 rows each, K/V tiles of 128
-//              keys, the products as wgmma from swizzled shared memory (its section below).
+//              keys, the products as wgmma from swizzled shared memory (its section below);
+//              so do passes 2 and 3 of the deterministic backward without dropout (dkdv_wg,
+//              dq_wg: the same walks and the same bits).
 //   backward   1. D = rowsum(dO ∘ O): eight lanes a row, 16-byte packs (any dtype).
 //              2. dK, dV: grid (T/64 K tiles, B·H). A block owns 64 keys (16 a warp) and walks
 //                 the Q tiles from its diagonal to T: Sᵀ = K·Qᵀ, P = exp2(x − L),
@@ -674,6 +676,214 @@ __global__ void __launch_bounds__(128 * kWgGroups, wg_min_blocks<D, kDrop>())
 #endif
 }
 
+// ---- backward on Hopper: the dK/dV and dQ passes with warpgroup products (sm_90a) -------------
+// The walks of dkdv_tc and dq_tc (deterministic, no dropout) with every product a wgmma, in the
+// layout of forward_wg: the two products of a tile from shared memory (Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ;
+// S = Q·Kᵀ and dP = dO·Vᵀ), then the two (one) whose A is a re-packed accumulator tile in
+// registers and whose B is a tile read MN-major (dV += Pᵀ·dO, dK += dSᵀ·Q; dQ += dS·K). A
+// warpgroup owns 64 keys (dK/dV) or 64 query rows (dQ). The products add the same terms in the
+// same order as the mma.sync kernels', so dQ, dK and dV have the same bits.
+//   dK/dV  grid (T/64·G K tiles, B·H), G warpgroups a block; Q tiles of R rows (G = 1, R = 128
+//          at d = 64: 252 registers, 2 blocks an SM; G = 2, R = 64 at d = 128).
+//   dQ     grid (T/64·G Q tiles, B·H), the last first; K/V tiles of 64 keys (G = 1 at d = 64:
+//          136 registers, 3 blocks an SM; G = 2 at d = 128).
+template <int D>
+constexpr int wg_dkdv_rows() { return D == 64 ? 128 : 64; }
+template <int D>
+constexpr int wg_bwd_groups() { return D == 64 ? 1 : 2; }
+constexpr int kWgDqKeys = 64;
+
+template <class T, int D>
+__global__ void __launch_bounds__(128 * wg_bwd_groups<D>())
+    dkdv_wg(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+            HeadsLayout in, const T* __restrict__ dout, HeadsLayout out,
+            const float* __restrict__ lse, const float* __restrict__ Dvec, T* __restrict__ dk,
+            T* __restrict__ dv, int T_len, float scale, float scale_log2) {
+#if defined(MT_ATTENTION_WGMMA_BODY)
+  constexpr int BR = wg_dkdv_rows<D>(), kBK = kWgRows * wg_bwd_groups<D>();
+  constexpr int kBlock = 128 * wg_bwd_groups<D>();
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+  T* sK = reinterpret_cast<T*>(smem);  // [D/64][kBK][64]
+  T* sV = sK + kBK * D;                // [D/64][kBK][64]
+  T* sQ = sV + kBK * D;                // [2][D/64][BR][64]
+  T* sdO = sQ + 2 * BR * D;            // [2][D/64][BR][64]
+  float* sL = reinterpret_cast<float*>(sdO + 2 * BR * D);  // [2][BR], log2 units
+  float* sD = sL + 2 * BR;                                  // [2][BR]
+  const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int k0 = int(blockIdx.x) * kBK, kw0 = k0 + wg * kWgRows;  // the block's, the group's keys
+  const int64_t base = head_base(in, int(blockIdx.y)), base_out = head_base(out, int(blockIdx.y));
+  const float* lse_h = lse + int64_t(blockIdx.y) * T_len;
+  const float* D_h = Dvec + int64_t(blockIdx.y) * T_len;
+  const int first = k0 / BR, tiles = int(ceil_div(T_len, BR));
+  auto load_q_tile = [&](int qi, int buf) {
+    load_tile_swizzled<T, D, BR, kBlock>(sQ + buf * BR * D, q + base, in.row, qi * BR, T_len);
+    load_tile_swizzled<T, D, BR, kBlock>(sdO + buf * BR * D, dout + base_out, out.row, qi * BR,
+                                         T_len);
+    for (int r = threadIdx.x; r < BR; r += kBlock) {
+      const int i = qi * BR + r;
+      sL[buf * BR + r] = i < T_len ? lse_h[i] * kLog2e : 0.0f;
+      sD[buf * BR + r] = i < T_len ? D_h[i] : 0.0f;
+    }
+  };
+  load_tile_swizzled<T, D, kBK, kBlock>(sK, k + base, in.row, k0, T_len);
+  load_tile_swizzled<T, D, kBK, kBlock>(sV, v + base, in.row, k0, T_len);
+  load_q_tile(first, 0);
+  cp_async_commit();
+
+  float dk_acc[1][D / 8][4], dv_acc[1][D / 8][4];
+  zero(dk_acc);
+  zero(dv_acc);
+  const int j_base = kw0 + warp * 16 + g;  // this thread's keys: j_base and j_base + 8
+  for (int qi = first; qi < tiles; ++qi) {
+    cp_async_wait_all();
+    fence_async_shared();
+    __syncthreads();
+    const int buf = (qi - first) & 1;
+    if (qi + 1 < tiles) load_q_tile(qi + 1, buf ^ 1);
+    cp_async_commit();
+    const int i0 = qi * BR;
+    if (i0 + BR - 1 < kw0) continue;  // every query of the tile comes before every key
+    const T* Q = sQ + buf * BR * D;
+    const T* dO = sdO + buf * BR * D;
+    const float* L = sL + buf * BR;
+    const float* Dr = sD + buf * BR;
+
+    float s[1][BR / 8][4], dp[1][BR / 8][4];  // Sᵀ and dPᵀ: this warp's 16 keys × BR queries
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const int at = (kk / 4) * kBK * 64 + wg * kWgRows * 64 + (kk % 4) * 16;
+      const int bt = (kk / 4) * BR * 64 + (kk % 4) * 16;
+      wg_ss<T, BR>(s[0], wg_desc(sK + at, 16, 1024), wg_desc(Q + bt, 16, 1024), kk > 0);
+      wg_ss<T, BR>(dp[0], wg_desc(sV + at, 16, 1024), wg_desc(dO + bt, 16, 1024), kk > 0);
+    }
+    wg_commit();
+    wg_wait_all();
+    wg_hold(s[0]);
+    wg_hold(dp[0]);
+    const bool edge = i0 < kw0 + kWgRows || i0 + BR > T_len;  // the mask or T cut this tile
+#pragma unroll
+    for (int n = 0; n < BR / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int il = n * 8 + 2 * t + e % 2, i = i0 + il, j = j_base + 8 * (e / 2);
+        float p = fast_exp2(s[0][n][e] * scale_log2 - L[il]);
+        if (edge && (i < j || i >= T_len)) p = 0.0f;
+        s[0][n][e] = p;
+        dp[0][n][e] = p * (dp[0][n][e] - Dr[il]);  // dSᵀ
+      }
+    uint32_t pa[1][BR / 16][4], dsa[1][BR / 16][4];
+    to_a<1, BR, T>(s, pa);
+    to_a<1, BR, T>(dp, dsa);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < BR / 16; ++kk)  // dV += Pᵀ · dO, 16 queries a k-step
+      wg_rs<T, D>(dv_acc[0], pa[0][kk], wg_desc(dO + kk * 16 * 64, BR * 64 * sizeof(T), 1024));
+#pragma unroll
+    for (int kk = 0; kk < BR / 16; ++kk)  // dK += dSᵀ · Q
+      wg_rs<T, D>(dk_acc[0], dsa[0][kk], wg_desc(Q + kk * 16 * 64, BR * 64 * sizeof(T), 1024));
+    wg_commit();
+    wg_wait_all();
+    wg_hold(dv_acc[0]);
+    wg_hold(dk_acc[0]);
+  }
+  store_rows<1, D, T>(dk + base, in.row, dk_acc, kw0 + warp * 16, T_len, scale);
+  store_rows<1, D, T>(dv + base, in.row, dv_acc, kw0 + warp * 16, T_len, 1.0f);
+#endif
+}
+
+template <class T, int D>
+__global__ void __launch_bounds__(128 * wg_bwd_groups<D>())
+    dq_wg(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+          HeadsLayout in, const T* __restrict__ dout, HeadsLayout out,
+          const float* __restrict__ lse, const float* __restrict__ Dvec, T* __restrict__ dq,
+          int T_len, float scale, float scale_log2) {
+#if defined(MT_ATTENTION_WGMMA_BODY)
+  constexpr int BC = kWgDqKeys, kBM = kWgRows * wg_bwd_groups<D>();
+  constexpr int kBlock = 128 * wg_bwd_groups<D>();
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+  T* sQ = reinterpret_cast<T*>(smem);  // [D/64][kBM][64]
+  T* sdO = sQ + kBM * D;               // [D/64][kBM][64]
+  T* sK = sdO + kBM * D;               // [2][D/64][BC][64]
+  T* sV = sK + 2 * BC * D;             // [2][D/64][BC][64]
+  const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int q0 = (int(gridDim.x) - 1 - int(blockIdx.x)) * kBM;  // the longest walks first
+  const int r0 = q0 + wg * kWgRows, w0 = r0 + warp * 16;
+  const int64_t base = head_base(in, int(blockIdx.y));
+  float L[2], Dr[2];  // rows w0 + g + 8h
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int i = w0 + g + 8 * h;
+    L[h] = i < T_len ? lse[int64_t(blockIdx.y) * T_len + i] * kLog2e : 0.0f;
+    Dr[h] = i < T_len ? Dvec[int64_t(blockIdx.y) * T_len + i] : 0.0f;
+  }
+  const int tiles = int(ceil_div(min(q0 + kBM, T_len), BC));  // keys up to the last row
+  load_tile_swizzled<T, D, kBM, kBlock>(sQ, q + base, in.row, q0, T_len);
+  load_tile_swizzled<T, D, kBM, kBlock>(sdO, dout + head_base(out, int(blockIdx.y)), out.row, q0,
+                                        T_len);
+  load_tile_swizzled<T, D, BC, kBlock>(sK, k + base, in.row, 0, T_len);
+  load_tile_swizzled<T, D, BC, kBlock>(sV, v + base, in.row, 0, T_len);
+  cp_async_commit();
+
+  float dq_acc[1][D / 8][4];
+  zero(dq_acc);
+  for (int kt = 0; kt < tiles; ++kt) {
+    cp_async_wait_all();
+    fence_async_shared();
+    __syncthreads();
+    const int buf = kt & 1;
+    if (kt + 1 < tiles) {
+      load_tile_swizzled<T, D, BC, kBlock>(sK + (buf ^ 1) * BC * D, k + base, in.row,
+                                           (kt + 1) * BC, T_len);
+      load_tile_swizzled<T, D, BC, kBlock>(sV + (buf ^ 1) * BC * D, v + base, in.row,
+                                           (kt + 1) * BC, T_len);
+    }
+    cp_async_commit();
+    const int j0 = kt * BC;
+    if (j0 > r0 + kWgRows - 1) continue;  // every key of the tile comes after every row
+    const T* K = sK + buf * BC * D;
+    const T* V = sV + buf * BC * D;
+    float s[1][BC / 8][4], dp[1][BC / 8][4];  // S and dP: this warp's 16 rows × BC keys
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const int at = (kk / 4) * kBM * 64 + wg * kWgRows * 64 + (kk % 4) * 16;
+      const int bt = (kk / 4) * BC * 64 + (kk % 4) * 16;
+      wg_ss<T, BC>(s[0], wg_desc(sQ + at, 16, 1024), wg_desc(K + bt, 16, 1024), kk > 0);
+      wg_ss<T, BC>(dp[0], wg_desc(sdO + at, 16, 1024), wg_desc(V + bt, 16, 1024), kk > 0);
+    }
+    wg_commit();
+    wg_wait_all();
+    wg_hold(s[0]);
+    wg_hold(dp[0]);
+    const bool edge = j0 + BC - 1 > w0;  // some key of the tile is after some row: mask
+#pragma unroll
+    for (int n = 0; n < BC / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = w0 + g + 8 * (e / 2), j = j0 + n * 8 + 2 * t + e % 2;
+        float p = fast_exp2(s[0][n][e] * scale_log2 - L[e / 2]);
+        if (edge && j > i) p = 0.0f;
+        dp[0][n][e] = p * (dp[0][n][e] - Dr[e / 2]);  // dS
+      }
+    uint32_t dsa[1][BC / 16][4];
+    to_a<1, BC, T>(dp, dsa);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk)  // dQ += dS · K, 16 keys a k-step
+      wg_rs<T, D>(dq_acc[0], dsa[0][kk], wg_desc(K + kk * 16 * 64, BC * 64 * sizeof(T), 1024));
+    wg_commit();
+    wg_wait_all();
+    wg_hold(dq_acc[0]);
+  }
+  store_rows<1, D, T>(dq + base, in.row, dq_acc, w0, T_len, scale);
+#endif
+}
+
 // ---- backward, pass 1: D = rowsum(dO ∘ O) ------------------------------------------------------
 // A row is d elements of dO and of O (128 bytes each at d = 64, bf16): too short for a warp. Eight
 // lanes share a row, each summing V consecutive elements (one 16-byte pack) at a time, lane l
@@ -1204,7 +1414,7 @@ bool attention_uses_tensor_cores(DType dt, int64_t d) {
   return (dt == DType::bf16 || dt == DType::f16) && (d == 32 || d == 64 || d == 128);
 }
 
-bool attention_forward_uses_wgmma(DType dt, int64_t d) {
+bool attention_uses_wgmma(DType dt, int64_t d) {
 #if defined(MT_CUDA_SM90A)
   if ((dt != DType::bf16 && dt != DType::f16) || (d != 64 && d != 128)) return false;
   int dev = 0, major = 0, minor = 0;
@@ -1238,7 +1448,7 @@ void attention_forward(const void* q, const void* k, const void* v, const HeadsL
           with_head_dim(d, [&](auto dim) {
             constexpr int D = decltype(dim)::value;
             if constexpr (D >= 64) {
-              if (attention_forward_uses_wgmma(dt, d)) {
+              if (attention_uses_wgmma(dt, d)) {
                 auto kernel = forward_wg<Tp, D, kDrop>;
                 constexpr int kBM = kWgRows * kWgGroups;
                 // + 1024: the tiles realign to a 1024-byte boundary
@@ -1312,6 +1522,27 @@ void attention_backward(const void* q, const void* k, const void* v, const Heads
               // side branch beside dK/dV's (SideBranch), which fills each one's last wave with
               // the other's blocks. The kernels are the same either way, and so are the bits.
               SideBranch branch(s, /*wanted=*/true);
+              if constexpr (!kDrop && D >= 64) {
+                if (attention_uses_wgmma(dt, d)) {
+                  constexpr int G = wg_bwd_groups<D>(), R = wg_dkdv_rows<D>(), kRows = kWgRows * G;
+                  auto dkdv = dkdv_wg<Tp, D>;  // + 1024: the tiles realign to 1024 bytes
+                  const size_t kv_bytes = size_t(2 * kRows + 4 * R) * D * sizeof(Tp) +
+                                          size_t(4 * R) * sizeof(float) + 1024;
+                  allow_shared(dkdv, kv_bytes);
+                  const dim3 grid(unsigned(ceil_div(T, kRows)), unsigned(heads));
+                  dkdv<<<grid, 128 * G, kv_bytes, s>>>(qp, kp, vp, in, gp, out, lse, Dvec, dkp,
+                                                       dvp, int(T), scale, scale * kLog2e);
+                  MT_CUDA_CHECK_LAUNCH();
+                  auto dqk = dq_wg<Tp, D>;
+                  const size_t q_bytes = size_t(2 * kRows + 4 * kWgDqKeys) * D * sizeof(Tp) + 1024;
+                  allow_shared(dqk, q_bytes);
+                  dqk<<<grid, 128 * G, q_bytes, branch.stream()>>>(
+                      qp, kp, vp, in, gp, out, lse, Dvec, dqp, int(T), scale, scale * kLog2e);
+                  MT_CUDA_CHECK_LAUNCH();
+                  branch.join();  // before Dvec goes back to the pool on s
+                  return;
+                }
+              }
               auto dkdv = dkdv_tc<Tp, D, BR, false, kDrop>;
               allow_shared(dkdv, tiles_bytes);
               dkdv<<<kgrid, kThreads, tiles_bytes, s>>>(qp, kp, vp, in, gp, out, lse, Dvec, dkp, dvp,

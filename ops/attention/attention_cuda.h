@@ -56,9 +56,11 @@ void attention_backward(const void* q, const void* k, const void* v, const Heads
 // Whether (dt, d) takes the tensor-core kernels.
 bool attention_uses_tensor_cores(DType dt, int64_t d);
 
-// Whether the forward takes the Hopper kernel (warpgroup MMA) on the current device: a build with
-// an sm_90a target (MT_CUDA_SM90A), a compute capability 9.0 GPU, bf16 or f16, d = 64 or 128.
-// Elsewhere the mma.sync kernel runs; both give O and L to the same tolerance, not the same bits.
-bool attention_forward_uses_wgmma(DType dt, int64_t d);
+// Whether the Hopper kernels (warpgroup MMA) run on the current device: a build with an sm_90a
+// target (MT_CUDA_SM90A), a compute capability 9.0 GPU, bf16 or f16, d = 64 or 128. Then the
+// forward takes them (with or without dropout; O and L to the mma.sync kernel's tolerance, not
+// its bits), and so does the deterministic backward without dropout (the same bits as the
+// mma.sync passes). Elsewhere the mma.sync kernels run.
+bool attention_uses_wgmma(DType dt, int64_t d);
 
 }  // namespace mt::cuda
