@@ -39,7 +39,7 @@ const std::vector<AttnVersion<AttnForwardFn>>& attention_forward_versions() {
        attn_v2::forward},
       {"v3 shared-memory tiles", "64 rows a block share each 32-key tile; one rescale per tile",
        attn_v3::forward},
-      {"v4 production", "tensor cores (mma.sync), cp.async tiles, P in registers (ops/attention)",
+      {"v4 production", "tensor cores (mma.sync; wgmma on sm_90a), P in registers (ops/attention)",
        attn_v4::forward},
   };
   return v;

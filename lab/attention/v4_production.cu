@@ -5,7 +5,9 @@
 // (mma.sync m16n8k16, bf16 in, fp32 accumulate): S = q·kᵀ for a 16-row slice of the query tile
 // per warp, its online softmax in registers, then P rounded to bf16 and o += P·v, with no trip
 // through shared memory between them; k and v tiles arrive by cp.async while the previous tile
-// computes, and ldmatrix feeds them to the fragments.
+// computes, and ldmatrix feeds them to the fragments. On Hopper (an sm_90a build) the same walk
+// runs with warpgroup MMA (wgmma) reading its operands from swizzled shared memory, and so do
+// the deterministic backward's passes: these rows then time those kernels.
 //
 // Backward, v3, what it adds to v2: tiles and tensor cores. One block per key tile keeps its k
 // and v in shared memory and walks the query tiles at or below the diagonal, recomputing
