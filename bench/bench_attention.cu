@@ -111,12 +111,14 @@ void bench(const Shape& sh, bool dropout, bool packed, int device, cudaStream_t 
   const double b_ms = median_ms(s, bwd(true));
   const double a_ms = median_ms(s, bwd(false));
   const double ff = sh.fwd_flops(), bf = 2.5 * ff;
+  // Which kernels ran: the atomic-dQ backward is always the mma.sync one.
   const bool wgmma = mt::cuda::attention_uses_wgmma(mt::DType::bf16, sh.d);
+  const char* kernels = !wgmma ? "mma.sync" : dropout ? "wgmma fwd" : "wgmma fwd, bwd";
   std::printf("[%lld, %lld, %lld, %lld] bf16 causal%s   (%s) fwd %7.3f ms %6.1f TFLOP/s   "
               "bwd %7.3f ms %6.1f TFLOP/s   bwd atomic-dQ %7.3f ms %6.1f TFLOP/s\n",
               (long long)sh.B, (long long)sh.H, (long long)sh.T, (long long)sh.d,
               dropout ? ", dropout 0.2" : packed ? ", packed" : "",
-              wgmma ? "wgmma" : "mma.sync", f_ms,
+              kernels, f_ms,
               ff / (f_ms * 1e-3) / 1e12, b_ms, bf / (b_ms * 1e-3) / 1e12, a_ms,
               bf / (a_ms * 1e-3) / 1e12);
   for (void* p : owned) mt::cuda::free(p, device);

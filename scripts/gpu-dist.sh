@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On a machine with 2 (or more) NVIDIA GPUs: data parallelism over NCCL (docs/distributed.md).
-# Builds for sm_90, runs the data-parallel and CUDA tests, trains the default and the large
+# Builds for sm_90a, runs the data-parallel and CUDA tests, trains the default and the large
 # config on 1 and on 2 GPUs and compares them, times the large step's scaling, kills a worker
 # mid-run (under `train --nproc` and under an outside launcher), and prints a summary last; the
 # summary and the logs also go to $MT_LOG_DIR (default build-gpu/logs-dist).

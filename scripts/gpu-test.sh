@@ -244,7 +244,7 @@ fi
 # in f32/bf16/f16, its kernels' share of the copy bandwidth, and the model using it trained on cuda.
 rm -rf "$build/swiglu"
 if cmake -S examples/swiglu -B "$build/swiglu" -DCMAKE_PREFIX_PATH="$(cd "$build" && pwd)/prefix" \
-     -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 >"$logs/swiglu.log" 2>&1 &&
+     -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a >"$logs/swiglu.log" 2>&1 &&
    cmake --build "$build/swiglu" -j "$(nproc)" >>"$logs/swiglu.log" 2>&1; then
   "$build/swiglu/test_swiglu" >"$logs/test_swiglu.log" 2>&1
   rc=$?

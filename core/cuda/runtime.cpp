@@ -41,6 +41,8 @@ struct DeviceState {
 
   std::once_flag sm_once;
   int sm_count = 0;
+  std::once_flag cc_once;
+  int compute_capability = 0;
 };
 
 // Streams, handles and the workspace are deliberately never destroyed: static destructors run in
@@ -409,6 +411,17 @@ int sm_count(int device) {
     MT_CUDA_CHECK(cudaDeviceGetAttribute(&st.sm_count, cudaDevAttrMultiProcessorCount, device));
   });
   return st.sm_count;
+}
+
+int compute_capability(int device) {
+  DeviceState& st = state(device);
+  std::call_once(st.cc_once, [&] {
+    int major = 0, minor = 0;
+    MT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    MT_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    st.compute_capability = major * 10 + minor;
+  });
+  return st.compute_capability;
 }
 
 }  // namespace mt::cuda

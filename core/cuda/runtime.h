@@ -118,5 +118,8 @@ void set_device(int device);
 int current_device();
 // Number of streaming multiprocessors of `device`, read once: kernels size their grids from it.
 int sm_count(int device);
+// The compute capability of `device` as major·10 + minor (an H100 or H200: 90), read once:
+// launchers that hold architecture-specific kernels pick them by it.
+int compute_capability(int device);
 
 }  // namespace mt::cuda

@@ -18,11 +18,6 @@
 //              the online softmax: per row a running max m and sum ℓ (a thread's partial sum;
 //              its quad adds them at the end), the output rescaled by exp2(m_old − m_new)
 //              whenever m grows. Writes O = acc / ℓ and L.
-//              On a Hopper GPU built for sm_90a (bf16, f16; d = 64, 128) the same
-//              walk runs as forward_wg: blocks of 2 warpgroups, 64 rows each, K/V tiles of 128
-//              keys, the products as wgmma from swizzled shared memory (its section below);
-//              so do passes 2 and 3 of the deterministic backward without dropout (dkdv_wg,
-//              dq_wg: the same walks and the same bits).
 //   backward   1. D = rowsum(dO ∘ O): eight lanes a row, 16-byte packs (any dtype).
 //              2. dK, dV: grid (T/64 K tiles, B·H). A block owns 64 keys (16 a warp) and walks
 //                 the Q tiles from its diagonal to T: Sᵀ = K·Qᵀ, P = exp2(x − L),
@@ -35,9 +30,19 @@
 //                 side by side. Non-deterministic variant: pass 2 also writes dSᵀ to shared
 //                 memory, computes the tile's dS·K and atomicAdds it into an fp32 scratch; a last
 //                 map rounds it into dq.
+// Hopper path (a compute capability 9.0 GPU and a build for sm_90a; bf16, f16; d = 64, 128): the
+// same walks with warpgroup MMA (wgmma) from swizzled shared memory, a warpgroup (4 warps)
+// owning 64 query rows or keys; the sections "on Hopper" below hold the layout.
+//   forward    forward_wg, with or without dropout: grid (T/128 Q tiles, B·H), the last first;
+//              2 warpgroups a block sharing K/V tiles of 128 keys.
+//   backward   dkdv_wg and dq_wg take passes 2 and 3 when the backward is deterministic and
+//              without dropout (the same bits as the mma.sync passes): grids (T/64·G K or Q
+//              tiles, B·H), G = 1 warpgroup a block at d = 64 (Q tiles of 128 rows for dK/dV),
+//              2 at d = 128.
 // CUDA-core path (f32; bf16 and f16 at other d ≤ 256): one warp per row (forward, dQ) or per key
 // (dK, dV), lane ℓ scoring key (or query) j0 + ℓ of each group of 32, fp32 throughout.
-// Dropout on P (attention.h): each kernel but D's is a template of kDrop, and the launchers pick
+// Dropout on P (attention.h): each kernel that supports it (all but D's and the Hopper backward
+// passes) is a template of kDrop, and the launchers pick
 // the instantiation without it for p = 0, so that path is the kernel as it was. With it, every
 // thread reads the base word once when it starts and draws the words of the probabilities it
 // holds: the forward and the dQ pass hold a row's keys 2t and 2t + 1 (one Philox call for both),
@@ -47,8 +52,10 @@
 // multiplies O with 1/ℓ and dV at its store, while dP is scaled element by element before − D.
 //
 // Accumulation: O, L, D, dQ, dK, dV all '='. Every sum has a fixed order (mma k-order, the quad
-// shuffles, the tile walk), and the grid depends only on the shape, so the same inputs give the
-// same bits on every run; only the atomic dQ variant does not.
+// shuffles, the tile walk), and the kernel and its grid depend only on the shape, the device and
+// the build, so the same inputs give the same bits on every run there; only the atomic dQ
+// variant does not. The Hopper forward's 128-key tiles give O and L other last bits than
+// forward_tc's.
 #include "ops/attention/attention_cuda.h"
 
 #include <algorithm>
@@ -478,7 +485,7 @@ __global__ void __launch_bounds__(kThreads)
 // architecture list holds sm_90a (wgmma is not in plain sm_90); the launcher picks it on such a
 // device for bf16 and f16 at d = 64 and 128, with or without dropout, forward_tc elsewhere.
 //   grid (T/128 Q tiles, B·H), the last Q tile first; blocks of 2 warpgroups sharing K/V tiles
-//   of 128 keys, double-buffered; a warpgroup skips a tile that lies wholly past its rows.
+//   of 128 keys, double-buffered.
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define MT_ATTENTION_WGMMA_BODY 1
@@ -508,6 +515,12 @@ __device__ __forceinline__ void load_tile_swizzled(T* s, const T* g, int64_t str
 __device__ __forceinline__ uint64_t wg_desc(const void* p, uint32_t leading, uint32_t stride) {
   return uint64_t((smem_addr(p) & 0x3FFFF) >> 4) | uint64_t(leading >> 4) << 16 |
          uint64_t(stride >> 4) << 32 | uint64_t(1) << 62;
+}
+
+// Dynamic shared memory from its first 1024-byte boundary on (the swizzle is a function of
+// address bits 4-9); the launchers ask for 1024 bytes more than the tiles take.
+__device__ __forceinline__ unsigned char* align_1024(unsigned char* raw) {
+  return raw + ((1024 - (smem_addr(raw) & 1023)) & 1023);
 }
 
 __device__ __forceinline__ void wg_fence() {
@@ -601,6 +614,13 @@ __device__ __forceinline__ void wg_rs(float (&d)[N / 8][4], const uint32_t (&a)[
 #undef MT_WGMMA_RS
 #endif
 
+// Shared memory of the Hopper kernels (tiles as laid out below, + 1024 for align_1024).
+template <class T, int D>
+constexpr size_t wg_forward_smem() {
+  return size_t(kWgRows * kWgGroups + 4 * kWgKeys) * D * sizeof(T) + 1024;
+}
+static_assert(wg_forward_smem<__nv_bfloat16, 128>() <= 227 * 1024);
+
 // Two blocks an SM at d = 64 without dropout (128 registers a thread), else ptxas's choice.
 template <int D, bool kDrop>
 constexpr int wg_min_blocks() { return D == 64 && !kDrop ? 2 : 1; }
@@ -613,7 +633,7 @@ __global__ void __launch_bounds__(128 * kWgGroups, wg_min_blocks<D, kDrop>())
 #if defined(MT_ATTENTION_WGMMA_BODY)
   constexpr int BC = kWgKeys, kBM = kWgRows * kWgGroups, kBlock = 128 * kWgGroups;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  unsigned char* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+  unsigned char* smem = align_1024(smem_raw);
   T* sQ = reinterpret_cast<T*>(smem);  // [D/64][kBM][64]
   T* sK = sQ + kBM * D;                // [2][D/64][BC][64]
   T* sV = sK + 2 * BC * D;             // [2][D/64][BC][64]
@@ -644,7 +664,11 @@ __global__ void __launch_bounds__(128 * kWgGroups, wg_min_blocks<D, kDrop>())
                                            (kt + 1) * BC, T_len);
     }
     cp_async_commit();
-    if (kt * BC > r0 + kWgRows - 1) continue;  // every key of the tile comes after every row
+    // A tile wholly past this warpgroup's rows is skipped. With tiles as wide as a block's rows
+    // (kWgKeys = 128 = 2 · 64) none is, and warpgroup 0 multiplies the diagonal tile's masked
+    // upper half; the test stays for narrower tiles, and ptxas allocates the d = 64 kernel's
+    // registers better with it (without it: 72 bytes of spills at 128 registers).
+    if (kt * BC > r0 + kWgRows - 1) continue;
 
     float s[1][BC / 8][4];  // raw q·k
     const T* sKb = sK + buf * BC * D;
@@ -673,6 +697,8 @@ __global__ void __launch_bounds__(128 * kWgGroups, wg_min_blocks<D, kDrop>())
   }
   finish_rows<1, D, T>(acc, m_run, l, w0, g, t, T_len, int(blockIdx.y), lse,
                        o + head_base(out, int(blockIdx.y)), out.row, kDrop ? dr.scale : 1.0f);
+#else
+  __trap();  // no sm_90a code in this image: attention_uses_wgmma should have said no
 #endif
 }
 
@@ -692,6 +718,17 @@ constexpr int wg_dkdv_rows() { return D == 64 ? 128 : 64; }
 template <int D>
 constexpr int wg_bwd_groups() { return D == 64 ? 1 : 2; }
 constexpr int kWgDqKeys = 64;
+template <class T, int D>
+constexpr size_t wg_dkdv_smem() {
+  constexpr int kKeys = kWgRows * wg_bwd_groups<D>(), R = wg_dkdv_rows<D>();
+  return size_t(2 * kKeys + 4 * R) * D * sizeof(T) + size_t(4 * R) * sizeof(float) + 1024;
+}
+template <class T, int D>
+constexpr size_t wg_dq_smem() {
+  return size_t(2 * kWgRows * wg_bwd_groups<D>() + 4 * kWgDqKeys) * D * sizeof(T) + 1024;
+}
+static_assert(wg_dkdv_smem<__nv_bfloat16, 128>() <= 227 * 1024);
+static_assert(wg_dq_smem<__nv_bfloat16, 128>() <= 227 * 1024);
 
 template <class T, int D>
 __global__ void __launch_bounds__(128 * wg_bwd_groups<D>())
@@ -703,7 +740,7 @@ __global__ void __launch_bounds__(128 * wg_bwd_groups<D>())
   constexpr int BR = wg_dkdv_rows<D>(), kBK = kWgRows * wg_bwd_groups<D>();
   constexpr int kBlock = 128 * wg_bwd_groups<D>();
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  unsigned char* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+  unsigned char* smem = align_1024(smem_raw);
   T* sK = reinterpret_cast<T*>(smem);  // [D/64][kBK][64]
   T* sV = sK + kBK * D;                // [D/64][kBK][64]
   T* sQ = sV + kBK * D;                // [2][D/64][BR][64]
@@ -791,6 +828,8 @@ __global__ void __launch_bounds__(128 * wg_bwd_groups<D>())
   }
   store_rows<1, D, T>(dk + base, in.row, dk_acc, kw0 + warp * 16, T_len, scale);
   store_rows<1, D, T>(dv + base, in.row, dv_acc, kw0 + warp * 16, T_len, 1.0f);
+#else
+  __trap();  // no sm_90a code in this image: attention_uses_wgmma should have said no
 #endif
 }
 
@@ -804,7 +843,7 @@ __global__ void __launch_bounds__(128 * wg_bwd_groups<D>())
   constexpr int BC = kWgDqKeys, kBM = kWgRows * wg_bwd_groups<D>();
   constexpr int kBlock = 128 * wg_bwd_groups<D>();
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  unsigned char* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+  unsigned char* smem = align_1024(smem_raw);
   T* sQ = reinterpret_cast<T*>(smem);  // [D/64][kBM][64]
   T* sdO = sQ + kBM * D;               // [D/64][kBM][64]
   T* sK = sdO + kBM * D;               // [2][D/64][BC][64]
@@ -881,6 +920,8 @@ __global__ void __launch_bounds__(128 * wg_bwd_groups<D>())
     wg_hold(dq_acc[0]);
   }
   store_rows<1, D, T>(dq + base, in.row, dq_acc, w0, T_len, scale);
+#else
+  __trap();  // no sm_90a code in this image: attention_uses_wgmma should have said no
 #endif
 }
 
@@ -926,7 +967,8 @@ __global__ void __launch_bounds__(kThreads)
 
 // ---- tensor-core backward, pass 2: dK, dV (and the atomic dQ) ---------------------------------
 // On sm_90 at d = 64 the deterministic pass asks for three blocks an SM (the launch bounds'
-// second argument): ptxas then fits it in 168 registers with a 40-byte stack frame of spills (48
+// second argument; on an sm_90a build this kernel now runs there only with dropout, dkdv_wg
+// without): ptxas then fits it in 168 registers with a 40-byte stack frame of spills (48
 // with dropout), where on its own it takes 184 registers (236 with dropout) and two blocks fit.
 // The latency-bound kernel gains more from the third block's warps than the spills cost: 0.240
 // against 0.268 ms at [16, 12, 1024, 64] on an H200 (bf16; 0.932 against 0.968 with dropout
@@ -1393,8 +1435,9 @@ void check_shape(const char* op, int64_t heads, int64_t T, int64_t d) {
            " are more than one launch takes (at most 65535 heads)");
 }
 
-// Tile shapes per head dimension, chosen by the registers they need (no spills, at most 255)
-// and by time on an H200: the forward's warps take 32 query rows against K/V tiles of 64 keys (32
+// Tile shapes of the mma.sync kernels per head dimension, chosen by the registers they need (no
+// spills, at most 255) and by time on an H200 before the Hopper kernels took its place there (an
+// sm_90a build runs these with dropout, or on other GPUs): the forward's warps take 32 query rows against K/V tiles of 64 keys (32
 // at d = 128): 192 TFLOP/s at [16, 12, 1024, 64] against 166 with 16 rows (and the library's
 // exp2f). The dK/dV pass takes 16 keys a warp against Q tiles of 64 rows (32 at d = 128); the dQ
 // pass, 16 query rows against K/V tiles of 64 keys (32 at d = 128): with 32 rows against 32 keys
@@ -1417,11 +1460,7 @@ bool attention_uses_tensor_cores(DType dt, int64_t d) {
 bool attention_uses_wgmma(DType dt, int64_t d) {
 #if defined(MT_CUDA_SM90A)
   if ((dt != DType::bf16 && dt != DType::f16) || (d != 64 && d != 128)) return false;
-  int dev = 0, major = 0, minor = 0;
-  MT_CUDA_CHECK(cudaGetDevice(&dev));
-  MT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  MT_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-  return major == 9 && minor == 0;
+  return compute_capability(current_device()) == 90;
 #else
   (void)dt, (void)d;
   return false;
@@ -1451,8 +1490,7 @@ void attention_forward(const void* q, const void* k, const void* v, const HeadsL
               if (attention_uses_wgmma(dt, d)) {
                 auto kernel = forward_wg<Tp, D, kDrop>;
                 constexpr int kBM = kWgRows * kWgGroups;
-                // + 1024: the tiles realign to a 1024-byte boundary
-                const size_t bytes = size_t(kBM + 4 * kWgKeys) * D * sizeof(Tp) + 1024;
+                constexpr size_t bytes = wg_forward_smem<Tp, D>();
                 allow_shared(kernel, bytes);
                 const dim3 grid(unsigned(ceil_div(T, kBM)), unsigned(heads));
                 kernel<<<grid, 128 * kWgGroups, bytes, s>>>(qp, kp, vp, in, op, out, lse, int(T),
@@ -1524,17 +1562,16 @@ void attention_backward(const void* q, const void* k, const void* v, const Heads
               SideBranch branch(s, /*wanted=*/true);
               if constexpr (!kDrop && D >= 64) {
                 if (attention_uses_wgmma(dt, d)) {
-                  constexpr int G = wg_bwd_groups<D>(), R = wg_dkdv_rows<D>(), kRows = kWgRows * G;
-                  auto dkdv = dkdv_wg<Tp, D>;  // + 1024: the tiles realign to 1024 bytes
-                  const size_t kv_bytes = size_t(2 * kRows + 4 * R) * D * sizeof(Tp) +
-                                          size_t(4 * R) * sizeof(float) + 1024;
+                  constexpr int G = wg_bwd_groups<D>(), kRows = kWgRows * G;
+                  auto dkdv = dkdv_wg<Tp, D>;
+                  constexpr size_t kv_bytes = wg_dkdv_smem<Tp, D>();
                   allow_shared(dkdv, kv_bytes);
                   const dim3 grid(unsigned(ceil_div(T, kRows)), unsigned(heads));
                   dkdv<<<grid, 128 * G, kv_bytes, s>>>(qp, kp, vp, in, gp, out, lse, Dvec, dkp,
                                                        dvp, int(T), scale, scale * kLog2e);
                   MT_CUDA_CHECK_LAUNCH();
                   auto dqk = dq_wg<Tp, D>;
-                  const size_t q_bytes = size_t(2 * kRows + 4 * kWgDqKeys) * D * sizeof(Tp) + 1024;
+                  constexpr size_t q_bytes = wg_dq_smem<Tp, D>();
                   allow_shared(dqk, q_bytes);
                   dqk<<<grid, 128 * G, q_bytes, branch.stream()>>>(
                       qp, kp, vp, in, gp, out, lse, Dvec, dqp, int(T), scale, scale * kLog2e);
