@@ -411,6 +411,67 @@ __device__ __forceinline__ void finish_rows(float (&acc)[MT][D / 8][4], const fl
   store_rows<MT, D, T>(o, stride, acc, w0, T_len, 1.0f);
 }
 
+// The dK/dV pass's elementwise step on a tile: Sᵀ and dPᵀ (this warp's keys j_base, j_base + 8
+// against queries i0 + 8n + 2t (+ 1)) become P·Z in s (for dV += Pᵀ·dO) and dSᵀ = P ∘ (Z ∘ dPᵀ − D)
+// in dp (for dK += dSᵀ·Q); L in log2 units. edge: the causal mask or T cut the tile.
+template <int BR, bool kDrop>
+__device__ __forceinline__ void key_tile_grads(float (&s)[1][BR / 8][4],
+                                               float (&dp)[1][BR / 8][4], const float* L,
+                                               const float* Dr, int i0, int j_base, int t,
+                                               bool edge, int T_len, float scale_log2,
+                                               const Drop& dr, int bh) {
+#pragma unroll
+  for (int n = 0; n < BR / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int il = n * 8 + 2 * t + e % 2, i = i0 + il, j = j_base + 8 * (e / 2);
+      float p = fast_exp2(s[0][n][e] * scale_log2 - L[il]);
+      if (edge && (i < j || i >= T_len)) p = 0.0f;
+      float pz = p, dpz = dp[0][n][e];
+      if constexpr (kDrop) {  // Z: P·Z into dV (1/(1 − p) at its store), dP = Z ∘ (dO·vᵀ)
+        const bool keep = i >= j && i < T_len && kept(dr, p_row(bh, i, T_len) + j);
+        pz = keep ? p : 0.0f;
+        dpz = keep ? dpz * dr.scale : 0.0f;
+      }
+      s[0][n][e] = pz;
+      dp[0][n][e] = p * (dpz - Dr[il]);  // dSᵀ
+    }
+}
+
+// The dQ pass's elementwise step on a tile: dP of rows w0 + 16m + g + 8h against keys
+// j0 + 8n + 2t (+ 1) becomes dS = P ∘ (Z ∘ dP − D) in place, P = exp2(x − L) from s.
+template <int MT, int BC, bool kDrop>
+__device__ __forceinline__ void row_tile_grads(const float (&s)[MT][BC / 8][4],
+                                               float (&dp)[MT][BC / 8][4], const float (&L)[MT][2],
+                                               const float (&Dr)[MT][2], int j0, int w0, int g,
+                                               int t, int T_len, float scale_log2, const Drop& dr,
+                                               int bh) {
+  const bool edge = j0 + BC - 1 > w0;  // some key of the tile is after some row: mask
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int n = 0; n < BC / 8; ++n) {
+      [[maybe_unused]] bool keep[4] = {true, true, true, true};
+      if constexpr (kDrop) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int i = w0 + 16 * m + g + 8 * h, j = j0 + n * 8 + 2 * t;
+          if (i < T_len && j <= i)  // else masked: p = 0
+            kept_pair(dr, p_row(bh, i, T_len) + uint64_t(j), keep[2 * h], keep[2 * h + 1]);
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = w0 + 16 * m + g + 8 * (e / 2), j = j0 + n * 8 + 2 * t + e % 2;
+        float p = fast_exp2(s[m][n][e] * scale_log2 - L[m][e / 2]);
+        if (edge && j > i) p = 0.0f;
+        float dpz = dp[m][n][e];
+        if constexpr (kDrop) dpz = keep[e] ? dpz * dr.scale : 0.0f;  // dP = Z ∘ (dO·vᵀ)
+        dp[m][n][e] = p * (dpz - Dr[m][e / 2]);  // dS
+      }
+    }
+}
+
 // ---- tensor-core forward ----------------------------------------------------------------------
 // Block: kWarps warps of 16·MT query rows each (kBM rows); K/V tiles of BC keys.
 
@@ -801,16 +862,8 @@ __global__ void __launch_bounds__(128 * wg_bwd_groups<D>())
     wg_hold(s[0]);
     wg_hold(dp[0]);
     const bool edge = i0 < kw0 + kWgRows || i0 + BR > T_len;  // the mask or T cut this tile
-#pragma unroll
-    for (int n = 0; n < BR / 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int il = n * 8 + 2 * t + e % 2, i = i0 + il, j = j_base + 8 * (e / 2);
-        float p = fast_exp2(s[0][n][e] * scale_log2 - L[il]);
-        if (edge && (i < j || i >= T_len)) p = 0.0f;
-        s[0][n][e] = p;
-        dp[0][n][e] = p * (dp[0][n][e] - Dr[il]);  // dSᵀ
-      }
+    key_tile_grads<BR, false>(s, dp, L, Dr, i0, j_base, t, edge, T_len, scale_log2, Drop{},
+                              int(blockIdx.y));
     uint32_t pa[1][BR / 16][4], dsa[1][BR / 16][4];
     to_a<1, BR, T>(s, pa);
     to_a<1, BR, T>(dp, dsa);
@@ -853,12 +906,12 @@ __global__ void __launch_bounds__(128 * wg_bwd_groups<D>())
   const int q0 = (int(gridDim.x) - 1 - int(blockIdx.x)) * kBM;  // the longest walks first
   const int r0 = q0 + wg * kWgRows, w0 = r0 + warp * 16;
   const int64_t base = head_base(in, int(blockIdx.y));
-  float L[2], Dr[2];  // rows w0 + g + 8h
+  float L[1][2], Dr[1][2];  // rows w0 + g + 8h
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int i = w0 + g + 8 * h;
-    L[h] = i < T_len ? lse[int64_t(blockIdx.y) * T_len + i] * kLog2e : 0.0f;
-    Dr[h] = i < T_len ? Dvec[int64_t(blockIdx.y) * T_len + i] : 0.0f;
+    L[0][h] = i < T_len ? lse[int64_t(blockIdx.y) * T_len + i] * kLog2e : 0.0f;
+    Dr[0][h] = i < T_len ? Dvec[int64_t(blockIdx.y) * T_len + i] : 0.0f;
   }
   const int tiles = int(ceil_div(min(q0 + kBM, T_len), BC));  // keys up to the last row
   load_tile_swizzled<T, D, kBM, kBlock>(sQ, q + base, in.row, q0, T_len);
@@ -899,16 +952,8 @@ __global__ void __launch_bounds__(128 * wg_bwd_groups<D>())
     wg_wait_all();
     wg_hold(s[0]);
     wg_hold(dp[0]);
-    const bool edge = j0 + BC - 1 > w0;  // some key of the tile is after some row: mask
-#pragma unroll
-    for (int n = 0; n < BC / 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = w0 + g + 8 * (e / 2), j = j0 + n * 8 + 2 * t + e % 2;
-        float p = fast_exp2(s[0][n][e] * scale_log2 - L[e / 2]);
-        if (edge && j > i) p = 0.0f;
-        dp[0][n][e] = p * (dp[0][n][e] - Dr[e / 2]);  // dS
-      }
+    row_tile_grads<1, BC, false>(s, dp, L, Dr, j0, w0, g, t, T_len, scale_log2, Drop{},
+                                 int(blockIdx.y));
     uint32_t dsa[1][BC / 16][4];
     to_a<1, BC, T>(dp, dsa);
     wg_fence();
@@ -1044,22 +1089,8 @@ __global__ void __launch_bounds__(kThreads, dkdv_min_blocks<D, kAtomicDq>())
     mma_smem_nt<1, BR, D>(dp, sV + warp * 16 * kS, dO, kS);
     const int i0 = qi * BR;
     const bool edge = i0 < k0 + kTile || i0 + BR > T_len;  // the causal mask or T cut this tile
-#pragma unroll
-    for (int n = 0; n < BR / 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int il = n * 8 + 2 * t + e % 2, i = i0 + il, j = j_base + 8 * (e / 2);
-        float p = fast_exp2(s[0][n][e] * scale_log2 - L[il]);
-        if (edge && (i < j || i >= T_len)) p = 0.0f;
-        float pz = p, dpz = dp[0][n][e];
-        if constexpr (kDrop) {  // Z: P·Z into dV (1/(1 − p) at its store), dP = Z ∘ (dO·vᵀ)
-          const bool keep = i >= j && i < T_len && kept(dr, p_row(int(blockIdx.y), i, T_len) + j);
-          pz = keep ? p : 0.0f;
-          dpz = keep ? dpz * dr.scale : 0.0f;
-        }
-        s[0][n][e] = pz;
-        dp[0][n][e] = p * (dpz - Dr[il]);  // dSᵀ
-      }
+    key_tile_grads<BR, kDrop>(s, dp, L, Dr, i0, j_base, t, edge, T_len, scale_log2, dr,
+                              int(blockIdx.y));
     uint32_t pa[1][BR / 16][4], dsa[1][BR / 16][4];
     to_a<1, BR, T>(s, pa);
     to_a<1, BR, T>(dp, dsa);
@@ -1166,31 +1197,8 @@ __global__ void __launch_bounds__(kThreads)
     mma_smem_nt<MT, BC, D>(s, sQ + warp * 16 * MT * kS, K, kS);
     mma_smem_nt<MT, BC, D>(dp, sdO + warp * 16 * MT * kS, sV + buf * BC * kS, kS);
     const int j0 = kt * BC;
-    const bool edge = j0 + BC - 1 > w0;  // some key of the tile is after some row: mask
-#pragma unroll
-    for (int m = 0; m < MT; ++m)
-#pragma unroll
-      for (int n = 0; n < BC / 8; ++n) {
-        [[maybe_unused]] bool keep[4] = {true, true, true, true};
-        if constexpr (kDrop) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int i = w0 + 16 * m + g + 8 * h, j = j0 + n * 8 + 2 * t;
-            if (i < T_len && j <= i)  // else masked: p = 0
-              kept_pair(dr, p_row(int(blockIdx.y), i, T_len) + uint64_t(j), keep[2 * h],
-                        keep[2 * h + 1]);
-          }
-        }
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = w0 + 16 * m + g + 8 * (e / 2), j = j0 + n * 8 + 2 * t + e % 2;
-          float p = fast_exp2(s[m][n][e] * scale_log2 - L[m][e / 2]);
-          if (edge && j > i) p = 0.0f;
-          float dpz = dp[m][n][e];
-          if constexpr (kDrop) dpz = keep[e] ? dpz * dr.scale : 0.0f;  // dP = Z ∘ (dO·vᵀ)
-          dp[m][n][e] = p * (dpz - Dr[m][e / 2]);  // dS
-        }
-      }
+    row_tile_grads<MT, BC, kDrop>(s, dp, L, Dr, j0, w0, g, t, T_len, scale_log2, dr,
+                                  int(blockIdx.y));
     uint32_t dsa[MT][BC / 16][4];
     to_a<MT, BC, T>(dp, dsa);
     mma_reg<true, MT, D, BC>(dq_acc, dsa, K, kS);  // dQ += dS · K
