@@ -38,6 +38,7 @@
 #include "core/rng.h"
 #include "core/storage.h"
 #include "ops/attention/attention.h"
+#include "ops/attention/wgmma_layout.h"
 #include "ops/dropout/dropout.h"
 #include "ops/elementwise/elementwise.h"
 #include "tests/deterministic_guard.h"
@@ -372,6 +373,55 @@ void expect_masks_match(const MaskReadout& r, const std::vector<int>& want, int6
 
 // Finite differences of the same fixed mask (a pure function of the key): T of 5, 7 and 13 (not
 // multiples of 4, so rows start mid-group), the mask dropping some of every shape's entries.
+// The Hopper kernels' shared-memory layout (wgmma_layout.h), checked on the CPU against the
+// hardware's definition of the 128-byte swizzle: in a 1024-byte-aligned block, byte address bits
+// 4-6 are XORed with bits 7-9 (the row within 8 rows of 128 bytes). Each tile shape the kernels
+// load (64, 128 rows; d = 64, 128) must land every 16-byte chunk where the unswizzled row-major
+// slab would have put it, swizzled that way, and fill the tile exactly once.
+TEST(AttentionWgmmaLayout, SwizzledChunksAreTheHardwaresSwizzleOfTheRowMajorSlabs) {
+  for (int rows : {64, 128}) {
+    for (int d : {64, 128}) {
+      std::vector<int> hits(size_t(rows) * d / 8, 0);
+      for (int r = 0; r < rows; ++r) {
+        for (int c = 0; c < d / 8; ++c) {
+          const uint32_t plain = uint32_t((c / 8) * rows * 128 + r * 128 + (c % 8) * 16);
+          const uint32_t hardware = plain ^ (((plain >> 7) & 7u) << 4);
+          const int at = mt::wgmma_layout::chunk_offset(r, c, rows);
+          ASSERT_EQ(uint32_t(at) * 2, hardware) << "rows " << rows << ", d " << d << ", row " << r
+                                                << ", chunk " << c;
+          ASSERT_EQ(at % 8, 0);
+          ++hits[size_t(at / 8)];
+        }
+      }
+      EXPECT_TRUE(std::all_of(hits.begin(), hits.end(), [](int h) { return h == 1; }))
+          << "rows " << rows << ", d " << d;
+    }
+  }
+}
+
+// The descriptor's fields where the PTX ISA puts them (the matrix descriptor of wgmma): start
+// address >> 4 in bits 0-13 (of an 18-bit shared-memory address), leading and stride byte
+// offsets >> 4 in bits 16-29 and 32-45, base offset 0 in bits 49-51, swizzle mode 1 (128 bytes)
+// in bits 62-63, every other bit clear; with the offsets the kernels pass.
+TEST(AttentionWgmmaLayout, DescriptorFieldsAreWherePtxPutsThem) {
+  struct Case { uint32_t addr, leading, stride; };
+  const Case cases[] = {{0x400, 16, 1024},           // K-major Q / K: stride 8 rows of 128 bytes
+                        {0x2C00 + 32, 16, 1024},     // a k-step 32 bytes along a swizzled row
+                        {0x3FC00, 128 * 64 * 2, 1024},  // V MN-major: leading = one 128-key slab
+                        {0x7FC00, 64 * 64 * 2, 1024}};  // bit 18 and up are not part of it
+  for (const Case& c : cases) {
+    const uint64_t desc = mt::wgmma_layout::descriptor(c.addr, c.leading, c.stride);
+    EXPECT_EQ(desc & 0x3FFF, (c.addr & 0x3FFFF) >> 4);
+    EXPECT_EQ((desc >> 16) & 0x3FFF, c.leading >> 4);
+    EXPECT_EQ((desc >> 32) & 0x3FFF, c.stride >> 4);
+    EXPECT_EQ((desc >> 49) & 0x7, 0u);
+    EXPECT_EQ(desc >> 62, 1u);
+    const uint64_t fields = 0x3FFFull | 0x3FFFull << 16 | 0x3FFFull << 32 | 0x7ull << 49 |
+                            0x3ull << 62;
+    EXPECT_EQ(desc & ~fields, 0u);
+  }
+}
+
 TEST(AttentionDropout, GradientCheckForQKV) {
   manual_seed(21);
   for (Shape shape : {Shape{1, 1, 1, 3}, Shape{1, 2, 5, 3}, Shape{2, 1, 7, 4}, Shape{1, 1, 13, 2}}) {

@@ -76,6 +76,7 @@
 #include "core/registry.h"
 #include "core/switches.h"
 #include "ops/attention/attention.h"
+#include "ops/attention/wgmma_layout.h"
 #include "ops/dropout/dropout.h"
 #include "ops/dropout/philox.h"
 
@@ -555,7 +556,8 @@ constexpr int kWgRows = 64;  // query rows of a warpgroup
 constexpr int kWgGroups = 2;  // warpgroups of a block
 constexpr int kWgKeys = 128;  // keys of a K/V tile
 
-// ROWS rows of D elements into D/64 slabs of ROWS × 64, swizzled as above (zeros past T).
+// ROWS rows of D elements into D/64 slabs of ROWS × 64, swizzled as above (wgmma_layout.h; zeros
+// past T).
 template <class T, int D, int ROWS, int kBlockThreads>
 __device__ __forceinline__ void load_tile_swizzled(T* s, const T* g, int64_t stride, int row0,
                                                    int T_len) {
@@ -564,18 +566,15 @@ __device__ __forceinline__ void load_tile_swizzled(T* s, const T* g, int64_t str
   for (int idx = threadIdx.x; idx < ROWS * kChunks; idx += kBlockThreads) {
     const int r = idx / kChunks, c = idx % kChunks;
     const bool valid = row0 + r < T_len;
-    cp_async16(s + (c / 8) * ROWS * 64 + r * 64 + ((c % 8) ^ (r % 8)) * 8,
+    cp_async16(s + wgmma_layout::chunk_offset(r, c, ROWS),
                g + int64_t(valid ? row0 + r : 0) * stride + c * 8, valid);
   }
 }
 
 #if defined(MT_ATTENTION_WGMMA_BODY)  // the wgmma helpers exist only in the sm_90a pass
-// A shared-memory matrix descriptor in the 128-byte swizzle mode: start address, leading and
-// stride byte offsets (K-major: stride = 8 rows, leading unused; MN-major: leading = one
-// 64-column slab to the next, stride = 8 rows of K), each in 16-byte units.
+// The descriptor of the tile at p (wgmma_layout.h).
 __device__ __forceinline__ uint64_t wg_desc(const void* p, uint32_t leading, uint32_t stride) {
-  return uint64_t((smem_addr(p) & 0x3FFFF) >> 4) | uint64_t(leading >> 4) << 16 |
-         uint64_t(stride >> 4) << 32 | uint64_t(1) << 62;
+  return wgmma_layout::descriptor(smem_addr(p), leading, stride);
 }
 
 // Dynamic shared memory from its first 1024-byte boundary on (the swizzle is a function of
