@@ -12,18 +12,19 @@
 // tile's accumulators are re-packed in registers as the A operand of the next product (P·V,
 // Pᵀ·dO, dSᵀ·Q, dS·K), so P and dS never touch shared memory. Tile shapes are at the launchers
 // (fwd_keys and the rest), set by the registers they need.
-//   forward    grid (T/128 Q tiles, B·H), the last Q tile first (it walks the most K/V tiles).
+//   forward    grid (B·H, T/128 Q tiles), the last Q tile first (it walks the most K/V tiles);
+//              every tile kernel's grid has the heads in x (tile_grid: longest walks first).
 //              Each warp keeps its 32 rows of q in registers (re-read from shared memory at
 //              d = 128) and walks the K/V tiles up to its diagonal (the only ones masked) with
 //              the online softmax: per row a running max m and sum ℓ (a thread's partial sum;
 //              its quad adds them at the end), the output rescaled by exp2(m_old − m_new)
 //              whenever m grows. Writes O = acc / ℓ and L.
 //   backward   1. D = rowsum(dO ∘ O): eight lanes a row, 16-byte packs (any dtype).
-//              2. dK, dV: grid (T/64 K tiles, B·H). A block owns 64 keys (16 a warp) and walks
+//              2. dK, dV: grid (B·H, T/64 K tiles). A block owns 64 keys (16 a warp) and walks
 //                 the Q tiles from its diagonal to T: Sᵀ = K·Qᵀ, P = exp2(x − L),
 //                 dPᵀ = V·dOᵀ, dSᵀ = Pᵀ ∘ (dPᵀ − D), then dV += Pᵀ·dO and dK += dSᵀ·Q in fp32
 //                 registers.
-//              3. dQ (deterministic): grid (T/64 Q tiles, B·H); a block owns
+//              3. dQ (deterministic): grid (B·H, T/64 Q tiles); a block owns
 //                 its query rows and walks the K/V tiles up to its diagonal, recomputing S, P, dP
 //                 and dS (two more GEMMs than FlashAttention-2's atomic dQ) and adding dS·K in
 //                 fp32 registers. It needs nothing from pass 2: in a graph capture the two run
@@ -33,11 +34,11 @@
 // Hopper path (a compute capability 9.0 GPU and a build for sm_90a; bf16, f16; d = 64, 128): the
 // same walks with warpgroup MMA (wgmma) from swizzled shared memory, a warpgroup (4 warps)
 // owning 64 query rows or keys; the sections "on Hopper" below hold the layout.
-//   forward    forward_wg, with or without dropout: grid (T/128 Q tiles, B·H), the last first;
+//   forward    forward_wg, with or without dropout: grid (B·H, T/128 Q tiles), the last first;
 //              2 warpgroups a block sharing K/V tiles of 128 keys.
 //   backward   dkdv_wg and dq_wg take passes 2 and 3 when the backward is deterministic and
-//              without dropout (the same bits as the mma.sync passes): grids (T/64·G K or Q
-//              tiles, B·H), G = 1 warpgroup a block at d = 64 (Q tiles of 128 rows for dK/dV),
+//              without dropout (the same bits as the mma.sync passes): grids (B·H, T/64·G K or
+//              Q tiles), G = 1 warpgroup a block at d = 64 (Q tiles of 128 rows for dK/dV),
 //              2 at d = 128.
 // CUDA-core path (f32; bf16 and f16 at other d ≤ 256): one warp per row (forward, dQ) or per key
 // (dK, dV), lane ℓ scoring key (or query) j0 + ℓ of each group of 32, fp32 throughout.
@@ -488,9 +489,10 @@ __global__ void __launch_bounds__(kThreads)
   T* sK = sQ + kBM * kS;      // [2][BC][kS]
   T* sV = sK + 2 * BC * kS;   // [2][BC][kS]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int q0 = (int(gridDim.x) - 1 - int(blockIdx.x)) * kBM;  // the longest walks first
-  const int w0 = q0 + warp * 16 * MT;                            // this warp's first row
-  const int64_t base = head_base(in, int(blockIdx.y));
+  const unsigned head = blockIdx.x;                             // tile_grid: heads in x,
+  const int q0 = (int(gridDim.y) - 1 - int(blockIdx.y)) * kBM;  // the longest walk first
+  const int w0 = q0 + warp * 16 * MT;                           // this warp's first row
+  const int64_t base = head_base(in, head);
   const int tiles = int(ceil_div(min(q0 + kBM, T_len), BC));  // keys up to the block's last row
   [[maybe_unused]] const Drop dr = drop_of<kDrop>(dropout);
   load_tile<T, D, kBM, kThreads>(sQ, q + base, in.row, q0, T_len);
@@ -524,14 +526,14 @@ __global__ void __launch_bounds__(kThreads)
     if constexpr (kHoldQ) mma_reg<false, MT, BC, D>(s, qa, sK + buf * BC * kS, kS);
     else mma_smem_nt<MT, BC, D>(s, sQw, sK + buf * BC * kS, kS);
     online_softmax<MT, BC, D>(s, acc, m_run, l, kt * BC, w0, g, t, scale_log2);
-    if constexpr (kDrop) drop_tile<MT, BC>(s, dr, int(blockIdx.y), kt * BC, w0, g, t, T_len);
+    if constexpr (kDrop) drop_tile<MT, BC>(s, dr, head, kt * BC, w0, g, t, T_len);
     uint32_t pa[MT][BC / 16][4];
     to_a<MT, BC, T>(s, pa);
     mma_reg<true, MT, D, BC>(acc, pa, sV + buf * BC * kS, kS);
   }
 
-  finish_rows<MT, D, T>(acc, m_run, l, w0, g, t, T_len, int(blockIdx.y), lse,
-                        o + head_base(out, int(blockIdx.y)), out.row, kDrop ? dr.scale : 1.0f);
+  finish_rows<MT, D, T>(acc, m_run, l, w0, g, t, T_len, head, lse, o + head_base(out, head),
+                        out.row, kDrop ? dr.scale : 1.0f);
 }
 
 // ---- tensor-core forward on Hopper: warpgroup products (sm_90a) ------------------------------
@@ -546,7 +548,7 @@ __global__ void __launch_bounds__(kThreads)
 // read K-major (d along a row), V MN-major (the tensor cores transpose it). Built only where the
 // architecture list holds sm_90a (wgmma is not in plain sm_90); the launcher picks it on such a
 // device for bf16 and f16 at d = 64 and 128, with or without dropout, forward_tc elsewhere.
-//   grid (T/128 Q tiles, B·H), the last Q tile first; blocks of 2 warpgroups sharing K/V tiles
+//   grid (B·H, T/128 Q tiles), the last Q tile first; blocks of 2 warpgroups sharing K/V tiles
 //   of 128 keys, double-buffered.
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -699,9 +701,10 @@ __global__ void __launch_bounds__(128 * kWgGroups, wg_min_blocks<D, kDrop>())
   T* sV = sK + 2 * BC * D;             // [2][D/64][BC][64]
   const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const int q0 = (int(gridDim.x) - 1 - int(blockIdx.x)) * kBM;  // the longest walks first
+  const unsigned head = blockIdx.x;                             // tile_grid: heads in x,
+  const int q0 = (int(gridDim.y) - 1 - int(blockIdx.y)) * kBM;  // the longest walk first
   const int r0 = q0 + wg * kWgRows, w0 = r0 + warp * 16;  // the warpgroup's, the warp's first row
-  const int64_t base = head_base(in, int(blockIdx.y));
+  const int64_t base = head_base(in, head);
   const int tiles = int(ceil_div(min(q0 + kBM, T_len), BC));  // keys up to the block's last row
   [[maybe_unused]] const Drop dr = drop_of<kDrop>(dropout);
   load_tile_swizzled<T, D, kBM, kBlock>(sQ, q + base, in.row, q0, T_len);
@@ -743,7 +746,7 @@ __global__ void __launch_bounds__(128 * kWgGroups, wg_min_blocks<D, kDrop>())
     wg_wait_all();
     wg_hold(s[0]);
     online_softmax<1, BC, D>(s, acc, m_run, l, kt * BC, w0, g, t, scale_log2);
-    if constexpr (kDrop) drop_tile<1, BC>(s, dr, int(blockIdx.y), kt * BC, w0, g, t, T_len);
+    if constexpr (kDrop) drop_tile<1, BC>(s, dr, head, kt * BC, w0, g, t, T_len);
     uint32_t pa[1][BC / 16][4];
     to_a<1, BC, T>(s, pa);
     const T* sVb = sV + buf * BC * D;
@@ -755,8 +758,8 @@ __global__ void __launch_bounds__(128 * kWgGroups, wg_min_blocks<D, kDrop>())
     wg_wait_all();
     wg_hold(acc[0]);
   }
-  finish_rows<1, D, T>(acc, m_run, l, w0, g, t, T_len, int(blockIdx.y), lse,
-                       o + head_base(out, int(blockIdx.y)), out.row, kDrop ? dr.scale : 1.0f);
+  finish_rows<1, D, T>(acc, m_run, l, w0, g, t, T_len, head, lse, o + head_base(out, head),
+                       out.row, kDrop ? dr.scale : 1.0f);
 #else
   __trap();  // no sm_90a code in this image: attention_uses_wgmma should have said no
 #endif
@@ -769,9 +772,9 @@ __global__ void __launch_bounds__(128 * kWgGroups, wg_min_blocks<D, kDrop>())
 // registers and whose B is a tile read MN-major (dV += Pᵀ·dO, dK += dSᵀ·Q; dQ += dS·K). A
 // warpgroup owns 64 keys (dK/dV) or 64 query rows (dQ). The products add the same terms in the
 // same order as the mma.sync kernels', so dQ, dK and dV have the same bits.
-//   dK/dV  grid (T/64·G K tiles, B·H), G warpgroups a block; Q tiles of R rows (G = 1, R = 128
+//   dK/dV  grid (B·H, T/64·G K tiles), G warpgroups a block; Q tiles of R rows (G = 1, R = 128
 //          at d = 64: 252 registers, 2 blocks an SM; G = 2, R = 64 at d = 128).
-//   dQ     grid (T/64·G Q tiles, B·H), the last first; K/V tiles of 64 keys (G = 1 at d = 64:
+//   dQ     grid (B·H, T/64·G Q tiles), the last first; K/V tiles of 64 keys (G = 1 at d = 64:
 //          136 registers, 3 blocks an SM; G = 2 at d = 128).
 template <int D>
 constexpr int wg_dkdv_rows() { return D == 64 ? 128 : 64; }
@@ -809,10 +812,11 @@ __global__ void __launch_bounds__(128 * wg_bwd_groups<D>())
   float* sD = sL + 2 * BR;                                  // [2][BR]
   const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const int k0 = int(blockIdx.x) * kBK, kw0 = k0 + wg * kWgRows;  // the block's, the group's keys
-  const int64_t base = head_base(in, int(blockIdx.y)), base_out = head_base(out, int(blockIdx.y));
-  const float* lse_h = lse + int64_t(blockIdx.y) * T_len;
-  const float* D_h = Dvec + int64_t(blockIdx.y) * T_len;
+  const unsigned head = blockIdx.x;  // tile_grid: heads in x, the longest walk (keys 0..) first
+  const int k0 = int(blockIdx.y) * kBK, kw0 = k0 + wg * kWgRows;  // the block's, the group's keys
+  const int64_t base = head_base(in, head), base_out = head_base(out, head);
+  const float* lse_h = lse + int64_t(head) * T_len;
+  const float* D_h = Dvec + int64_t(head) * T_len;
   const int first = k0 / BR, tiles = int(ceil_div(T_len, BR));
   auto load_q_tile = [&](int qi, int buf) {
     load_tile_swizzled<T, D, BR, kBlock>(sQ + buf * BR * D, q + base, in.row, qi * BR, T_len);
@@ -861,8 +865,7 @@ __global__ void __launch_bounds__(128 * wg_bwd_groups<D>())
     wg_hold(s[0]);
     wg_hold(dp[0]);
     const bool edge = i0 < kw0 + kWgRows || i0 + BR > T_len;  // the mask or T cut this tile
-    key_tile_grads<BR, false>(s, dp, L, Dr, i0, j_base, t, edge, T_len, scale_log2, Drop{},
-                              int(blockIdx.y));
+    key_tile_grads<BR, false>(s, dp, L, Dr, i0, j_base, t, edge, T_len, scale_log2, Drop{}, head);
     uint32_t pa[1][BR / 16][4], dsa[1][BR / 16][4];
     to_a<1, BR, T>(s, pa);
     to_a<1, BR, T>(dp, dsa);
@@ -902,20 +905,20 @@ __global__ void __launch_bounds__(128 * wg_bwd_groups<D>())
   T* sV = sK + 2 * BC * D;             // [2][D/64][BC][64]
   const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const int q0 = (int(gridDim.x) - 1 - int(blockIdx.x)) * kBM;  // the longest walks first
+  const unsigned head = blockIdx.x;                             // tile_grid: heads in x,
+  const int q0 = (int(gridDim.y) - 1 - int(blockIdx.y)) * kBM;  // the longest walk first
   const int r0 = q0 + wg * kWgRows, w0 = r0 + warp * 16;
-  const int64_t base = head_base(in, int(blockIdx.y));
+  const int64_t base = head_base(in, head);
   float L[1][2], Dr[1][2];  // rows w0 + g + 8h
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int i = w0 + g + 8 * h;
-    L[0][h] = i < T_len ? lse[int64_t(blockIdx.y) * T_len + i] * kLog2e : 0.0f;
-    Dr[0][h] = i < T_len ? Dvec[int64_t(blockIdx.y) * T_len + i] : 0.0f;
+    L[0][h] = i < T_len ? lse[int64_t(head) * T_len + i] * kLog2e : 0.0f;
+    Dr[0][h] = i < T_len ? Dvec[int64_t(head) * T_len + i] : 0.0f;
   }
   const int tiles = int(ceil_div(min(q0 + kBM, T_len), BC));  // keys up to the last row
   load_tile_swizzled<T, D, kBM, kBlock>(sQ, q + base, in.row, q0, T_len);
-  load_tile_swizzled<T, D, kBM, kBlock>(sdO, dout + head_base(out, int(blockIdx.y)), out.row, q0,
-                                        T_len);
+  load_tile_swizzled<T, D, kBM, kBlock>(sdO, dout + head_base(out, head), out.row, q0, T_len);
   load_tile_swizzled<T, D, BC, kBlock>(sK, k + base, in.row, 0, T_len);
   load_tile_swizzled<T, D, BC, kBlock>(sV, v + base, in.row, 0, T_len);
   cp_async_commit();
@@ -951,8 +954,7 @@ __global__ void __launch_bounds__(128 * wg_bwd_groups<D>())
     wg_wait_all();
     wg_hold(s[0]);
     wg_hold(dp[0]);
-    row_tile_grads<1, BC, false>(s, dp, L, Dr, j0, w0, g, t, T_len, scale_log2, Drop{},
-                                 int(blockIdx.y));
+    row_tile_grads<1, BC, false>(s, dp, L, Dr, j0, w0, g, t, T_len, scale_log2, Drop{}, head);
     uint32_t dsa[1][BC / 16][4];
     to_a<1, BC, T>(dp, dsa);
     wg_fence();
@@ -1045,10 +1047,11 @@ __global__ void __launch_bounds__(kThreads, dkdv_min_blocks<D, kAtomicDq>())
   float* sD = sL + 2 * BR;                                  // [2][BR]
   T* sdS = reinterpret_cast<T*>(sD + 2 * BR);               // [kTile][kSS], atomic dQ only
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int k0 = int(blockIdx.x) * kTile;
-  const int64_t base = head_base(in, int(blockIdx.y)), base_out = head_base(out, int(blockIdx.y));
-  const float* lse_h = lse + int64_t(blockIdx.y) * T_len;
-  const float* D_h = Dvec + int64_t(blockIdx.y) * T_len;
+  const unsigned head = blockIdx.x;  // tile_grid: heads in x, the longest walk (keys 0..) first
+  const int k0 = int(blockIdx.y) * kTile;
+  const int64_t base = head_base(in, head), base_out = head_base(out, head);
+  const float* lse_h = lse + int64_t(head) * T_len;
+  const float* D_h = Dvec + int64_t(head) * T_len;
   const int first = k0 / BR, tiles = int(ceil_div(T_len, BR));
   [[maybe_unused]] const Drop dr = drop_of<kDrop>(dropout);
 
@@ -1088,8 +1091,7 @@ __global__ void __launch_bounds__(kThreads, dkdv_min_blocks<D, kAtomicDq>())
     mma_smem_nt<1, BR, D>(dp, sV + warp * 16 * kS, dO, kS);
     const int i0 = qi * BR;
     const bool edge = i0 < k0 + kTile || i0 + BR > T_len;  // the causal mask or T cut this tile
-    key_tile_grads<BR, kDrop>(s, dp, L, Dr, i0, j_base, t, edge, T_len, scale_log2, dr,
-                              int(blockIdx.y));
+    key_tile_grads<BR, kDrop>(s, dp, L, Dr, i0, j_base, t, edge, T_len, scale_log2, dr, head);
     uint32_t pa[1][BR / 16][4], dsa[1][BR / 16][4];
     to_a<1, BR, T>(s, pa);
     to_a<1, BR, T>(dp, dsa);
@@ -1127,7 +1129,7 @@ __global__ void __launch_bounds__(kThreads, dkdv_min_blocks<D, kAtomicDq>())
       for (int h = 0; h < 2; ++h) {
         const int i = i0 + r0 + g + 8 * h;
         if (i >= T_len) continue;
-        float* dst = dq_acc + (int64_t(blockIdx.y) * T_len + i) * D + c0 + 2 * t;  // contiguous
+        float* dst = dq_acc + (int64_t(head) * T_len + i) * D + c0 + 2 * t;  // contiguous
 #pragma unroll
         for (int n = 0; n < kW / 8; ++n) {
           atomicAdd(dst + n * 8, dq_part[n][2 * h] * scale);
@@ -1156,22 +1158,23 @@ __global__ void __launch_bounds__(kThreads)
   T* sK = sdO + kBM * kS;     // [2][BC][kS]
   T* sV = sK + 2 * BC * kS;   // [2][BC][kS]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int q0 = (int(gridDim.x) - 1 - int(blockIdx.x)) * kBM;
+  const unsigned head = blockIdx.x;                             // tile_grid: heads in x,
+  const int q0 = (int(gridDim.y) - 1 - int(blockIdx.y)) * kBM;  // the longest walk first
   const int w0 = q0 + warp * 16 * MT;
-  const int64_t base = head_base(in, int(blockIdx.y));
+  const int64_t base = head_base(in, head);
   float L[MT][2], Dr[MT][2];  // per row 16m + g + 8h
 #pragma unroll
   for (int m = 0; m < MT; ++m)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int i = w0 + 16 * m + g + 8 * h;
-      L[m][h] = i < T_len ? lse[int64_t(blockIdx.y) * T_len + i] * kLog2e : 0.0f;
-      Dr[m][h] = i < T_len ? Dvec[int64_t(blockIdx.y) * T_len + i] : 0.0f;
+      L[m][h] = i < T_len ? lse[int64_t(head) * T_len + i] * kLog2e : 0.0f;
+      Dr[m][h] = i < T_len ? Dvec[int64_t(head) * T_len + i] : 0.0f;
     }
   const int tiles = int(ceil_div(min(q0 + kBM, T_len), BC));  // keys up to the last row
   [[maybe_unused]] const Drop dr = drop_of<kDrop>(dropout);
   load_tile<T, D, kBM, kThreads>(sQ, q + base, in.row, q0, T_len);
-  load_tile<T, D, kBM, kThreads>(sdO, dout + head_base(out, int(blockIdx.y)), out.row, q0, T_len);
+  load_tile<T, D, kBM, kThreads>(sdO, dout + head_base(out, head), out.row, q0, T_len);
   load_tile<T, D, BC, kThreads>(sK, k + base, in.row, 0, T_len);
   load_tile<T, D, BC, kThreads>(sV, v + base, in.row, 0, T_len);
   cp_async_commit();
@@ -1196,8 +1199,7 @@ __global__ void __launch_bounds__(kThreads)
     mma_smem_nt<MT, BC, D>(s, sQ + warp * 16 * MT * kS, K, kS);
     mma_smem_nt<MT, BC, D>(dp, sdO + warp * 16 * MT * kS, sV + buf * BC * kS, kS);
     const int j0 = kt * BC;
-    row_tile_grads<MT, BC, kDrop>(s, dp, L, Dr, j0, w0, g, t, T_len, scale_log2, dr,
-                                  int(blockIdx.y));
+    row_tile_grads<MT, BC, kDrop>(s, dp, L, Dr, j0, w0, g, t, T_len, scale_log2, dr, head);
     uint32_t dsa[MT][BC / 16][4];
     to_a<MT, BC, T>(dp, dsa);
     mma_reg<true, MT, D, BC>(dq_acc, dsa, K, kS);  // dQ += dS · K
@@ -1438,9 +1440,17 @@ void check_aligned(const char* op, const HeadsLayout& l, size_t elem,
 void check_shape(const char* op, int64_t heads, int64_t T, int64_t d) {
   MT_CHECK(heads >= 0 && T >= 0 && d >= 1 && d <= kAttentionMaxD, op, ": bad shape [", heads,
            ", ", T, ", ", d, "] (d must be in [1, ", kAttentionMaxD, "])");
-  MT_CHECK(heads <= 65535 && T <= (int64_t(1) << 30), op, ": ", heads, " heads of T = ", T,
-           " are more than one launch takes (at most 65535 heads)");
+  MT_CHECK(heads <= 65535 && T <= int64_t(65535) * kTile, op, ": ", heads, " heads of T = ", T,
+           " are more than one launch takes (at most 65535 heads and ", 65535 * kTile,
+           " positions)");
 }
+
+// The tile kernels' grid, (heads, tiles): a block's walk is longer the farther its tile lies
+// from the end of the causal diagonal, and the kernels make tile 0 the longest. The hardware
+// starts a grid's blocks in the order of their linear index, x fastest, so every head's longest
+// walk starts before any head's second-longest, and the short walks fill the last wave (longest
+// first). With the heads in y, the last heads' longest walks would start last and run on alone.
+dim3 tile_grid(int64_t heads, int64_t tiles) { return dim3(unsigned(heads), unsigned(tiles)); }
 
 // Tile shapes of the mma.sync kernels per head dimension, chosen by the registers they need (no
 // spills, at most 255) and by time on an H200 before the Hopper kernels took its place there (an
@@ -1499,7 +1509,7 @@ void attention_forward(const void* q, const void* k, const void* v, const HeadsL
                 constexpr int kBM = kWgRows * kWgGroups;
                 constexpr size_t bytes = wg_forward_smem<Tp, D>();
                 allow_shared(kernel, bytes);
-                const dim3 grid(unsigned(ceil_div(T, kBM)), unsigned(heads));
+                const dim3 grid = tile_grid(heads, ceil_div(T, kBM));
                 kernel<<<grid, 128 * kWgGroups, bytes, s>>>(qp, kp, vp, in, op, out, lse, int(T),
                                                             scale * kLog2e, dropout);
                 MT_CUDA_CHECK_LAUNCH();
@@ -1510,7 +1520,7 @@ void attention_forward(const void* q, const void* k, const void* v, const HeadsL
             auto kernel = forward_tc<Tp, D, kFwdMT, BC, kDrop>;
             const size_t bytes = size_t(kBM + 4 * BC) * (D + kPad) * sizeof(Tp);
             allow_shared(kernel, bytes);
-            const dim3 grid(unsigned(ceil_div(T, kBM)), unsigned(heads));
+            const dim3 grid = tile_grid(heads, ceil_div(T, kBM));
             kernel<<<grid, kThreads, bytes, s>>>(qp, kp, vp, in, op, out, lse, int(T),
                                                  scale * kLog2e, dropout);
             MT_CUDA_CHECK_LAUNCH();
@@ -1561,7 +1571,7 @@ void attention_backward(const void* q, const void* k, const void* v, const Heads
             constexpr int D = decltype(dim)::value, BR = dkdv_rows<D>();
             const size_t tiles_bytes = size_t(2 * kTile + 4 * BR) * (D + kPad) * sizeof(Tp) +
                                        size_t(4 * BR) * sizeof(float);
-            const dim3 kgrid(unsigned(ceil_div(T, kTile)), unsigned(heads));
+            const dim3 kgrid = tile_grid(heads, ceil_div(T, kTile));
             if (deterministic) {
               // The two passes need only D, not each other: in a graph capture dQ's runs on a
               // side branch beside dK/dV's (SideBranch), which fills each one's last wave with
@@ -1573,7 +1583,7 @@ void attention_backward(const void* q, const void* k, const void* v, const Heads
                   auto dkdv = dkdv_wg<Tp, D>;
                   constexpr size_t kv_bytes = wg_dkdv_smem<Tp, D>();
                   allow_shared(dkdv, kv_bytes);
-                  const dim3 grid(unsigned(ceil_div(T, kRows)), unsigned(heads));
+                  const dim3 grid = tile_grid(heads, ceil_div(T, kRows));
                   dkdv<<<grid, 128 * G, kv_bytes, s>>>(qp, kp, vp, in, gp, out, lse, Dvec, dkp,
                                                        dvp, int(T), scale, scale * kLog2e);
                   MT_CUDA_CHECK_LAUNCH();
@@ -1597,7 +1607,7 @@ void attention_backward(const void* q, const void* k, const void* v, const Heads
               auto dqk = dq_tc<Tp, D, MT, dq_keys<D>(), kDrop>;
               const size_t dq_bytes = size_t(2 * kBM + 4 * dq_keys<D>()) * (D + kPad) * sizeof(Tp);
               allow_shared(dqk, dq_bytes);
-              const dim3 qgrid(unsigned(ceil_div(T, kBM)), unsigned(heads));
+              const dim3 qgrid = tile_grid(heads, ceil_div(T, kBM));
               dqk<<<qgrid, kThreads, dq_bytes, branch.stream()>>>(
                   qp, kp, vp, in, gp, out, lse, Dvec, dqp, int(T), scale, scale * kLog2e, dropout);
               MT_CUDA_CHECK_LAUNCH();
