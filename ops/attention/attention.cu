@@ -1450,6 +1450,8 @@ void check_shape(const char* op, int64_t heads, int64_t T, int64_t d) {
 // starts a grid's blocks in the order of their linear index, x fastest, so every head's longest
 // walk starts before any head's second-longest, and the short walks fill the last wave (longest
 // first). With the heads in y, the last heads' longest walks would start last and run on alone.
+// The kernels keep the head unsigned, as blockIdx is: their 64-bit offsets then zero-extend it (a
+// signed head made ptxas spill 128 bytes more in the dK/dV pass with dropout).
 dim3 tile_grid(int64_t heads, int64_t tiles) { return dim3(unsigned(heads), unsigned(tiles)); }
 
 // Tile shapes of the mma.sync kernels per head dimension, chosen by the registers they need (no
