@@ -40,7 +40,7 @@ const RegisterModel gpt({
               }},
              size_key("block_size", "64",
                       "the longest context (rows of the position table; the CUDA attention "
-                      "takes at most 65535 · 64)"),
+                      "takes at most 65535 · 64 = 4,194,240)"),
              size_key("vocab_size", "256", "token ids the model knows; must cover the tokenizer's"),
              {.name = "padded_vocab_size", .type = ParamType::integer, .default_value = "0",
               .meaning = "rows of the token table; 0 rounds vocab_size up to a multiple of 64",

@@ -73,7 +73,7 @@ namespace mt {
 
 // q, k, v [B, H, T, d], one floating dtype and one device; returns O [B, H, T, d]. Any T ≥ 0;
 // on CUDA d ≤ kAttentionMaxD (tensor cores for bf16 and f16 at d = 32, 64, 128), and one launch's
-// grid bounds the rest: B·H ≤ 65535 and T ≤ 65535 · 64 (a clear error past either).
+// grid bounds the rest: B·H ≤ 65535 and T ≤ 65535 · 64 = 4,194,240 (a clear error past either).
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v);
 
 // Dropout on the attention probabilities (above). p in [0, 1); base: undefined (the offset
