@@ -371,8 +371,6 @@ void expect_masks_match(const MaskReadout& r, const std::vector<int>& want, int6
 
 }  // namespace
 
-// Finite differences of the same fixed mask (a pure function of the key): T of 5, 7 and 13 (not
-// multiples of 4, so rows start mid-group), the mask dropping some of every shape's entries.
 // The Hopper kernels' shared-memory layout (wgmma_layout.h), checked on the CPU against the
 // hardware's definition of the 128-byte swizzle: in a 1024-byte-aligned block, byte address bits
 // 4-6 are XORed with bits 7-9 (the row within 8 rows of 128 bytes). Each tile shape the kernels
@@ -422,6 +420,8 @@ TEST(AttentionWgmmaLayout, DescriptorFieldsAreWherePtxPutsThem) {
   }
 }
 
+// Finite differences of the same fixed mask (a pure function of the key): T of 5, 7 and 13 (not
+// multiples of 4, so rows start mid-group), the mask dropping some of every shape's entries.
 TEST(AttentionDropout, GradientCheckForQKV) {
   manual_seed(21);
   for (Shape shape : {Shape{1, 1, 1, 3}, Shape{1, 2, 5, 3}, Shape{2, 1, 7, 4}, Shape{1, 1, 13, 2}}) {

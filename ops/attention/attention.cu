@@ -1440,6 +1440,8 @@ void check_aligned(const char* op, const HeadsLayout& l, size_t elem,
 void check_shape(const char* op, int64_t heads, int64_t T, int64_t d) {
   MT_CHECK(heads >= 0 && T >= 0 && d >= 1 && d <= kAttentionMaxD, op, ": bad shape [", heads,
            ", ", T, ", ", d, "] (d must be in [1, ", kAttentionMaxD, "])");
+  // 65535 blocks in a grid's y: the CUDA-core kernels' heads, the tile kernels' tiles (tile_grid;
+  // none has fewer than kTile rows).
   MT_CHECK(heads <= 65535 && T <= int64_t(65535) * kTile, op, ": ", heads, " heads of T = ", T,
            " are more than one launch takes (at most 65535 heads and ", 65535 * kTile,
            " positions)");
