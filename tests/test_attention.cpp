@@ -371,32 +371,6 @@ void expect_masks_match(const MaskReadout& r, const std::vector<int>& want, int6
 
 }  // namespace
 
-// The Hopper kernels' shared-memory layout (wgmma_layout.h), checked on the CPU against the
-// hardware's definition of the 128-byte swizzle: in a 1024-byte-aligned block, byte address bits
-// 4-6 are XORed with bits 7-9 (the row within 8 rows of 128 bytes). Each tile shape the kernels
-// load (64, 128 rows; d = 64, 128) must land every 16-byte chunk where the unswizzled row-major
-// slab would have put it, swizzled that way, and fill the tile exactly once.
-TEST(AttentionWgmmaLayout, SwizzledChunksAreTheHardwaresSwizzleOfTheRowMajorSlabs) {
-  for (int rows : {64, 128}) {
-    for (int d : {64, 128}) {
-      std::vector<int> hits(size_t(rows) * d / 8, 0);
-      for (int r = 0; r < rows; ++r) {
-        for (int c = 0; c < d / 8; ++c) {
-          const uint32_t plain = uint32_t((c / 8) * rows * 128 + r * 128 + (c % 8) * 16);
-          const uint32_t hardware = plain ^ (((plain >> 7) & 7u) << 4);
-          const int at = mt::wgmma_layout::chunk_offset(r, c, rows);
-          ASSERT_EQ(uint32_t(at) * 2, hardware) << "rows " << rows << ", d " << d << ", row " << r
-                                                << ", chunk " << c;
-          ASSERT_EQ(at % 8, 0);
-          ++hits[size_t(at / 8)];
-        }
-      }
-      EXPECT_TRUE(std::all_of(hits.begin(), hits.end(), [](int h) { return h == 1; }))
-          << "rows " << rows << ", d " << d;
-    }
-  }
-}
-
 // The descriptor's fields where the PTX ISA puts them (the matrix descriptor of wgmma): start
 // address >> 4 in bits 0-13 (of an 18-bit shared-memory address), leading and stride byte
 // offsets >> 4 in bits 16-29 and 32-45, base offset 0 in bits 49-51, swizzle mode 1 (128 bytes)
@@ -417,6 +391,39 @@ TEST(AttentionWgmmaLayout, DescriptorFieldsAreWherePtxPutsThem) {
     const uint64_t fields = 0x3FFFull | 0x3FFFull << 16 | 0x3FFFull << 32 | 0x7ull << 49 |
                             0x3ull << 62;
     EXPECT_EQ(desc & ~fields, 0u);
+  }
+}
+
+// The Hopper forward's tensor map (wgmma_layout.h) addresses every element of every head where
+// the layout puts it: contiguous heads (one head a batch, whose head stride the map cannot take
+// as 0) and q, k of a [B, T, 3C] projection, each byte offset the map computes from
+// (column, row, head, batch) against the layout's own.
+TEST(AttentionWgmmaLayout, TensorMapAddressesEachHeadsRowsWhereTheLayoutPutsThem) {
+  struct Layout { int64_t heads, batch, head, row; };  // attention_cuda.h's HeadsLayout
+  struct Case { const char* name; Layout l; int64_t n_heads, T, d; };
+  const int64_t T = 5, d = 64, H = 3, B = 2, C = H * d;
+  const Case cases[] = {
+      {"contiguous", {1, T * d, 0, d}, B * H, T, d},
+      {"q of [B, T, 3C]", {H, T * 3 * C, d, 3 * C}, B * H, T, d},
+      {"d = 128 heads of [B, T, C]", {H, T * 2 * C, 2 * d, 2 * C}, B * H, T, 2 * d}};
+  for (const Case& c : cases) {
+    const auto m = mt::wgmma_layout::heads_tensor_map(c.l.heads, c.l.batch, c.l.head, c.l.row,
+                                                      c.n_heads, c.T, c.d, 2);
+    EXPECT_EQ(m.dims[0], uint64_t(c.d)) << c.name;
+    EXPECT_EQ(m.dims[1], uint64_t(c.T)) << c.name;
+    EXPECT_EQ(m.dims[2] * m.dims[3], uint64_t(c.n_heads)) << c.name;
+    for (uint64_t s : m.strides) EXPECT_TRUE(s > 0 && s % 16 == 0) << c.name << ": stride " << s;
+    for (int64_t bh = 0; bh < c.n_heads; ++bh) {
+      const int64_t b = bh / c.l.heads, h = bh % c.l.heads;
+      for (int64_t i = 0; i < c.T; ++i)
+        for (int64_t col = 0; col < c.d; col += 7) {
+          const uint64_t map = uint64_t(col) * 2 + uint64_t(i) * m.strides[0] +
+                               uint64_t(h) * m.strides[1] + uint64_t(b) * m.strides[2];
+          const int64_t layout = b * c.l.batch + h * c.l.head + i * c.l.row + col;
+          ASSERT_EQ(map, uint64_t(layout) * 2) << c.name << ": head " << bh << ", row " << i
+                                               << ", column " << col;
+        }
+    }
   }
 }
 

@@ -1,7 +1,8 @@
 #pragma once
-// The 128-byte swizzled shared-memory layout that the Hopper attention kernels (attention.cu)
-// write their tiles in, and the matrix descriptors through which wgmma reads them. Plain integer
-// arithmetic, host and device, so the CPU tests check it against the hardware's definition.
+// The Hopper attention kernels' (attention.cu) tiles in shared memory: the tensor map through
+// which the tensor memory accelerator brings them there, 128-byte swizzled, and the matrix
+// descriptors through which wgmma reads them. Plain integer arithmetic, host and device, so the
+// CPU tests check it against the hardware's definitions.
 #include <cstdint>
 
 #ifdef __CUDACC__
@@ -13,13 +14,10 @@
 namespace mt::wgmma_layout {
 
 // A tile of `rows` rows of D 16-bit elements is stored as D/64 slabs of rows × 64 elements (128
-// bytes a row, rows a multiple of 8 so each slab starts on a 1024-byte boundary). Inside a slab,
-// 16-byte chunk c of row r lands in chunk c ^ (r % 8) of its row: the 128-byte swizzle, which puts
-// the 8 rows of one column of chunks in 8 different bank groups. Returns the element offset of
-// chunk c (of D/8) of row r.
-MT_WGMMA_LAYOUT_HD constexpr int chunk_offset(int r, int c, int rows) {
-  return (c / 8) * rows * 64 + r * 64 + ((c % 8) ^ (r % 8)) * 8;
-}
+// bytes a row, rows a multiple of 8 so each slab starts on a 1024-byte boundary), one copy (box)
+// a slab. Inside a slab, 16-byte chunk c of row r lands in chunk c ^ (r % 8) of its row: the
+// 128-byte swizzle (the tensor map's CU_TENSOR_MAP_SWIZZLE_128B, wgmma's swizzle mode 1), which
+// puts the 8 rows of one column of chunks in 8 different bank groups.
 
 // A wgmma shared-memory matrix descriptor in the 128-byte swizzle mode: the start address
 // (bits 0-13), the leading byte offset (16-29) and the stride byte offset (32-45), each in
@@ -30,6 +28,27 @@ MT_WGMMA_LAYOUT_HD constexpr uint64_t descriptor(uint32_t smem_byte_addr, uint32
                                                  uint32_t stride) {
   return uint64_t((smem_byte_addr & 0x3FFFF) >> 4) | uint64_t(leading >> 4) << 16 |
          uint64_t(stride >> 4) << 32 | uint64_t(1) << 62;
+}
+
+// The tensor map through which the Hopper forward's tensor-memory-accelerator copies find a
+// head's rows (cuTensorMapEncodeTiled): a head layout (attention_cuda.h's HeadsLayout: `heads`
+// heads a batch, element strides batch, head and row) seen as a 4-dimensional tensor of 16-bit
+// elements (elem bytes each), dimensions fastest first (d, T, heads, n_heads / heads) and the
+// byte strides of the last three. Element c of row i of head b·heads + h is then at
+// c·elem + i·strides[0] + h·strides[1] + b·strides[2], where the layout puts it. With one head
+// a batch the head stride is never multiplied by anything but 0; the map still needs a 16-byte
+// multiple there, so it gets the batch's.
+struct TensorMapShape {
+  uint64_t dims[4];
+  uint64_t strides[3];
+};
+MT_WGMMA_LAYOUT_HD constexpr TensorMapShape heads_tensor_map(int64_t heads, int64_t batch,
+                                                             int64_t head, int64_t row,
+                                                             int64_t n_heads, int64_t T,
+                                                             int64_t d, int64_t elem) {
+  return {{uint64_t(d), uint64_t(T), uint64_t(heads), uint64_t(n_heads / heads)},
+          {uint64_t(row * elem), uint64_t((heads > 1 ? head : batch) * elem),
+           uint64_t(batch * elem)}};
 }
 
 }  // namespace mt::wgmma_layout
