@@ -619,6 +619,33 @@ __device__ __forceinline__ void tma_load(void* dst, const CUtensorMap& map, int 
       "r"(smem_addr(bar))
       : "memory");
 }
+// A tile of ROWS rows from row `row` of head (h, b): its D/64 slabs, one copy each.
+template <int D, int ROWS, class T>
+__device__ __forceinline__ void tma_tile(T* dst, const CUtensorMap& map, int row, int h, int b,
+                                         uint64_t* bar) {
+#pragma unroll
+  for (int sl = 0; sl < D / 64; ++sl) tma_load(dst + sl * ROWS * 64, map, 64 * sl, row, h, b, bar);
+}
+// Two such tiles from the same rows (K and V, Q and dO), their slabs' copies interleaved.
+template <int D, int ROWS, class T>
+__device__ __forceinline__ void tma_tile_pair(T* dst0, const CUtensorMap& map0, int h0, int b0,
+                                              T* dst1, const CUtensorMap& map1, int h1, int b1,
+                                              int row, uint64_t* bar) {
+#pragma unroll
+  for (int sl = 0; sl < D / 64; ++sl) {
+    tma_load(dst0 + sl * ROWS * 64, map0, 64 * sl, row, h0, b0, bar);
+    tma_load(dst1 + sl * ROWS * 64, map1, 64 * sl, row, h1, b1, bar);
+  }
+}
+// The two buffers' barriers, made by one thread before any copy may signal them.
+__device__ __forceinline__ void init_buffer_barriers(uint64_t (&full)[2]) {
+  if (threadIdx.x == 0) {
+    mbar_init(&full[0]);
+    mbar_init(&full[1]);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the copies
+  }
+  __syncthreads();
+}
 // Keeps the compiler from moving the uses of a wgmma's result above the wait that completes it.
 template <int N>
 __device__ __forceinline__ void wg_hold(float (&d)[N][4]) {
@@ -732,23 +759,13 @@ __global__ void __launch_bounds__(128 * kWgGroups, wg_min_blocks<D, kDrop>())
   const int tiles = int(ceil_div(min(q0 + kBM, T_len), BC));  // keys up to the block's last row
   [[maybe_unused]] const Drop dr = drop_of<kDrop>(dropout);
   auto load_kv = [&](int kt, int buf) {  // one thread
-#pragma unroll
-    for (int sl = 0; sl < D / 64; ++sl) {
-      tma_load(sK + buf * BC * D + sl * BC * 64, map_k, 64 * sl, kt * BC, hl, bl, &full[buf]);
-      tma_load(sV + buf * BC * D + sl * BC * 64, map_v, 64 * sl, kt * BC, hl, bl, &full[buf]);
-    }
+    tma_tile_pair<D, BC>(sK + buf * BC * D, map_k, hl, bl, sV + buf * BC * D, map_v, hl, bl,
+                         kt * BC, &full[buf]);
   };
-  if (threadIdx.x == 0) {
-    mbar_init(&full[0]);
-    mbar_init(&full[1]);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the copies
-  }
-  __syncthreads();
+  init_buffer_barriers(full);
   if (threadIdx.x == 0) {
     mbar_expect_bytes(&full[0], kQBytes + kKvBytes);
-#pragma unroll
-    for (int sl = 0; sl < D / 64; ++sl)
-      tma_load(sQ + sl * kBM * 64, map_q, 64 * sl, q0, hl, bl, &full[0]);
+    tma_tile<D, kBM>(sQ, map_q, q0, hl, bl, &full[0]);
     load_kv(0, 0);
   }
 
@@ -860,11 +877,8 @@ __global__ void __launch_bounds__(128 * wg_bwd_groups<D>())
   const int first = k0 / BR, tiles = int(ceil_div(T_len, BR));
   auto load_q_tile = [&](int qi, int buf) {  // Q and dO by one thread, L and D by all
     if (threadIdx.x == 0) {
-#pragma unroll
-      for (int sl = 0; sl < D / 64; ++sl) {
-        tma_load(sQ + buf * BR * D + sl * BR * 64, map_q, 64 * sl, qi * BR, hi, bi, &full[buf]);
-        tma_load(sdO + buf * BR * D + sl * BR * 64, map_do, 64 * sl, qi * BR, ho, bo, &full[buf]);
-      }
+      tma_tile_pair<D, BR>(sQ + buf * BR * D, map_q, hi, bi, sdO + buf * BR * D, map_do, ho, bo,
+                           qi * BR, &full[buf]);
     }
     for (int r = threadIdx.x; r < BR; r += kBlock) {
       const int i = qi * BR + r;
@@ -872,19 +886,10 @@ __global__ void __launch_bounds__(128 * wg_bwd_groups<D>())
       sD[buf * BR + r] = i < T_len ? D_h[i] : 0.0f;
     }
   };
-  if (threadIdx.x == 0) {
-    mbar_init(&full[0]);
-    mbar_init(&full[1]);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the copies
-  }
-  __syncthreads();
+  init_buffer_barriers(full);
   if (threadIdx.x == 0) {
     mbar_expect_bytes(&full[0], kKvBytes + kQBytes);
-#pragma unroll
-    for (int sl = 0; sl < D / 64; ++sl) {
-      tma_load(sK + sl * kBK * 64, map_k, 64 * sl, k0, hi, bi, &full[0]);
-      tma_load(sV + sl * kBK * 64, map_v, 64 * sl, k0, hi, bi, &full[0]);
-    }
+    tma_tile_pair<D, kBK>(sK, map_k, hi, bi, sV, map_v, hi, bi, k0, &full[0]);
   }
   load_q_tile(first, 0);
 
@@ -979,25 +984,13 @@ __global__ void __launch_bounds__(128 * wg_bwd_groups<D>())
   }
   const int tiles = int(ceil_div(min(q0 + kBM, T_len), BC));  // keys up to the last row
   auto load_kv = [&](int kt, int buf) {  // one thread
-#pragma unroll
-    for (int sl = 0; sl < D / 64; ++sl) {
-      tma_load(sK + buf * BC * D + sl * BC * 64, map_k, 64 * sl, kt * BC, hi, bi, &full[buf]);
-      tma_load(sV + buf * BC * D + sl * BC * 64, map_v, 64 * sl, kt * BC, hi, bi, &full[buf]);
-    }
+    tma_tile_pair<D, BC>(sK + buf * BC * D, map_k, hi, bi, sV + buf * BC * D, map_v, hi, bi,
+                         kt * BC, &full[buf]);
   };
-  if (threadIdx.x == 0) {
-    mbar_init(&full[0]);
-    mbar_init(&full[1]);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the copies
-  }
-  __syncthreads();
+  init_buffer_barriers(full);
   if (threadIdx.x == 0) {
     mbar_expect_bytes(&full[0], kQBytes + kKvBytes);
-#pragma unroll
-    for (int sl = 0; sl < D / 64; ++sl) {
-      tma_load(sQ + sl * kBM * 64, map_q, 64 * sl, q0, hi, bi, &full[0]);
-      tma_load(sdO + sl * kBM * 64, map_do, 64 * sl, q0, ho, bo, &full[0]);
-    }
+    tma_tile_pair<D, kBM>(sQ, map_q, hi, bi, sdO, map_do, ho, bo, q0, &full[0]);
     load_kv(0, 0);
   }
 
