@@ -3,7 +3,7 @@ shapes bench_attention times, with the same FLOP convention (fwd 4*B*H*T^2*d/2, 
 and the same method: 3 warm-up calls, then 20 calls back to back, each between two CUDA events,
 the host waiting only after the last, and the median of the 20. The host issues the next call
 while the GPU runs this one, so no call waits for Python to launch it (waiting for each call
-would add the host's dispatch time to the GPU's: 16-24 us to the forward's 85 us at
+would add the host's dispatch time to the GPU's: 16-25 us to the forward's 85 us at
 [16, 12, 1024, 64] on an H200, 65-70 us to the backward's 275)."""
 import torch
 import torch.nn.functional as F

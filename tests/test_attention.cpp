@@ -394,10 +394,12 @@ TEST(AttentionWgmmaLayout, DescriptorFieldsAreWherePtxPutsThem) {
   }
 }
 
-// The Hopper forward's tensor map (wgmma_layout.h) addresses every element of every head where
-// the layout puts it: contiguous heads (one head a batch, whose head stride the map cannot take
-// as 0) and q, k of a [B, T, 3C] projection, each byte offset the map computes from
-// (column, row, head, batch) against the layout's own.
+// The Hopper kernels' tensor map (wgmma_layout.h) addresses every element of every head where
+// the layout puts it: contiguous heads (one head a batch, whose head stride of 0 the map is not
+// given), q of a [B, T, 3C] projection (k and v differ only by their base) and heads of
+// [B, T, C] at d = 128, each byte offset the map computes from (column, row, head, batch)
+// against the layout's own, with (head, batch) inside the map's dimensions, where the copy
+// engine would otherwise read zeros.
 TEST(AttentionWgmmaLayout, TensorMapAddressesEachHeadsRowsWhereTheLayoutPutsThem) {
   struct Layout { int64_t heads, batch, head, row; };  // attention_cuda.h's HeadsLayout
   struct Case { const char* name; Layout l; int64_t n_heads, T, d; };
@@ -411,10 +413,12 @@ TEST(AttentionWgmmaLayout, TensorMapAddressesEachHeadsRowsWhereTheLayoutPutsThem
                                                       c.n_heads, c.T, c.d, 2);
     EXPECT_EQ(m.dims[0], uint64_t(c.d)) << c.name;
     EXPECT_EQ(m.dims[1], uint64_t(c.T)) << c.name;
-    EXPECT_EQ(m.dims[2] * m.dims[3], uint64_t(c.n_heads)) << c.name;
+    EXPECT_EQ(m.dims[2], uint64_t(c.l.heads)) << c.name;
+    EXPECT_EQ(m.dims[3], uint64_t(c.n_heads / c.l.heads)) << c.name;
     for (uint64_t s : m.strides) EXPECT_TRUE(s > 0 && s % 16 == 0) << c.name << ": stride " << s;
     for (int64_t bh = 0; bh < c.n_heads; ++bh) {
       const int64_t b = bh / c.l.heads, h = bh % c.l.heads;
+      ASSERT_TRUE(uint64_t(h) < m.dims[2] && uint64_t(b) < m.dims[3]) << c.name << ": head " << bh;
       for (int64_t i = 0; i < c.T; ++i)
         for (int64_t col = 0; col < c.d; col += 7) {
           const uint64_t map = uint64_t(col) * 2 + uint64_t(i) * m.strides[0] +

@@ -825,9 +825,9 @@ __global__ void __launch_bounds__(128 * kWgGroups, wg_min_blocks<D, kDrop>())
 // warpgroup owns 64 keys (dK/dV) or 64 query rows (dQ). The products add the same terms in the
 // same order as the mma.sync kernels', so dQ, dK and dV have the same bits.
 //   dK/dV  grid (B·H, T/64·G K tiles), G warpgroups a block; Q tiles of R rows (G = 1, R = 128
-//          at d = 64: 252 registers, 2 blocks an SM; G = 2, R = 64 at d = 128).
+//          at d = 64: 234 registers, 2 blocks an SM; G = 2, R = 64 at d = 128).
 //   dQ     grid (B·H, T/64·G Q tiles), the last first; K/V tiles of 64 keys (G = 1 at d = 64:
-//          136 registers, 3 blocks an SM; G = 2 at d = 128).
+//          122 registers; G = 2 at d = 128).
 template <int D>
 constexpr int wg_dkdv_rows() { return D == 64 ? 128 : 64; }
 template <int D>

@@ -30,14 +30,15 @@ MT_WGMMA_LAYOUT_HD constexpr uint64_t descriptor(uint32_t smem_byte_addr, uint32
          uint64_t(stride >> 4) << 32 | uint64_t(1) << 62;
 }
 
-// The tensor map through which the Hopper forward's tensor-memory-accelerator copies find a
+// The tensor map through which the Hopper kernels' tensor-memory-accelerator copies find a
 // head's rows (cuTensorMapEncodeTiled): a head layout (attention_cuda.h's HeadsLayout: `heads`
 // heads a batch, element strides batch, head and row) seen as a 4-dimensional tensor of 16-bit
 // elements (elem bytes each), dimensions fastest first (d, T, heads, n_heads / heads) and the
 // byte strides of the last three. Element c of row i of head b·heads + h is then at
 // c·elem + i·strides[0] + h·strides[1] + b·strides[2], where the layout puts it. With one head
-// a batch the head stride is never multiplied by anything but 0; the map still needs a 16-byte
-// multiple there, so it gets the batch's.
+// a batch the head stride is never multiplied by anything but 0; the map gets the batch's
+// there rather than the layout's 0, a stride the driver's stated requirements (a multiple of 16
+// bytes, below 2^40) plainly allow.
 struct TensorMapShape {
   uint64_t dims[4];
   uint64_t strides[3];
