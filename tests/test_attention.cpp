@@ -968,4 +968,22 @@ TEST(CudaAttention, ACapturedBackwardIsTheEagerOneBitForBit) {
   check({randn({B, T, 3 * H * 64}, dt, dev)}, randn({B, T, H * 64}, dt, dev),
         [H](const std::vector<Tensor>& x) { return attention_packed(x[0], H); });
 }
+
+// One launch's limits (a grid's 65535 blocks in y: the tile kernels' tiles of at least 64 rows,
+// the CUDA-core kernels' heads) refuse a shape before anything touches the device, so this runs
+// without a GPU: T one past 65535 · 64, and 65536 heads, each with the limit in the message.
+TEST(AttentionCudaLimits, AShapePastOneLaunchIsRefusedWithTheLimit) {
+  const int64_t too_long = int64_t(65535) * 64 + 1;
+  const cuda::HeadsLayout l = cuda::contiguous_heads(too_long, 64);
+  for (const auto& [heads, T] : {std::pair<int64_t, int64_t>{1, too_long}, {65536, 16}}) {
+    SCOPED_TRACE(std::to_string(heads) + " heads, T = " + std::to_string(T));
+    expect_error([&] { cuda::attention_forward(nullptr, nullptr, nullptr, l, nullptr, l, nullptr,
+                                               heads, T, 64, DType::bf16, nullptr); },
+                 {"attention_forward", "at most 65535 heads and 4194240 positions"});
+    expect_error([&] { cuda::attention_backward(nullptr, nullptr, nullptr, l, nullptr, nullptr, l,
+                                                nullptr, nullptr, nullptr, nullptr, heads, T, 64,
+                                                DType::bf16, true, nullptr); },
+                 {"attention_backward", "at most 65535 heads and 4194240 positions"});
+  }
+}
 #endif
