@@ -28,6 +28,7 @@
 #include <cstdio>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "check/op_check.h"
@@ -428,6 +429,27 @@ TEST(AttentionWgmmaLayout, TensorMapAddressesEachHeadsRowsWhereTheLayoutPutsThem
                                                << ", column " << col;
         }
     }
+  }
+}
+
+// The persistent Hopper forward's work items (wgmma_layout.h): every (head, Q tile) exactly
+// once, and in the order of their walks, longest first (tile t walks t + 1 K/V tiles), so the
+// blocks that take them one after another end together.
+TEST(AttentionWgmmaLayout, WorkItemsCoverEveryTileOnceLongestWalkFirst) {
+  for (const auto [heads, q_tiles] : {std::pair{192, 8}, {1, 1}, {3, 5}, {7, 1}, {1, 9}}) {
+    std::vector<int> seen(size_t(heads) * q_tiles, 0);
+    int last_tile = q_tiles - 1;
+    for (int item = 0; item < heads * q_tiles; ++item) {
+      const auto w = mt::wgmma_layout::work_item(item, heads, q_tiles);
+      ASSERT_TRUE(w.head >= 0 && w.head < heads && w.tile >= 0 && w.tile < q_tiles)
+          << heads << " heads, " << q_tiles << " tiles: item " << item;
+      ++seen[size_t(w.head) * q_tiles + w.tile];
+      EXPECT_LE(w.tile, last_tile) << "item " << item << " walks further than the one before";
+      last_tile = w.tile;
+    }
+    for (size_t i = 0; i < seen.size(); ++i)
+      EXPECT_EQ(seen[i], 1) << heads << " heads, " << q_tiles << " tiles: (head, tile) "
+                            << i / q_tiles << ", " << i % q_tiles;
   }
 }
 

@@ -35,8 +35,10 @@
 // same walks with warpgroup MMA (wgmma) from swizzled shared memory, a warpgroup (4 warps)
 // owning 64 query rows or keys, the tiles brought by the tensor memory accelerator (TMA) instead
 // of cp.async; the sections "on Hopper" below hold the layout.
-//   forward    forward_wg, with or without dropout: grid (B·H, T/128 Q tiles), the last first;
-//              2 warpgroups a block sharing K/V tiles of 128 keys.
+//   forward    forward_wg, with or without dropout: persistent, a block an SM (a producer
+//              warpgroup, two consumer warpgroups of 64 rows taking turns at the tensor cores)
+//              taking Q tiles of 128 rows from a counter, the longest walks first; K/V tiles of
+//              128 keys.
 //   backward   dkdv_wg and dq_wg take passes 2 and 3 when the backward is deterministic and
 //              without dropout (the same bits as the mma.sync passes): grids (B·H, T/64·G K or
 //              Q tiles), G = 1 warpgroup a block at d = 64 (Q tiles of 128 rows for dK/dV),
@@ -326,40 +328,58 @@ __device__ __forceinline__ void zero(float (&acc)[MT][N][4]) {
     for (int n = 0; n < N; ++n) acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.0f;
 }
 
-// Masks the keys past each row (only a tile reaching past the warp's first row has any), then
-// the online softmax of one score tile for rows w0 + 16m + g + 8h: per row the new running max m
-// (log2 units), the factor exp2(m_old − m_new) that rescales ℓ and the output, and P = exp2(x − m)
-// unnormalised in place of the scores (ℓ adds them).
-template <int MT, int BC, int D>
-__device__ __forceinline__ void online_softmax(float (&s)[MT][BC / 8][4],
-                                               float (&acc)[MT][D / 8][4], float (&m_run)[MT][2],
-                                               float (&l)[MT][2], int key0, int w0, int g, int t,
-                                               float scale_log2) {
-  if (key0 + BC - 1 > w0) {
+// The online softmax of one score tile for rows w0 + 16m + g + 8h, in three steps that the Hopper
+// forward runs apart (the maxima while a product is in flight): mask_tile sets the keys past each
+// row to −∞; row_max takes the new running max m of each row (log2 units) and the factor
+// corr = exp2(m_old − m_new) that rescales ℓ (here) and the output (rescale_rows); exp_tile
+// writes P = exp2(x − m) unnormalised in place of the scores and adds it to ℓ.
+template <int MT, int BC>
+__device__ __forceinline__ void mask_tile(float (&s)[MT][BC / 8][4], int key0, int w0, int g,
+                                          int t) {
 #pragma unroll
-    for (int m = 0; m < MT; ++m)
+  for (int m = 0; m < MT; ++m)
 #pragma unroll
-      for (int n = 0; n < BC / 8; ++n)
+    for (int n = 0; n < BC / 8; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if (key0 + n * 8 + 2 * t + e % 2 > w0 + 16 * m + g + 8 * (e / 2)) s[m][n][e] = -kInf;
-  }
+      for (int e = 0; e < 4; ++e)
+        s[m][n][e] = key0 + n * 8 + 2 * t + e % 2 > w0 + 16 * m + g + 8 * (e / 2) ? -kInf
+                                                                                  : s[m][n][e];
+}
+
+// The max of a row's BC/4 scores in this thread as a tree (depth log2, not a chain of BC/4), then
+// over its quad: exact in any order, so the bits do not depend on it.
+template <int MT, int BC>
+__device__ __forceinline__ void row_max(const float (&s)[MT][BC / 8][4], float (&m_run)[MT][2],
+                                        float (&l)[MT][2], float (&corr)[MT][2],
+                                        float scale_log2) {
 #pragma unroll
   for (int m = 0; m < MT; ++m)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float mx = -kInf;
+      float v[BC / 8];
 #pragma unroll
-      for (int n = 0; n < BC / 8; ++n) mx = fmaxf(mx, fmaxf(s[m][n][2 * h], s[m][n][2 * h + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      for (int n = 0; n < BC / 8; ++n) v[n] = fmaxf(s[m][n][2 * h], s[m][n][2 * h + 1]);
+#pragma unroll
+      for (int step = 1; step < BC / 8; step *= 2)
+#pragma unroll
+        for (int n = 0; n < BC / 8; n += 2 * step) v[n] = fmaxf(v[n], v[n + step]);
+      float mx = fmaxf(v[0], __shfl_xor_sync(0xffffffffu, v[0], 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float m_new = fmaxf(m_run[m][h], mx * scale_log2);
-      const float m_use = m_new == -kInf ? 0.0f : m_new;  // a row with nothing yet: no NaN
-      const float corr = fast_exp2(m_run[m][h] - m_use);  // rescales what came before
+      corr[m][h] = fast_exp2(m_run[m][h] - (m_new == -kInf ? 0.0f : m_new));
       m_run[m][h] = m_new;
-      l[m][h] *= corr;
+      l[m][h] *= corr[m][h];
+    }
+}
+
+template <int MT, int BC>
+__device__ __forceinline__ void exp_tile(float (&s)[MT][BC / 8][4], const float (&m_run)[MT][2],
+                                         float (&l)[MT][2], float scale_log2) {
 #pragma unroll
-      for (int n = 0; n < D / 8; ++n) acc[m][n][2 * h] *= corr, acc[m][n][2 * h + 1] *= corr;
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float m_use = m_run[m][h] == -kInf ? 0.0f : m_run[m][h];  // a row with nothing yet
 #pragma unroll
       for (int n = 0; n < BC / 8; ++n)
 #pragma unroll
@@ -369,6 +389,30 @@ __device__ __forceinline__ void online_softmax(float (&s)[MT][BC / 8][4],
           l[m][h] += p;
         }
     }
+}
+
+template <int MT, int D>
+__device__ __forceinline__ void rescale_rows(float (&acc)[MT][D / 8][4],
+                                             const float (&corr)[MT][2]) {
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[m][n][e] *= corr[m][e / 2];
+}
+
+// All three on one tile; only a tile reaching past the warp's first row has keys to mask.
+template <int MT, int BC, int D>
+__device__ __forceinline__ void online_softmax(float (&s)[MT][BC / 8][4],
+                                               float (&acc)[MT][D / 8][4], float (&m_run)[MT][2],
+                                               float (&l)[MT][2], int key0, int w0, int g, int t,
+                                               float scale_log2) {
+  if (key0 + BC - 1 > w0) mask_tile<MT, BC>(s, key0, w0, g, t);
+  float corr[MT][2];
+  row_max<MT, BC>(s, m_run, l, corr, scale_log2);
+  rescale_rows<MT, D>(acc, corr);
+  exp_tile<MT, BC>(s, m_run, l, scale_log2);
 }
 
 // Dropout on a tile of P after ℓ took it: P·Z goes into the product and Z's 1/(1 − p) comes at
@@ -555,15 +599,27 @@ __global__ void __launch_bounds__(kThreads)
 // read K-major (d along a row), V MN-major (the tensor cores transpose it). Built only where the
 // architecture list holds sm_90a (wgmma is not in plain sm_90); the launcher picks it on such a
 // device for bf16 and f16 at d = 64 and 128, with or without dropout, forward_tc elsewhere.
-//   grid (B·H, T/128 Q tiles), the last Q tile first; blocks of 2 warpgroups sharing K/V tiles
-//   of 128 keys, double-buffered.
+//   Warp-specialized and persistent, as FlashAttention-3: one block an SM (grid: min(SMs, work
+//   items)) of three warpgroups. The producer's one thread issues every copy (its registers go to
+//   the others by setmaxnreg: 40 against 232): an item's Q tile (128 rows), then its K/V tiles
+//   into S buffers (4 at d = 64, 2 at d = 128), each waiting for its buffer to be released. The
+//   two consumer warpgroups own 64 rows each and walk the same K/V tiles; in a tile they issue
+//   S = Q·Kᵀ of this tile and O += P·V of the one before together, take the row maxima of S
+//   while P·V runs, then the exponentials. They take turns (named barriers): one issues its
+//   products while the other runs its softmax, so the tensor cores and the exp2 units work at
+//   once. Items are (head, Q tile) pairs longest walk first (wgmma_layout.h's work_item); the
+//   first grid's worth go one a block, every later one to the block whose producer asks the
+//   counter next (atomicAdd, zeroed by the launcher), so blocks end together. mbarriers pass
+//   every buffer between producer and consumers. Which block takes an item changes from run to
+//   run; what it computes does not (one block walks an item whole, in a fixed order), so O and L
+//   have the same bits on every run. On an H200: 1.07x the forward of two warpgroups a block
+//   that each ran product, softmax, product in turn (the same bits) at GPT-2's shape (perf.md).
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define MT_ATTENTION_WGMMA_BODY 1
 #endif
 constexpr int kWgRows = 64;  // query rows of a warpgroup
-constexpr int kWgGroups = 2;  // warpgroups of a block
-constexpr int kWgKeys = 128;  // keys of a K/V tile
+constexpr int kWgKeys = 128;  // keys of the forward's K/V tiles
 
 #if defined(MT_ATTENTION_WGMMA_BODY)  // the wgmma helpers exist only in the sm_90a pass
 // The descriptor of the tile at p (wgmma_layout.h).
@@ -586,13 +642,16 @@ __device__ __forceinline__ void wg_commit() {
 __device__ __forceinline__ void wg_wait_all() {
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 }
+__device__ __forceinline__ void wg_wait_one() {  // all but the last group committed
+  asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+}
 // The tiles arrive by the tensor memory accelerator (TMA): one thread asks for a box of a tensor
 // map (64 elements of d × rows, swizzled as above on the way in, zeros past T) and the copy
 // signals an mbarrier with its bytes; the other threads wait for the barrier's phase.
-__device__ __forceinline__ void mbar_init(uint64_t* bar) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(bar)));
+__device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned arrivals = 1) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(arrivals));
 }
-// One arrival (the barrier's only one) that also says how many bytes the copies will bring.
+// One arrival (a copy's barrier's only one) that also says how many bytes the copies will bring.
 __device__ __forceinline__ void mbar_expect_bytes(uint64_t* bar, unsigned bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)),
                "r"(bytes)
@@ -608,6 +667,13 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
         : "r"(smem_addr(bar)), "r"(parity)
         : "memory");
   } while (!done);
+}
+// One arrival where `pred` (predicated, not branched: no branch while a wgmma is in flight).
+__device__ __forceinline__ void mbar_arrive_if(uint64_t* bar, bool pred) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %1, 0;\n@p mbarrier.arrive.shared::cta.b64 _, [%0];\n}\n"
+      ::"r"(smem_addr(bar)), "r"(int(pred))
+      : "memory");
 }
 // The box at (column c0, row, head h, batch b) of `map` into dst, completing on bar.
 __device__ __forceinline__ void tma_load(void* dst, const CUtensorMap& map, int c0, int row,
@@ -653,6 +719,21 @@ __device__ __forceinline__ void wg_hold(float (&d)[N][4]) {
   for (int n = 0; n < N; ++n)
 #pragma unroll
     for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[n][e])::"memory");
+}
+
+template <int N>
+__device__ __forceinline__ void wg_hold(uint32_t (&a)[N][4]) {
+#pragma unroll
+  for (int n = 0; n < N; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[n][e])::"memory");
+}
+// Named barriers 1 and 2 between the forward's two consumer warpgroups (256 threads).
+__device__ __forceinline__ void named_sync(int id) {
+  asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id) {
+  asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory");
 }
 
 // d (+)= A·B for one m64nNk16 step of the warpgroup, N = 64 or 128: d is this thread's N/2
@@ -724,94 +805,186 @@ __device__ __forceinline__ void wg_rs(float (&d)[N / 8][4], const uint32_t (&a)[
 #undef MT_WGMMA_RS
 #endif
 
-// Shared memory of the Hopper kernels (tiles as laid out below, + 1024 for align_1024).
+// The forward's shared memory: Q's 128 rows and S buffered K/V tiles (+ 1024 for align_1024).
+template <int D>
+constexpr int wg_forward_stages() { return D == 64 ? 4 : 2; }
 template <class T, int D>
 constexpr size_t wg_forward_smem() {
-  return size_t(kWgRows * kWgGroups + 4 * kWgKeys) * D * sizeof(T) + 1024;
+  return size_t(2 * kWgRows + 2 * wg_forward_stages<D>() * kWgKeys) * D * sizeof(T) + 1024;
 }
 static_assert(wg_forward_smem<__nv_bfloat16, 128>() <= 227 * 1024);
 
-// Two blocks an SM at d = 64 without dropout (128 registers a thread), else ptxas's choice.
-template <int D, bool kDrop>
-constexpr int wg_min_blocks() { return D == 64 && !kDrop ? 2 : 1; }
-
 template <class T, int D, bool kDrop>
-__global__ void __launch_bounds__(128 * kWgGroups, wg_min_blocks<D, kDrop>())
+__global__ void __launch_bounds__(384, 1)
     forward_wg(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                const __grid_constant__ CUtensorMap map_v, int layout_heads, T* __restrict__ o,
                HeadsLayout out, float* __restrict__ lse, int T_len, float scale_log2,
-               AttentionDropoutArgs dropout) {
+               AttentionDropoutArgs dropout, int heads, int* __restrict__ next_item) {
 #if defined(MT_ATTENTION_WGMMA_BODY)
-  constexpr int BC = kWgKeys, kBM = kWgRows * kWgGroups;
-  constexpr unsigned kQBytes = kBM * D * sizeof(T), kKvBytes = 2 * BC * D * sizeof(T);
+  constexpr int BC = kWgKeys, kBM = 2 * kWgRows, S = wg_forward_stages<D>();
+  constexpr unsigned kQBytes = kBM * D * sizeof(T), kTileBytes = BC * D * sizeof(T);
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  __shared__ uint64_t full[2];  // K/V buffer b holds its tile (the first one: Q's too)
+  // q_full: the item's Q landed (s_item names the item); q_empty: the consumers' 8 warps are done
+  // with Q and s_item. k_full[b], v_full[b]: buffer b's K, V tile landed; kv_empty[b]: both
+  // consumers are done with buffer b.
+  __shared__ uint64_t q_full, q_empty, k_full[S], v_full[S], kv_empty[S];
+  __shared__ int s_item;
   unsigned char* smem = align_1024(smem_raw);
   T* sQ = reinterpret_cast<T*>(smem);  // [D/64][kBM][64]
-  T* sK = sQ + kBM * D;                // [2][D/64][BC][64]
-  T* sV = sK + 2 * BC * D;             // [2][D/64][BC][64]
-  const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-  const int g = lane / 4, t = lane % 4;
-  const unsigned head = blockIdx.x;                             // tile_grid: heads in x,
-  const int q0 = (int(gridDim.y) - 1 - int(blockIdx.y)) * kBM;  // the longest walk first
-  const int r0 = q0 + wg * kWgRows, w0 = r0 + warp * 16;  // the warpgroup's, the warp's first row
-  const int hl = int(head % unsigned(layout_heads)), bl = int(head / unsigned(layout_heads));
-  const int tiles = int(ceil_div(min(q0 + kBM, T_len), BC));  // keys up to the block's last row
-  [[maybe_unused]] const Drop dr = drop_of<kDrop>(dropout);
-  auto load_kv = [&](int kt, int buf) {  // one thread
-    tma_tile_pair<D, BC>(sK + buf * BC * D, map_k, hl, bl, sV + buf * BC * D, map_v, hl, bl,
-                         kt * BC, &full[buf]);
-  };
-  init_buffer_barriers(full);
+  T* sK = sQ + kBM * D;                // [S][D/64][BC][64]
+  T* sV = sK + S * BC * D;             // [S][D/64][BC][64]
+  const int q_tiles = int(ceil_div(T_len, kBM)), items = heads * q_tiles;
   if (threadIdx.x == 0) {
-    mbar_expect_bytes(&full[0], kQBytes + kKvBytes);
-    tma_tile<D, kBM>(sQ, map_q, q0, hl, bl, &full[0]);
-    load_kv(0, 0);
+    mbar_init(&q_full);
+    mbar_init(&q_empty, 8);
+#pragma unroll
+    for (int b = 0; b < S; ++b) {
+      mbar_init(&k_full[b]);
+      mbar_init(&v_full[b]);
+      mbar_init(&kv_empty[b], 8);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the copies
+  }
+  __syncthreads();
+
+  if (threadIdx.x < 128) {  // the producer warpgroup: one thread issues every copy
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if (threadIdx.x == 0) {
+      int fill = 0, item = blockIdx.x;  // fill: K/V tiles issued, into buffer fill % S
+      for (int n = 0;; ++n) {
+        if (n > 0) mbar_wait(&q_empty, (n - 1) & 1);
+        s_item = item;
+        if (item >= items) {  // no more work: the consumers stop at this barrier's phase
+          mbar_expect_bytes(&q_full, 0);
+          break;
+        }
+        const wgmma_layout::WorkItem w = wgmma_layout::work_item(item, heads, q_tiles);
+        const int hl = w.head % layout_heads, bl = w.head / layout_heads, q0 = w.tile * kBM;
+        mbar_expect_bytes(&q_full, kQBytes);
+        tma_tile<D, kBM>(sQ, map_q, q0, hl, bl, &q_full);
+        item = atomicAdd(next_item, 1) + int(gridDim.x);  // the next one, asked for ahead
+        const int tiles = int(ceil_div(min(q0 + kBM, T_len), BC));
+        for (int kt = 0; kt < tiles; ++kt, ++fill) {
+          const int b = fill % S;
+          if (fill >= S) mbar_wait(&kv_empty[b], (fill / S - 1) & 1);  // its last use is done
+          mbar_expect_bytes(&k_full[b], kTileBytes);
+          tma_tile<D, BC>(sK + b * BC * D, map_k, kt * BC, hl, bl, &k_full[b]);
+          mbar_expect_bytes(&v_full[b], kTileBytes);
+          tma_tile<D, BC>(sV + b * BC * D, map_v, kt * BC, hl, bl, &v_full[b]);
+        }
+      }
+    }
+    return;
   }
 
-  float acc[1][D / 8][4];
-  zero(acc);
-  float m_run[1][2] = {{-kInf, -kInf}}, l[1][2] = {{0.0f, 0.0f}};  // rows w0 + g + 8h
-  for (int kt = 0; kt < tiles; ++kt) {
-    const int buf = kt & 1;
-    __syncthreads();  // both warpgroups are done with the buffer refilled next (tile kt − 1's)
-    if (threadIdx.x == 0 && kt + 1 < tiles) {
-      mbar_expect_bytes(&full[buf ^ 1], kKvBytes);
-      load_kv(kt + 1, buf ^ 1);
-    }
-    mbar_wait(&full[buf], (kt >> 1) & 1);  // tile kt landed: the buffer's (kt / 2)-th fill
-    // A tile wholly past this warpgroup's rows is skipped. With tiles as wide as a block's rows
-    // (kWgKeys = 128 = 2 · 64) none is, and warpgroup 0 multiplies the diagonal tile's masked
-    // upper half; the test stays for narrower tiles.
-    if (kt * BC > r0 + kWgRows - 1) continue;
-
-    float s[1][BC / 8][4];  // raw q·k
-    const T* sKb = sK + buf * BC * D;
-    wg_fence();
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");  // the producer's registers
+  const int wg = threadIdx.x / 128 - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  [[maybe_unused]] const Drop dr = drop_of<kDrop>(dropout);
+  const T* sQw = sQ + wg * kWgRows * 64;  // this warpgroup's rows of Q's first slab
+  auto release = [&](uint64_t* bar) {     // one arrival a warp, once all its lanes are done
+    __syncwarp();
+    mbar_arrive_if(bar, lane == 0);
+  };
+  // Turns: warpgroup w issues its products after bar.sync 1 + w and then lets the other one go
+  // (bar.arrive 2 − w), so one multiplies while the other runs its softmax. Warpgroup 1 lets
+  // warpgroup 0 go first, and warpgroup 0 takes that arrival back when it leaves.
+  if (wg == 1) named_arrive(1);
+  int fill = 0;
+  for (int n = 0;; ++n) {
+    mbar_wait(&q_full, n & 1);
+    const int item = s_item;
+    if (item >= items) break;
+    const wgmma_layout::WorkItem w = wgmma_layout::work_item(item, heads, q_tiles);
+    const int q0 = w.tile * kBM, w0 = q0 + wg * kWgRows + warp * 16;  // the warp's first row
+    const int tiles = int(ceil_div(min(q0 + kBM, T_len), BC));  // up to the block's last row
+    float acc[1][D / 8][4];
+    zero(acc);
+    float m_run[1][2] = {{-kInf, -kInf}}, l[1][2] = {{0.0f, 0.0f}}, corr[1][2];
+    uint32_t pa[1][BC / 16][4];  // P of the tile before, the A operand of its P·V
+    auto issue_s = [&](float (&s)[1][BC / 8][4], int b) {  // S = Q·Kᵀ from buffer b
+      const T* sKb = sK + b * BC * D;
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {  // slab kk / 4, 32 bytes a k-step along the swizzled row
-      const T* a = sQ + (kk / 4) * kBM * 64 + wg * kWgRows * 64 + (kk % 4) * 16;
-      const T* b = sKb + (kk / 4) * BC * 64 + (kk % 4) * 16;
-      wg_ss<T, BC>(s[0], wg_desc(a, 16, 1024), wg_desc(b, 16, 1024), /*accumulate=*/kk > 0);
-    }
-    wg_commit();
-    wg_wait_all();
-    wg_hold(s[0]);
-    online_softmax<1, BC, D>(s, acc, m_run, l, kt * BC, w0, g, t, scale_log2);
-    if constexpr (kDrop) drop_tile<1, BC>(s, dr, head, kt * BC, w0, g, t, T_len);
-    uint32_t pa[1][BC / 16][4];
-    to_a<1, BC, T>(s, pa);
-    const T* sVb = sV + buf * BC * D;
-    wg_fence();
+      for (int kk = 0; kk < D / 16; ++kk) {  // slab kk / 4, 32 bytes a k-step along the row
+        const T* a = sQw + (kk / 4) * kBM * 64 + (kk % 4) * 16;
+        const T* bk = sKb + (kk / 4) * BC * 64 + (kk % 4) * 16;
+        wg_ss<T, BC>(s[0], wg_desc(a, 16, 1024), wg_desc(bk, 16, 1024), /*accumulate=*/kk > 0);
+      }
+      wg_commit();
+    };
+    auto issue_pv = [&](int b) {  // O += P·V from buffer b, 16 keys a k-step
+      const T* sVb = sV + b * BC * D;
 #pragma unroll
-    for (int kk = 0; kk < BC / 16; ++kk)  // 16 keys = 2 groups of 8 swizzled rows a k-step
-      wg_rs<T, D>(acc[0], pa[0][kk], wg_desc(sVb + kk * 16 * 64, BC * 64 * sizeof(T), 1024));
-    wg_commit();
-    wg_wait_all();
-    wg_hold(acc[0]);
+      for (int kk = 0; kk < BC / 16; ++kk)
+        wg_rs<T, D>(acc[0], pa[0][kk], wg_desc(sVb + kk * 16 * 64, BC * 64 * sizeof(T), 1024));
+      wg_commit();
+    };
+    auto finish_tile = [&](float (&s)[1][BC / 8][4], int kt) {  // after row_max: P, the rescale
+      exp_tile<1, BC>(s, m_run, l, scale_log2);
+      if constexpr (kDrop) drop_tile<1, BC>(s, dr, w.head, kt * BC, w0, g, t, T_len);
+      rescale_rows<1, D>(acc, corr);
+      to_a<1, BC, T>(s, pa);
+    };
+    {  // tile 0: its S alone
+      float s[1][BC / 8][4];
+      mbar_wait(&k_full[fill % S], (fill / S) & 1);
+      named_sync(1 + wg);
+      wg_fence();
+      issue_s(s, fill % S);
+      named_arrive(2 - wg);
+      wg_wait_all();
+      wg_hold(s[0]);
+      if (tiles == 1) {  // the diagonal: Q's last product is done
+        release(&q_empty);
+        mask_tile<1, BC>(s, 0, w0, g, t);
+      }
+      row_max<1, BC>(s, m_run, l, corr, scale_log2);
+      finish_tile(s, 0);
+    }
+    // Tile kt ≥ 1: its S beside tile kt − 1's P·V, the row maxima while P·V runs. The diagonal
+    // tile (the last) is its own instance, so nothing branches while a product is in flight
+    // (the compiler would wait for it at the branch).
+    auto step = [&](int kt, auto diagonal) {
+      const int cur = (fill + kt) % S, prev = (fill + kt - 1) % S;
+      float s[1][BC / 8][4];
+      mbar_wait(&k_full[cur], ((fill + kt) / S) & 1);
+      mbar_wait(&v_full[prev], ((fill + kt - 1) / S) & 1);
+      named_sync(1 + wg);
+      wg_fence();
+      issue_s(s, cur);
+      issue_pv(prev);
+      named_arrive(2 - wg);
+      wg_wait_one();  // S
+      wg_hold(s[0]);
+      if constexpr (decltype(diagonal)::value) {
+        release(&q_empty);
+        mask_tile<1, BC>(s, kt * BC, w0, g, t);
+      }
+      row_max<1, BC>(s, m_run, l, corr, scale_log2);
+      wg_wait_all();  // P·V
+      wg_hold(acc[0]);
+      wg_hold(pa[0]);
+      release(&kv_empty[prev]);
+      finish_tile(s, kt);
+    };
+    for (int kt = 1; kt < tiles - 1; ++kt) step(kt, std::false_type{});
+    if (tiles > 1) step(tiles - 1, std::true_type{});
+    {  // the last tile's P·V alone
+      const int last = (fill + tiles - 1) % S;
+      mbar_wait(&v_full[last], ((fill + tiles - 1) / S) & 1);
+      named_sync(1 + wg);
+      wg_fence();
+      issue_pv(last);
+      named_arrive(2 - wg);
+      wg_wait_all();
+      wg_hold(acc[0]);
+      release(&kv_empty[last]);
+    }
+    fill += tiles;
+    finish_rows<1, D, T>(acc, m_run, l, w0, g, t, T_len, w.head, lse, o + head_base(out, w.head),
+                         out.row, kDrop ? dr.scale : 1.0f);
   }
-  finish_rows<1, D, T>(acc, m_run, l, w0, g, t, T_len, head, lse, o + head_base(out, head),
-                       out.row, kDrop ? dr.scale : 1.0f);
+  if (wg == 0) named_sync(1);
 #else
   __trap();  // no sm_90a code in this image: attention_uses_wgmma should have said no
 #endif
@@ -1618,16 +1791,23 @@ void attention_forward(const void* q, const void* k, const void* v, const HeadsL
             constexpr int D = decltype(dim)::value;
             if constexpr (D >= 64) {
               if (attention_uses_wgmma(dt, d)) {
+                // Persistent: a block an SM, each taking work items from a counter that starts
+                // at 0 (zeroed here, in stream order, so a graph replay zeroes it too).
                 auto kernel = forward_wg<Tp, D, kDrop>;
-                constexpr int kBM = kWgRows * kWgGroups;
                 constexpr size_t bytes = wg_forward_smem<Tp, D>();
                 allow_shared(kernel, bytes);
-                const dim3 grid = tile_grid(heads, ceil_div(T, kBM));
-                kernel<<<grid, 128 * kWgGroups, bytes, s>>>(
-                    heads_map(qp, in, heads, T, d, kBM), heads_map(kp, in, heads, T, d, kWgKeys),
+                const int device = current_device();
+                int* next_item = static_cast<int*>(alloc_on(s, sizeof(int), device));
+                MT_CUDA_CHECK(cudaMemsetAsync(next_item, 0, sizeof(int), s));
+                const int64_t items = heads * ceil_div(T, 2 * kWgRows);
+                const unsigned blocks = unsigned(std::min<int64_t>(items, sm_count(device)));
+                kernel<<<blocks, 384, bytes, s>>>(
+                    heads_map(qp, in, heads, T, d, 2 * kWgRows),
+                    heads_map(kp, in, heads, T, d, kWgKeys),
                     heads_map(vp, in, heads, T, d, kWgKeys), int(in.heads), op, out, lse, int(T),
-                    scale * kLog2e, dropout);
+                    scale * kLog2e, dropout, int(heads), next_item);
                 MT_CUDA_CHECK_LAUNCH();
+                free_on(s, next_item);
                 return;
               }
             }

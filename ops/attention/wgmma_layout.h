@@ -1,8 +1,9 @@
 #pragma once
 // The Hopper attention kernels' (attention.cu) tiles in shared memory: the tensor map through
 // which the tensor memory accelerator brings them there, 128-byte swizzled, and the matrix
-// descriptors through which wgmma reads them. Plain integer arithmetic, host and device, so the
-// CPU tests check it against the hardware's definitions.
+// descriptors through which wgmma reads them; and the order in which the forward's persistent
+// blocks take their work. Plain integer arithmetic, host and device, so the CPU tests check it
+// against the hardware's definitions and the kernel's needs.
 #include <cstdint>
 
 #ifdef __CUDACC__
@@ -50,6 +51,17 @@ MT_WGMMA_LAYOUT_HD constexpr TensorMapShape heads_tensor_map(int64_t heads, int6
   return {{uint64_t(d), uint64_t(T), uint64_t(heads), uint64_t(n_heads / heads)},
           {uint64_t(row * elem), uint64_t((heads > 1 ? head : batch) * elem),
            uint64_t(batch * elem)}};
+}
+
+// The forward's work items, longest walk first: item i is Q tile q_tiles − 1 − i / heads of head
+// i % heads (every head's last tile, then every head's second-to-last, ...). Under the causal
+// mask a tile's walk is as long as its index, and the blocks take the items in this order as
+// each finishes one, so the short walks fill in at the end and no block runs on alone.
+struct WorkItem {
+  int head, tile;
+};
+MT_WGMMA_LAYOUT_HD constexpr WorkItem work_item(int item, int heads, int q_tiles) {
+  return {item % heads, q_tiles - 1 - item / heads};
 }
 
 }  // namespace mt::wgmma_layout
