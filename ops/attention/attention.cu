@@ -35,10 +35,11 @@
 // same walks with warpgroup MMA (wgmma) from swizzled shared memory, a warpgroup (4 warps)
 // owning 64 query rows or keys, the tiles brought by the tensor memory accelerator (TMA) instead
 // of cp.async; the sections "on Hopper" below hold the layout.
-//   forward    forward_wg, with or without dropout: persistent, a block an SM (a producer
-//              warpgroup, two consumer warpgroups of 64 rows taking turns at the tensor cores)
-//              taking Q tiles of 128 rows from a counter, the longest walks first; K/V tiles of
-//              128 keys.
+//   forward    forward_wg: persistent, a block an SM (a producer warpgroup, two consumer
+//              warpgroups of 64 rows taking turns at the tensor cores) taking Q tiles of 128 rows
+//              from a counter, the longest walks first; K/V tiles of 128 keys. With dropout,
+//              forward_wg_dropout: grid (B·H, T/128 Q tiles), the last first, 2 warpgroups a
+//              block sharing the K/V tiles.
 //   backward   dkdv_wg and dq_wg take passes 2 and 3 when the backward is deterministic and
 //              without dropout (the same bits as the mma.sync passes): grids (B·H, T/64·G K or
 //              Q tiles), G = 1 warpgroup a block at d = 64 (Q tiles of 128 rows for dK/dV),
@@ -46,8 +47,8 @@
 // CUDA-core path (f32; bf16 and f16 at other d ≤ 256): one warp per row (forward, dQ) or per key
 // (dK, dV), lane ℓ scoring key (or query) j0 + ℓ of each group of 32, fp32 throughout.
 // Dropout on P (attention.h): each kernel that supports it (all but D's and the Hopper backward
-// passes) is a template of kDrop, and the launchers pick
-// the instantiation without it for p = 0, so that path is the kernel as it was. With it, every
+// passes; the Hopper forward has a kernel for each case) is a template of kDrop, and the
+// launchers pick the instantiation without it for p = 0, so that path is the kernel as it was. With it, every
 // thread reads the base word once when it starts and draws the words of the probabilities it
 // holds: the forward and the dQ pass hold a row's keys 2t and 2t + 1 (one Philox call for both),
 // the dK/dV pass a key's queries 2t and 2t + 1 (two rows: one call each), the CUDA-core lanes one
@@ -598,7 +599,8 @@ __global__ void __launch_bounds__(kThreads)
 // 1.12x as fast at GPT-2's shape, 1.17x at T = 2048 and 1.45x at d = 128. Q and K are
 // read K-major (d along a row), V MN-major (the tensor cores transpose it). Built only where the
 // architecture list holds sm_90a (wgmma is not in plain sm_90); the launcher picks it on such a
-// device for bf16 and f16 at d = 64 and 128, with or without dropout, forward_tc elsewhere.
+// device for bf16 and f16 at d = 64 and 128 (with dropout forward_wg_dropout, below), forward_tc
+// elsewhere.
 //   Warp-specialized and persistent, as FlashAttention-3: one block an SM (grid: min(SMs, work
 //   items)) of three warpgroups. The producer's one thread issues every copy (its registers go to
 //   the others by setmaxnreg: 40 against 232): an item's Q tile (128 rows), then its K/V tiles
@@ -712,21 +714,17 @@ __device__ __forceinline__ void init_buffer_barriers(uint64_t (&full)[2]) {
   }
   __syncthreads();
 }
-// Keeps the compiler from moving the uses of a wgmma's result above the wait that completes it.
-template <int N>
-__device__ __forceinline__ void wg_hold(float (&d)[N][4]) {
+// Keeps the compiler from moving the uses of a wgmma's result (accumulators, float) above the
+// wait that completes it, or a new value into the A fragments (uint32_t) it reads from registers.
+template <class E, int N>
+__device__ __forceinline__ void wg_hold(E (&d)[N][4]) {
 #pragma unroll
   for (int n = 0; n < N; ++n)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[n][e])::"memory");
-}
-
-template <int N>
-__device__ __forceinline__ void wg_hold(uint32_t (&a)[N][4]) {
-#pragma unroll
-  for (int n = 0; n < N; ++n)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[n][e])::"memory");
+    for (int e = 0; e < 4; ++e) {
+      if constexpr (std::is_same_v<E, float>) asm volatile("" : "+f"(d[n][e])::"memory");
+      else asm volatile("" : "+r"(d[n][e])::"memory");
+    }
 }
 // Named barriers 1 and 2 between the forward's two consumer warpgroups (256 threads).
 __device__ __forceinline__ void named_sync(int id) {
@@ -814,12 +812,12 @@ constexpr size_t wg_forward_smem() {
 }
 static_assert(wg_forward_smem<__nv_bfloat16, 128>() <= 227 * 1024);
 
-template <class T, int D, bool kDrop>
+template <class T, int D>
 __global__ void __launch_bounds__(384, 1)
     forward_wg(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                const __grid_constant__ CUtensorMap map_v, int layout_heads, T* __restrict__ o,
-               HeadsLayout out, float* __restrict__ lse, int T_len, float scale_log2,
-               AttentionDropoutArgs dropout, int heads, int* __restrict__ next_item) {
+               HeadsLayout out, float* __restrict__ lse, int T_len, float scale_log2, int heads,
+               int* __restrict__ next_item) {
 #if defined(MT_ATTENTION_WGMMA_BODY)
   constexpr int BC = kWgKeys, kBM = 2 * kWgRows, S = wg_forward_stages<D>();
   constexpr unsigned kQBytes = kBM * D * sizeof(T), kTileBytes = BC * D * sizeof(T);
@@ -880,7 +878,6 @@ __global__ void __launch_bounds__(384, 1)
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");  // the producer's registers
   const int wg = threadIdx.x / 128 - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  [[maybe_unused]] const Drop dr = drop_of<kDrop>(dropout);
   const T* sQw = sQ + wg * kWgRows * 64;  // this warpgroup's rows of Q's first slab
   auto release = [&](uint64_t* bar) {     // one arrival a warp, once all its lanes are done
     __syncwarp();
@@ -919,9 +916,8 @@ __global__ void __launch_bounds__(384, 1)
         wg_rs<T, D>(acc[0], pa[0][kk], wg_desc(sVb + kk * 16 * 64, BC * 64 * sizeof(T), 1024));
       wg_commit();
     };
-    auto finish_tile = [&](float (&s)[1][BC / 8][4], int kt) {  // after row_max: P, the rescale
+    auto finish_tile = [&](float (&s)[1][BC / 8][4]) {  // after row_max: P, the rescale
       exp_tile<1, BC>(s, m_run, l, scale_log2);
-      if constexpr (kDrop) drop_tile<1, BC>(s, dr, w.head, kt * BC, w0, g, t, T_len);
       rescale_rows<1, D>(acc, corr);
       to_a<1, BC, T>(s, pa);
     };
@@ -939,7 +935,7 @@ __global__ void __launch_bounds__(384, 1)
         mask_tile<1, BC>(s, 0, w0, g, t);
       }
       row_max<1, BC>(s, m_run, l, corr, scale_log2);
-      finish_tile(s, 0);
+      finish_tile(s);
     }
     // Tile kt ≥ 1: its S beside tile kt − 1's P·V, the row maxima while P·V runs. The diagonal
     // tile (the last) is its own instance, so nothing branches while a product is in flight
@@ -965,7 +961,7 @@ __global__ void __launch_bounds__(384, 1)
       wg_hold(acc[0]);
       wg_hold(pa[0]);
       release(&kv_empty[prev]);
-      finish_tile(s, kt);
+      finish_tile(s);
     };
     for (int kt = 1; kt < tiles - 1; ++kt) step(kt, std::false_type{});
     if (tiles > 1) step(tiles - 1, std::true_type{});
@@ -982,13 +978,101 @@ __global__ void __launch_bounds__(384, 1)
     }
     fill += tiles;
     finish_rows<1, D, T>(acc, m_run, l, w0, g, t, T_len, w.head, lse, o + head_base(out, w.head),
-                         out.row, kDrop ? dr.scale : 1.0f);
+                         out.row, 1.0f);
   }
   if (wg == 0) named_sync(1);
 #else
   __trap();  // no sm_90a code in this image: attention_uses_wgmma should have said no
 #endif
 }
+
+// With dropout: the walk of one block per Q tile (grid (B·H, T/128 tiles), the last first), 2
+// warpgroups a block sharing double-buffered K/V tiles, each running product, softmax, product in
+// turn. The draws make the softmax the long part, and the warp-specialized forward above ran
+// 11-22% slower than this one with them on an H200 (perf.md), with the same bits.
+template <class T, int D>
+constexpr size_t wg_dropout_smem() {
+  return size_t(2 * kWgRows + 4 * kWgKeys) * D * sizeof(T) + 1024;
+}
+
+template <class T, int D>
+__global__ void __launch_bounds__(256, 1)
+    forward_wg_dropout(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
+               const __grid_constant__ CUtensorMap map_v, int layout_heads, T* __restrict__ o,
+               HeadsLayout out, float* __restrict__ lse, int T_len, float scale_log2,
+               AttentionDropoutArgs dropout) {
+#if defined(MT_ATTENTION_WGMMA_BODY)
+  constexpr int BC = kWgKeys, kBM = 2 * kWgRows;
+  constexpr unsigned kQBytes = kBM * D * sizeof(T), kKvBytes = 2 * BC * D * sizeof(T);
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __shared__ uint64_t full[2];  // K/V buffer b holds its tile (the first one: Q's too)
+  unsigned char* smem = align_1024(smem_raw);
+  T* sQ = reinterpret_cast<T*>(smem);  // [D/64][kBM][64]
+  T* sK = sQ + kBM * D;                // [2][D/64][BC][64]
+  T* sV = sK + 2 * BC * D;             // [2][D/64][BC][64]
+  const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const unsigned head = blockIdx.x;                             // tile_grid: heads in x,
+  const int q0 = (int(gridDim.y) - 1 - int(blockIdx.y)) * kBM;  // the longest walk first
+  const int w0 = q0 + wg * kWgRows + warp * 16;  // the warp's first row
+  const int hl = int(head % unsigned(layout_heads)), bl = int(head / unsigned(layout_heads));
+  const int tiles = int(ceil_div(min(q0 + kBM, T_len), BC));  // keys up to the block's last row
+  const Drop dr = drop_of<true>(dropout);
+  auto load_kv = [&](int kt, int buf) {  // one thread
+    tma_tile_pair<D, BC>(sK + buf * BC * D, map_k, hl, bl, sV + buf * BC * D, map_v, hl, bl,
+                         kt * BC, &full[buf]);
+  };
+  init_buffer_barriers(full);
+  if (threadIdx.x == 0) {
+    mbar_expect_bytes(&full[0], kQBytes + kKvBytes);
+    tma_tile<D, kBM>(sQ, map_q, q0, hl, bl, &full[0]);
+    load_kv(0, 0);
+  }
+
+  float acc[1][D / 8][4];
+  zero(acc);
+  float m_run[1][2] = {{-kInf, -kInf}}, l[1][2] = {{0.0f, 0.0f}};  // rows w0 + g + 8h
+  for (int kt = 0; kt < tiles; ++kt) {
+    const int buf = kt & 1;
+    __syncthreads();  // both warpgroups are done with the buffer refilled next (tile kt − 1's)
+    if (threadIdx.x == 0 && kt + 1 < tiles) {
+      mbar_expect_bytes(&full[buf ^ 1], kKvBytes);
+      load_kv(kt + 1, buf ^ 1);
+    }
+    mbar_wait(&full[buf], (kt >> 1) & 1);  // tile kt landed: the buffer's (kt / 2)-th fill
+
+    float s[1][BC / 8][4];  // raw q·k
+    const T* sKb = sK + buf * BC * D;
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {  // slab kk / 4, 32 bytes a k-step along the swizzled row
+      const T* a = sQ + (kk / 4) * kBM * 64 + wg * kWgRows * 64 + (kk % 4) * 16;
+      const T* b = sKb + (kk / 4) * BC * 64 + (kk % 4) * 16;
+      wg_ss<T, BC>(s[0], wg_desc(a, 16, 1024), wg_desc(b, 16, 1024), /*accumulate=*/kk > 0);
+    }
+    wg_commit();
+    wg_wait_all();
+    wg_hold(s[0]);
+    online_softmax<1, BC, D>(s, acc, m_run, l, kt * BC, w0, g, t, scale_log2);
+    drop_tile<1, BC>(s, dr, head, kt * BC, w0, g, t, T_len);
+    uint32_t pa[1][BC / 16][4];
+    to_a<1, BC, T>(s, pa);
+    const T* sVb = sV + buf * BC * D;
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk)  // 16 keys = 2 groups of 8 swizzled rows a k-step
+      wg_rs<T, D>(acc[0], pa[0][kk], wg_desc(sVb + kk * 16 * 64, BC * 64 * sizeof(T), 1024));
+    wg_commit();
+    wg_wait_all();
+    wg_hold(acc[0]);
+  }
+  finish_rows<1, D, T>(acc, m_run, l, w0, g, t, T_len, head, lse, o + head_base(out, head),
+                       out.row, dr.scale);
+#else
+  __trap();  // no sm_90a code in this image: attention_uses_wgmma should have said no
+#endif
+}
+
 
 // ---- backward on Hopper: the dK/dV and dQ passes with warpgroup products (sm_90a) -------------
 // The walks of dkdv_tc and dq_tc (deterministic, no dropout) with every product a wgmma, in the
@@ -1791,23 +1875,36 @@ void attention_forward(const void* q, const void* k, const void* v, const HeadsL
             constexpr int D = decltype(dim)::value;
             if constexpr (D >= 64) {
               if (attention_uses_wgmma(dt, d)) {
-                // Persistent: a block an SM, each taking work items from a counter that starts
-                // at 0 (zeroed here, in stream order, so a graph replay zeroes it too).
-                auto kernel = forward_wg<Tp, D, kDrop>;
-                constexpr size_t bytes = wg_forward_smem<Tp, D>();
-                allow_shared(kernel, bytes);
-                const int device = current_device();
-                int* next_item = static_cast<int*>(alloc_on(s, sizeof(int), device));
-                MT_CUDA_CHECK(cudaMemsetAsync(next_item, 0, sizeof(int), s));
-                const int64_t items = heads * ceil_div(T, 2 * kWgRows);
-                const unsigned blocks = unsigned(std::min<int64_t>(items, sm_count(device)));
-                kernel<<<blocks, 384, bytes, s>>>(
-                    heads_map(qp, in, heads, T, d, 2 * kWgRows),
-                    heads_map(kp, in, heads, T, d, kWgKeys),
-                    heads_map(vp, in, heads, T, d, kWgKeys), int(in.heads), op, out, lse, int(T),
-                    scale * kLog2e, dropout, int(heads), next_item);
-                MT_CUDA_CHECK_LAUNCH();
-                free_on(s, next_item);
+                if constexpr (kDrop) {
+                  auto kernel = forward_wg_dropout<Tp, D>;
+                  constexpr size_t bytes = wg_dropout_smem<Tp, D>();
+                  allow_shared(kernel, bytes);
+                  const dim3 grid = tile_grid(heads, ceil_div(T, 2 * kWgRows));
+                  kernel<<<grid, 256, bytes, s>>>(
+                      heads_map(qp, in, heads, T, d, 2 * kWgRows),
+                      heads_map(kp, in, heads, T, d, kWgKeys),
+                      heads_map(vp, in, heads, T, d, kWgKeys), int(in.heads), op, out, lse,
+                      int(T), scale * kLog2e, dropout);
+                  MT_CUDA_CHECK_LAUNCH();
+                } else {
+                  // Persistent: a block an SM, each taking work items from a counter that
+                  // starts at 0 (zeroed here, in stream order, so a graph replay zeroes it too).
+                  auto kernel = forward_wg<Tp, D>;
+                  constexpr size_t bytes = wg_forward_smem<Tp, D>();
+                  allow_shared(kernel, bytes);
+                  const int device = current_device();
+                  int* next_item = static_cast<int*>(alloc_on(s, sizeof(int), device));
+                  MT_CUDA_CHECK(cudaMemsetAsync(next_item, 0, sizeof(int), s));
+                  const int64_t items = heads * ceil_div(T, 2 * kWgRows);
+                  const unsigned blocks = unsigned(std::min<int64_t>(items, sm_count(device)));
+                  kernel<<<blocks, 384, bytes, s>>>(
+                      heads_map(qp, in, heads, T, d, 2 * kWgRows),
+                      heads_map(kp, in, heads, T, d, kWgKeys),
+                      heads_map(vp, in, heads, T, d, kWgKeys), int(in.heads), op, out, lse,
+                      int(T), scale * kLog2e, int(heads), next_item);
+                  MT_CUDA_CHECK_LAUNCH();
+                  free_on(s, next_item);
+                }
                 return;
               }
             }
