@@ -821,6 +821,8 @@ __global__ void __launch_bounds__(384, 1)
 #if defined(MT_ATTENTION_WGMMA_BODY)
   constexpr int BC = kWgKeys, kBM = 2 * kWgRows, S = wg_forward_stages<D>();
   constexpr unsigned kQBytes = kBM * D * sizeof(T), kTileBytes = BC * D * sizeof(T);
+  static_assert(S >= 2, "tile kt waits for its buffer before tile kt - 1's is released");
+  static_assert(BC == kBM, "only an item's last K/V tile crosses the diagonal");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   // q_full: the item's Q landed (s_item names the item); q_empty: the consumers' 8 warps are done
   // with Q and s_item. k_full[b], v_full[b]: buffer b's K, V tile landed; kv_empty[b]: both
@@ -894,7 +896,7 @@ __global__ void __launch_bounds__(384, 1)
     if (item >= items) break;
     const wgmma_layout::WorkItem w = wgmma_layout::work_item(item, heads, q_tiles);
     const int q0 = w.tile * kBM, w0 = q0 + wg * kWgRows + warp * 16;  // the warp's first row
-    const int tiles = int(ceil_div(min(q0 + kBM, T_len), BC));  // up to the block's last row
+    const int tiles = int(ceil_div(min(q0 + kBM, T_len), BC));  // up to the item's last row
     float acc[1][D / 8][4];
     zero(acc);
     float m_run[1][2] = {{-kInf, -kInf}}, l[1][2] = {{0.0f, 0.0f}}, corr[1][2];
@@ -1897,6 +1899,10 @@ void attention_forward(const void* q, const void* k, const void* v, const HeadsL
                   MT_CUDA_CHECK(cudaMemsetAsync(next_item, 0, sizeof(int), s));
                   const int64_t items = heads * ceil_div(T, 2 * kWgRows);
                   const unsigned blocks = unsigned(std::min<int64_t>(items, sm_count(device)));
+                  // The kernel counts items in int, up to items + blocks (check_shape's limits
+                  // keep that about 32K below INT_MAX).
+                  MT_CHECK(items + blocks <= INT32_MAX, "attention_forward: ", items,
+                           " work items are more than the Hopper forward counts");
                   kernel<<<blocks, 384, bytes, s>>>(
                       heads_map(qp, in, heads, T, d, 2 * kWgRows),
                       heads_map(kp, in, heads, T, d, kWgKeys),

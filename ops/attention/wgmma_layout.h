@@ -55,8 +55,9 @@ MT_WGMMA_LAYOUT_HD constexpr TensorMapShape heads_tensor_map(int64_t heads, int6
 
 // The forward's work items, longest walk first: item i is Q tile q_tiles − 1 − i / heads of head
 // i % heads (every head's last tile, then every head's second-to-last, ...). Under the causal
-// mask a tile's walk is as long as its index, and the blocks take the items in this order as
-// each finishes one, so the short walks fill in at the end and no block runs on alone.
+// mask tile t walks t + 1 K/V tiles, and the blocks take the items in this order (each asks for
+// its next one as it starts one), so the short walks fill in at the end and no block runs on
+// alone.
 struct WorkItem {
   int head, tile;
 };
