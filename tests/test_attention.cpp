@@ -675,29 +675,6 @@ TEST(AttentionCuda, EveryDtypeLengthAndHeadDimMatchesTheReference) {
       }
 }
 
-// The Hopper forward is persistent (a block an SM taking (head, Q tile) items from a counter):
-// with far more items than SMs every block walks many, its buffers and barriers carried from one
-// item to the next, the ragged last tile among them; and a graph replay, whose counter the
-// capture re-zeroes, gives the eager bits twice over.
-TEST(AttentionCuda, ManyItemsABlockMatchTheReferenceAndReplay) {
-  MT_REQUIRE_CUDA();
-  manual_seed(12);
-  for (int64_t d : {64, 128}) {
-    const Shape shape{4, 50, 300, d};  // 200 heads × 3 Q tiles: 600 items
-    expect_matches_reference(shape, DType::bf16, 1.0, case_name(DType::bf16, shape));
-    const Device dev = cuda_device(0);
-    const Tensor q = randn(shape, DType::bf16, dev), k = randn(shape, DType::bf16, dev),
-                 v = randn(shape, DType::bf16, dev);
-    const Tensor eager = attention(q, k, v), out = empty(shape, DType::bf16, dev);
-    cuda::Graph g = cuda::Graph::capture(0, [&] { out.copy_(attention(q, k, v)); });
-    for (int replay = 0; replay < 2; ++replay) {
-      out.fill_(0.0);
-      g.replay();
-      EXPECT_EQ(out.to_vector(), eager.to_vector()) << "d = " << d << ", replay " << replay;
-    }
-  }
-}
-
 // Views of at most one element count as contiguous whatever their strides, so the op passes them
 // through as they are: T = 0 and T = 1 slices of a longer tensor, forward and backward, on the
 // CPU and (when there is one) the GPU, the one element's output and gradients as the formula
@@ -1029,6 +1006,29 @@ TEST(AttentionCudaLimits, AShapePastOneLaunchIsRefusedWithTheLimit) {
                                                 nullptr, nullptr, nullptr, nullptr, heads, T, 64,
                                                 DType::bf16, true, nullptr); },
                  {"attention_backward", "at most 65535 heads and 4194240 positions"});
+  }
+}
+
+// The Hopper forward is persistent (a block an SM taking (head, Q tile) items from a counter):
+// with far more items than SMs every block walks many, its buffers and barriers carried from one
+// item to the next, the ragged last tile among them; and a graph replay, whose counter the
+// capture re-zeroes, gives the eager bits twice over.
+TEST(AttentionCuda, ManyItemsABlockMatchTheReferenceAndReplay) {
+  MT_REQUIRE_CUDA();
+  manual_seed(12);
+  for (int64_t d : {64, 128}) {
+    const Shape shape{4, 50, 300, d};  // 200 heads × 3 Q tiles: 600 items
+    expect_matches_reference(shape, DType::bf16, 1.0, case_name(DType::bf16, shape));
+    const Device dev = cuda_device(0);
+    const Tensor q = randn(shape, DType::bf16, dev), k = randn(shape, DType::bf16, dev),
+                 v = randn(shape, DType::bf16, dev);
+    const Tensor eager = attention(q, k, v), out = empty(shape, DType::bf16, dev);
+    cuda::Graph g = cuda::Graph::capture(0, [&] { out.copy_(attention(q, k, v)); });
+    for (int replay = 0; replay < 2; ++replay) {
+      out.fill_(0.0);
+      g.replay();
+      EXPECT_EQ(out.to_vector(), eager.to_vector()) << "d = " << d << ", replay " << replay;
+    }
   }
 }
 #endif
