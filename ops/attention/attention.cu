@@ -999,10 +999,11 @@ constexpr size_t wg_dropout_smem() {
 
 template <class T, int D>
 __global__ void __launch_bounds__(256, 1)
-    forward_wg_dropout(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
-               const __grid_constant__ CUtensorMap map_v, int layout_heads, T* __restrict__ o,
-               HeadsLayout out, float* __restrict__ lse, int T_len, float scale_log2,
-               AttentionDropoutArgs dropout) {
+    forward_wg_dropout(const __grid_constant__ CUtensorMap map_q,
+                       const __grid_constant__ CUtensorMap map_k,
+                       const __grid_constant__ CUtensorMap map_v, int layout_heads,
+                       T* __restrict__ o, HeadsLayout out, float* __restrict__ lse, int T_len,
+                       float scale_log2, AttentionDropoutArgs dropout) {
 #if defined(MT_ATTENTION_WGMMA_BODY)
   constexpr int BC = kWgKeys, kBM = 2 * kWgRows;
   constexpr unsigned kQBytes = kBM * D * sizeof(T), kKvBytes = 2 * BC * D * sizeof(T);
