@@ -803,12 +803,13 @@ __device__ __forceinline__ void wg_rs(float (&d)[N / 8][4], const uint32_t (&a)[
 #undef MT_WGMMA_RS
 #endif
 
-// The forward's shared memory: Q's 128 rows and S buffered K/V tiles (+ 1024 for align_1024).
+// The forward's shared memory: two buffers of Q's 128 rows (the next item's Q lands while this
+// one's last tile runs) and S buffered K/V tiles (+ 1024 for align_1024).
 template <int D>
 constexpr int wg_forward_stages() { return D == 64 ? 4 : 2; }
 template <class T, int D>
 constexpr size_t wg_forward_smem() {
-  return size_t(2 * kWgRows + 2 * wg_forward_stages<D>() * kWgKeys) * D * sizeof(T) + 1024;
+  return size_t(2 * 2 * kWgRows + 2 * wg_forward_stages<D>() * kWgKeys) * D * sizeof(T) + 1024;
 }
 static_assert(wg_forward_smem<__nv_bfloat16, 128>() <= 227 * 1024);
 
@@ -824,19 +825,22 @@ __global__ void __launch_bounds__(384, 1)
   static_assert(S >= 2, "tile kt waits for its buffer before tile kt - 1's is released");
   static_assert(BC == kBM, "only an item's last K/V tile crosses the diagonal");
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  // q_full: the item's Q landed (s_item names the item); q_empty: the consumers' 8 warps are done
-  // with Q and s_item. k_full[b], v_full[b]: buffer b's K, V tile landed; kv_empty[b]: both
-  // consumers are done with buffer b.
-  __shared__ uint64_t q_full, q_empty, k_full[S], v_full[S], kv_empty[S];
-  __shared__ int s_item;
+  // Item n uses Q buffer n % 2. q_full[q]: its Q landed (s_item[q] names the item);
+  // q_empty[q]: the consumers' 8 warps are done with it. k_full[b], v_full[b]: K/V buffer b's
+  // K, V tile landed; kv_empty[b]: both consumers are done with buffer b.
+  __shared__ uint64_t q_full[2], q_empty[2], k_full[S], v_full[S], kv_empty[S];
+  __shared__ int s_item[2];
   unsigned char* smem = align_1024(smem_raw);
-  T* sQ = reinterpret_cast<T*>(smem);  // [D/64][kBM][64]
-  T* sK = sQ + kBM * D;                // [S][D/64][BC][64]
+  T* sQ = reinterpret_cast<T*>(smem);  // [2][D/64][kBM][64]
+  T* sK = sQ + 2 * kBM * D;            // [S][D/64][BC][64]
   T* sV = sK + S * BC * D;             // [S][D/64][BC][64]
   const int q_tiles = int(ceil_div(T_len, kBM)), items = heads * q_tiles;
   if (threadIdx.x == 0) {
-    mbar_init(&q_full);
-    mbar_init(&q_empty, 8);
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      mbar_init(&q_full[q]);
+      mbar_init(&q_empty[q], 8);
+    }
 #pragma unroll
     for (int b = 0; b < S; ++b) {
       mbar_init(&k_full[b]);
@@ -852,16 +856,17 @@ __global__ void __launch_bounds__(384, 1)
     if (threadIdx.x == 0) {
       int fill = 0, item = blockIdx.x;  // fill: K/V tiles issued, into buffer fill % S
       for (int n = 0;; ++n) {
-        if (n > 0) mbar_wait(&q_empty, (n - 1) & 1);
-        s_item = item;
+        const int q = n % 2;
+        if (n >= 2) mbar_wait(&q_empty[q], (n / 2 - 1) & 1);  // item n − 2 is done with it
+        s_item[q] = item;
         if (item >= items) {  // no more work: the consumers stop at this barrier's phase
-          mbar_expect_bytes(&q_full, 0);
+          mbar_expect_bytes(&q_full[q], 0);
           break;
         }
         const wgmma_layout::WorkItem w = wgmma_layout::work_item(item, heads, q_tiles);
         const int hl = w.head % layout_heads, bl = w.head / layout_heads, q0 = w.tile * kBM;
-        mbar_expect_bytes(&q_full, kQBytes);
-        tma_tile<D, kBM>(sQ, map_q, q0, hl, bl, &q_full);
+        mbar_expect_bytes(&q_full[q], kQBytes);
+        tma_tile<D, kBM>(sQ + q * kBM * D, map_q, q0, hl, bl, &q_full[q]);
         item = atomicAdd(next_item, 1) + int(gridDim.x);  // the next one, asked for ahead
         const int tiles = int(ceil_div(min(q0 + kBM, T_len), BC));
         for (int kt = 0; kt < tiles; ++kt, ++fill) {
@@ -880,7 +885,6 @@ __global__ void __launch_bounds__(384, 1)
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");  // the producer's registers
   const int wg = threadIdx.x / 128 - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const T* sQw = sQ + wg * kWgRows * 64;  // this warpgroup's rows of Q's first slab
   auto release = [&](uint64_t* bar) {     // one arrival a warp, once all its lanes are done
     __syncwarp();
     mbar_arrive_if(bar, lane == 0);
@@ -891,9 +895,11 @@ __global__ void __launch_bounds__(384, 1)
   if (wg == 1) named_arrive(1);
   int fill = 0;
   for (int n = 0;; ++n) {
-    mbar_wait(&q_full, n & 1);
-    const int item = s_item;
+    const int q = n % 2;
+    mbar_wait(&q_full[q], (n / 2) & 1);
+    const int item = s_item[q];
     if (item >= items) break;
+    const T* sQw = sQ + q * kBM * D + wg * kWgRows * 64;  // this warpgroup's rows of Q's slab 0
     const wgmma_layout::WorkItem w = wgmma_layout::work_item(item, heads, q_tiles);
     const int q0 = w.tile * kBM, w0 = q0 + wg * kWgRows + warp * 16;  // the warp's first row
     const int tiles = int(ceil_div(min(q0 + kBM, T_len), BC));  // up to the item's last row
@@ -933,7 +939,7 @@ __global__ void __launch_bounds__(384, 1)
       wg_wait_all();
       wg_hold(s[0]);
       if (tiles == 1) {  // the diagonal: Q's last product is done
-        release(&q_empty);
+        release(&q_empty[q]);
         mask_tile<1, BC>(s, 0, w0, g, t);
       }
       row_max<1, BC>(s, m_run, l, corr, scale_log2);
@@ -955,7 +961,7 @@ __global__ void __launch_bounds__(384, 1)
       wg_wait_one();  // S
       wg_hold(s[0]);
       if constexpr (decltype(diagonal)::value) {
-        release(&q_empty);
+        release(&q_empty[q]);
         mask_tile<1, BC>(s, kt * BC, w0, g, t);
       }
       row_max<1, BC>(s, m_run, l, corr, scale_log2);
