@@ -5,7 +5,9 @@
 // the CPU side of the split it relies on (AdamW's prepare_step/apply_step) is in test_optim.cpp.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
+#include <thread>
 
 #include "core/accumulate.h"
 #include "core/tensor.h"
@@ -99,6 +101,63 @@ TEST(CudaGraph, ASmallLinearBackwardRunsDwAndDbBesideDxWithTheEagerBits) {
       }
     }
   }
+}
+
+// An eager branch (SideBranch with `eager`, as the attention backward's dQ pass takes) forks
+// outside a capture onto this thread's own stream, which starts after what the framework stream
+// enqueued before the fork, and the framework stream's later work waits for it at join. A host
+// function that sleeps and then writes a value makes each order visible: without the fork the
+// side's copy would read the value before the framework stream's host function writes it,
+// without the join the framework stream's copy would run while the side's host function still
+// sleeps. Without `eager`, or with the framework stream captured by someone else, the branch
+// stays on the framework stream.
+TEST(CudaGraph, AnEagerBranchRunsAfterTheForkAndBeforeWhatFollowsTheJoin) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device: CUDA tests skipped";
+  cuda::set_device(0);
+  const cudaStream_t main = cuda::stream(0);
+  int* host = nullptr;  // [0]: written by a host function, [1]: read back through the device
+  int* dev = nullptr;
+  ASSERT_EQ(cudaMallocHost(&host, 2 * sizeof(int)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dev, sizeof(int)), cudaSuccess);
+  host[0] = 0;
+  auto sleep_then_write = [](void* p) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    *static_cast<int*>(p) += 1;
+  };
+  // One branch: `before` on the framework stream ahead of the fork, `inside` on the side stream.
+  auto branch_once = [&](bool sleep_before, bool sleep_inside) {
+    host[1] = -1;
+    if (sleep_before) ASSERT_EQ(cudaLaunchHostFunc(main, sleep_then_write, host), cudaSuccess);
+    cuda::SideBranch branch(main, /*wanted=*/true, /*eager=*/true);
+    ASSERT_NE(branch.stream(), main);
+    if (sleep_inside)
+      ASSERT_EQ(cudaLaunchHostFunc(branch.stream(), sleep_then_write, host), cudaSuccess);
+    ASSERT_EQ(cudaMemcpyAsync(dev, host, sizeof(int), cudaMemcpyHostToDevice, branch.stream()),
+              cudaSuccess);
+    branch.join();
+    EXPECT_EQ(branch.stream(), main);
+    ASSERT_EQ(cudaMemcpyAsync(host + 1, dev, sizeof(int), cudaMemcpyDeviceToHost, main),
+              cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(main), cudaSuccess);
+  };
+  branch_once(/*sleep_before=*/true, /*sleep_inside=*/false);
+  EXPECT_EQ(host[1], 1) << "the side stream's copy ran before the fork";
+  branch_once(/*sleep_before=*/false, /*sleep_inside=*/true);
+  EXPECT_EQ(host[1], 2) << "the framework stream's copy ran before the join";
+  {
+    cuda::SideBranch branch(main, /*wanted=*/true);
+    EXPECT_EQ(branch.stream(), main) << "an eager branch without `eager`";
+  }
+  ASSERT_EQ(cudaStreamBeginCapture(main, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  {
+    cuda::SideBranch branch(main, /*wanted=*/true, /*eager=*/true);
+    EXPECT_EQ(branch.stream(), main) << "a branch inside a capture that is not Graph::capture";
+  }
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(main, &graph), cudaSuccess);
+  ASSERT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  ASSERT_EQ(cudaFree(dev), cudaSuccess);
+  ASSERT_EQ(cudaFreeHost(host), cudaSuccess);
 }
 
 // cross_entropy's bad-target check leaves the op capturable: a replay whose targets went bad

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <mutex>
 #include <vector>
 
@@ -370,11 +371,50 @@ void* cublaslt_workspace(int device, cudaStream_t s, size_t* nbytes) {
   return blas_state(device).workspace;
 }
 
-SideBranch::SideBranch(cudaStream_t main, bool wanted) : main_(main), side_(main) {
+namespace {
+
+// This thread's fork and join events for eager branches on `device`, made on first use and
+// destroyed with the thread (errors ignored: at exit the runtime may already be gone).
+struct EagerEvents {
+  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> by_device;
+  ~EagerEvents() {
+    for (auto [fork, join] : by_device) {
+      if (fork != nullptr) (void)cudaEventDestroy(fork);
+      if (join != nullptr) (void)cudaEventDestroy(join);
+    }
+  }
+  std::pair<cudaEvent_t, cudaEvent_t> of(int device) {
+    if (by_device.size() <= size_t(device)) by_device.resize(size_t(device) + 1);
+    auto& [fork, join] = by_device[size_t(device)];
+    if (fork == nullptr) {
+      MT_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+      MT_CUDA_CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+    }
+    return by_device[size_t(device)];
+  }
+};
+
+}  // namespace
+
+SideBranch::SideBranch(cudaStream_t main, bool wanted, bool eager) : main_(main), side_(main) {
+  if (!wanted) return;
+  if (carving == nullptr) {  // eager: this thread's per-thread stream, if main is not captured
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (!eager || main == cudaStreamPerThread) return;
+    MT_CUDA_CHECK(cudaStreamIsCapturing(main, &status));
+    if (status != cudaStreamCaptureStatusNone) return;
+    thread_local EagerEvents events;
+    const auto [fork, join] = events.of(current_device());
+    MT_CUDA_CHECK(cudaEventRecord(fork, main));
+    MT_CUDA_CHECK(cudaStreamWaitEvent(cudaStreamPerThread, fork, 0));
+    side_ = cudaStreamPerThread;
+    join_ = join;
+    return;
+  }
   // Only inside this thread's Graph::capture, from the framework stream it records: there is one
   // side stream per device, and one capture of that framework stream at a time. (Graph::capture
   // made the side stream before it began: a capture refuses the cudaMalloc of its workspace.)
-  if (!wanted || carving == nullptr || carving->stream != main) return;
+  if (carving->stream != main) return;
   DeviceState& st = state(carving->device);
   if (st.side_stream.load() == nullptr) return;
   // Recording an event and waiting on it inside a capture adds no node: it is an edge from

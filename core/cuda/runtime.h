@@ -85,22 +85,28 @@ void* cublaslt_workspace(int device, cudaStream_t s, size_t* nbytes);
 // that are independent of each other (a Linear's dW and db do not need its dx) puts some of them
 // on branch.stream(): the constructor makes the device's side stream wait for what `main` has
 // enqueued so far, join() makes `main` wait for the side stream, and the replay runs both
-// branches side by side. Outside a capture (below), or when `wanted` is false, it does nothing
-// and stream() is `main`: eager launches are issued by the host one at a time, so there a second
-// stream would add host calls and no overlap. Work on the side stream must not allocate from
-// the pool (its scratch would be ordered on the wrong stream); the destructor joins if join()
-// was not reached.
+// branches side by side. When `wanted` is false it does nothing and stream() is `main`. Work on
+// the side stream must not allocate from the pool (its scratch would be ordered on the wrong
+// stream); the destructor joins if join() was not reached.
 //
-// A branch forks only inside this thread's Graph::capture, and only from the framework stream
-// it records (one side stream per device serves one capture at a time). side_stream() makes the
-// side stream, its cuBLASLt workspace and its events on first use, and Graph::capture calls it
-// before it begins, since a capture refuses cudaMalloc. It returns nullptr when they could not be
-// made (out of memory): branches then keep their work on `main`.
+// Inside a capture a branch forks only inside this thread's Graph::capture, and only from the
+// framework stream it records (one side stream per device serves one capture at a time).
+// side_stream() makes the side stream, its cuBLASLt workspace and its events on first use, and
+// Graph::capture calls it before it begins, since a capture refuses cudaMalloc. It returns
+// nullptr when they could not be made (out of memory): branches then keep their work on `main`.
+//
+// Outside a capture a branch forks only with `eager`: the host issues eager launches one at a
+// time, so for short kernels a second stream adds host calls and no overlap, but two kernels of
+// a few hundred microseconds each (the attention backward's passes) do overlap, the second one's
+// blocks filling the first one's last wave. The eager side stream is this thread's own (CUDA's
+// per-thread stream, with two events of this thread's), so threads never share one; it has no
+// cuBLASLt workspace of its own, so no GEMM may run on it. A `main` that something else is
+// capturing does not fork.
 cudaStream_t side_stream(int device);
 
 class SideBranch {
  public:
-  SideBranch(cudaStream_t main, bool wanted);
+  SideBranch(cudaStream_t main, bool wanted, bool eager = false);
   ~SideBranch();
   SideBranch(const SideBranch&) = delete;
   SideBranch& operator=(const SideBranch&) = delete;

@@ -27,8 +27,8 @@
 //              3. dQ (deterministic): grid (B·H, T/64 Q tiles); a block owns
 //                 its query rows and walks the K/V tiles up to its diagonal, recomputing S, P, dP
 //                 and dS (two more GEMMs than FlashAttention-2's atomic dQ) and adding dS·K in
-//                 fp32 registers. It needs nothing from pass 2: in a graph capture the two run
-//                 side by side. Non-deterministic variant: pass 2 also writes dSᵀ to shared
+//                 fp32 registers. It needs nothing from pass 2: the two run side by side (a side
+//                 branch, eager and in a graph capture). Non-deterministic variant: pass 2 also writes dSᵀ to shared
 //                 memory, computes the tile's dS·K and atomicAdds it into an fp32 scratch; a last
 //                 map rounds it into dq.
 // Hopper path (a compute capability 9.0 GPU and a build for sm_90a; bf16, f16; d = 64, 128): the
@@ -1978,10 +1978,11 @@ void attention_backward(const void* q, const void* k, const void* v, const Heads
                                        size_t(4 * BR) * sizeof(float);
             const dim3 kgrid = tile_grid(heads, ceil_div(T, kTile));
             if (deterministic) {
-              // The two passes need only D, not each other: in a graph capture dQ's runs on a
-              // side branch beside dK/dV's (SideBranch), which fills each one's last wave with
-              // the other's blocks. The kernels are the same either way, and so are the bits.
-              SideBranch branch(s, /*wanted=*/true);
+              // The two passes need only D, not each other: dQ's runs on a side branch beside
+              // dK/dV's (SideBranch), in a graph capture and eager, which fills each one's last
+              // wave with the other's blocks. The kernels are the same either way, and so are
+              // the bits.
+              SideBranch branch(s, /*wanted=*/true, /*eager=*/true);
               if constexpr (!kDrop && D >= 64) {
                 if (attention_uses_wgmma(dt, d)) {
                   constexpr int G = wg_bwd_groups<D>(), kRows = kWgRows * G;
