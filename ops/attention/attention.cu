@@ -37,7 +37,8 @@
 // of cp.async; the sections "on Hopper" below hold the layout.
 //   forward    forward_wg: persistent, a block an SM (a producer warpgroup, two consumer
 //              warpgroups of 64 rows taking turns at the tensor cores) taking Q tiles of 128 rows
-//              from a counter, the longest walks first; K/V tiles of 128 keys. With dropout,
+//              from a counter, the longest walks first (two Q buffers, so the next item's Q
+//              lands during this one); K/V tiles of 128 keys. With dropout,
 //              forward_wg_dropout: grid (B·H, T/128 Q tiles), the last first, 2 warpgroups a
 //              block sharing the K/V tiles.
 //   backward   dkdv_wg and dq_wg take passes 2 and 3 when the backward is deterministic and
