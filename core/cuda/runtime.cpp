@@ -6,9 +6,8 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <optional>
-#include <utility>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "core/arena.h"
@@ -373,24 +372,35 @@ void* cublaslt_workspace(int device, cudaStream_t s, size_t* nbytes) {
 
 namespace {
 
-// This thread's fork and join events for eager branches on `device`, made on first use and
+// This thread's fork and join events for eager branches on each device, made together on first
+// use (neither kept if one cannot be made: branches then stay on `main`, as in a capture) and
 // destroyed with the thread (errors ignored: at exit the runtime may already be gone).
 struct EagerEvents {
-  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> by_device;
-  ~EagerEvents() {
-    for (auto [fork, join] : by_device) {
-      if (fork != nullptr) (void)cudaEventDestroy(fork);
-      if (join != nullptr) (void)cudaEventDestroy(join);
-    }
+  struct Pair {
+    cudaEvent_t fork = nullptr, join = nullptr;
+  };
+  std::vector<Pair> by_device;
+  static void destroy(const Pair& p) {
+    if (p.join != nullptr) (void)cudaEventDestroy(p.join);
+    if (p.fork != nullptr) (void)cudaEventDestroy(p.fork);
   }
-  std::pair<cudaEvent_t, cudaEvent_t> of(int device) {
+  ~EagerEvents() {
+    for (const Pair& p : by_device) destroy(p);
+  }
+  const Pair& of(int device) {
     if (by_device.size() <= size_t(device)) by_device.resize(size_t(device) + 1);
-    auto& [fork, join] = by_device[size_t(device)];
-    if (fork == nullptr) {
-      MT_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
-      MT_CUDA_CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+    Pair& pair = by_device[size_t(device)];
+    if (pair.fork == nullptr) {
+      Pair made;
+      if (cudaEventCreateWithFlags(&made.fork, cudaEventDisableTiming) == cudaSuccess &&
+          cudaEventCreateWithFlags(&made.join, cudaEventDisableTiming) == cudaSuccess) {
+        pair = made;
+      } else {
+        (void)cudaGetLastError();  // not a sticky error: the next checked call must not see it
+        destroy(made);
+      }
     }
-    return by_device[size_t(device)];
+    return pair;
   }
 };
 
@@ -399,16 +409,18 @@ struct EagerEvents {
 SideBranch::SideBranch(cudaStream_t main, bool wanted, bool eager) : main_(main), side_(main) {
   if (!wanted) return;
   if (carving == nullptr) {  // eager: this thread's per-thread stream, if main is not captured
+    if (!eager || main == nullptr || main == cudaStreamLegacy || main == cudaStreamPerThread)
+      return;
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    if (!eager || main == cudaStreamPerThread) return;
     MT_CUDA_CHECK(cudaStreamIsCapturing(main, &status));
     if (status != cudaStreamCaptureStatusNone) return;
     thread_local EagerEvents events;
-    const auto [fork, join] = events.of(current_device());
-    MT_CUDA_CHECK(cudaEventRecord(fork, main));
-    MT_CUDA_CHECK(cudaStreamWaitEvent(cudaStreamPerThread, fork, 0));
+    const EagerEvents::Pair& pair = events.of(current_device());
+    if (pair.fork == nullptr) return;
+    MT_CUDA_CHECK(cudaEventRecord(pair.fork, main));
+    MT_CUDA_CHECK(cudaStreamWaitEvent(cudaStreamPerThread, pair.fork, 0));
     side_ = cudaStreamPerThread;
-    join_ = join;
+    join_ = pair.join;
     return;
   }
   // Only inside this thread's Graph::capture, from the framework stream it records: there is one

@@ -79,15 +79,16 @@ cublasLtHandle_t cublaslt(int device);
 // a caller runs on a stream of its own must not overlap the framework stream's work.
 void* cublaslt_workspace(int device, cudaStream_t s, size_t* nbytes);
 
-// A branch beside the framework stream, for a graph capture. Inside a capture the order of
-// launches on one stream becomes a chain of graph nodes, and a replay runs the chain one node
-// after another even where a node does not need its predecessor's result. An op with launches
-// that are independent of each other (a Linear's dW and db do not need its dx) puts some of them
-// on branch.stream(): the constructor makes the device's side stream wait for what `main` has
-// enqueued so far, join() makes `main` wait for the side stream, and the replay runs both
-// branches side by side. When `wanted` is false it does nothing and stream() is `main`. Work on
-// the side stream must not allocate from the pool (its scratch would be ordered on the wrong
-// stream); the destructor joins if join() was not reached.
+// A branch beside the framework stream. Inside a graph capture the order of launches on one
+// stream becomes a chain of graph nodes, and a replay runs the chain one node after another even
+// where a node does not need its predecessor's result; eager, one stream runs its kernels one
+// after another too. An op with launches that are independent of each other (a Linear's dW and
+// db do not need its dx) puts some of them on branch.stream(): the constructor makes a side
+// stream wait for what `main` has enqueued so far, join() makes `main` wait for the side stream,
+// and both branches run side by side. When `wanted` is false it does nothing and stream() is
+// `main`. Work on the side stream must not allocate from the pool (its scratch would be ordered
+// on the wrong stream); the destructor joins if join() was not reached. `main` belongs to the
+// current device, as for every launch of the op.
 //
 // Inside a capture a branch forks only inside this thread's Graph::capture, and only from the
 // framework stream it records (one side stream per device serves one capture at a time).
@@ -99,9 +100,9 @@ void* cublaslt_workspace(int device, cudaStream_t s, size_t* nbytes);
 // time, so for short kernels a second stream adds host calls and no overlap, but two kernels of
 // a few hundred microseconds each (the attention backward's passes) do overlap, the second one's
 // blocks filling the first one's last wave. The eager side stream is this thread's own (CUDA's
-// per-thread stream, with two events of this thread's), so threads never share one; it has no
-// cuBLASLt workspace of its own, so no GEMM may run on it. A `main` that something else is
-// capturing does not fork.
+// per-thread stream, with two events of this thread's, made on first use), so threads never
+// share one; it has no cuBLASLt workspace of its own, so no GEMM may run on it. A `main` that is
+// a default stream (legacy or per-thread), or that something else is capturing, does not fork.
 cudaStream_t side_stream(int device);
 
 class SideBranch {
