@@ -127,7 +127,8 @@ TEST(CudaGraph, AnEagerBranchRunsAfterTheForkAndBeforeWhatFollowsTheJoin) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     *static_cast<int*>(p) += 1;
   };
-  // One branch: `before` on the framework stream ahead of the fork, `inside` on the side stream.
+  // One branch, with the sleeping write on the framework stream before the fork, or on the side
+  // stream inside the branch.
   auto branch_once = [&](bool sleep_before, bool sleep_inside) {
     host[1] = -1;
     if (sleep_before) ASSERT_EQ(cudaLaunchHostFunc(main, sleep_then_write, host), cudaSuccess);

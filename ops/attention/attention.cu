@@ -28,9 +28,9 @@
 //                 its query rows and walks the K/V tiles up to its diagonal, recomputing S, P, dP
 //                 and dS (two more GEMMs than FlashAttention-2's atomic dQ) and adding dS·K in
 //                 fp32 registers. It needs nothing from pass 2: the two run side by side (a side
-//                 branch, eager and in a graph capture). Non-deterministic variant: pass 2 also writes dSᵀ to shared
-//                 memory, computes the tile's dS·K and atomicAdds it into an fp32 scratch; a last
-//                 map rounds it into dq.
+//                 branch, eager and in a graph capture). Non-deterministic variant: pass 2 also
+//                 writes dSᵀ to shared memory, computes the tile's dS·K and atomicAdds it into an
+//                 fp32 scratch; a last map rounds it into dq.
 // Hopper path (a compute capability 9.0 GPU and a build for sm_90a; bf16, f16; d = 64, 128): the
 // same walks with warpgroup MMA (wgmma) from swizzled shared memory, a warpgroup (4 warps)
 // owning 64 query rows or keys, the tiles brought by the tensor memory accelerator (TMA) instead
@@ -48,14 +48,14 @@
 // CUDA-core path (f32; bf16 and f16 at other d ≤ 256): one warp per row (forward, dQ) or per key
 // (dK, dV), lane ℓ scoring key (or query) j0 + ℓ of each group of 32, fp32 throughout.
 // Dropout on P (attention.h): each kernel that supports it (all but D's and the Hopper backward
-// passes; the Hopper forward has a kernel for each case) is a template of kDrop, and the
-// launchers pick the instantiation without it for p = 0, so that path is the kernel as it was. With it, every
-// thread reads the base word once when it starts and draws the words of the probabilities it
-// holds: the forward and the dQ pass hold a row's keys 2t and 2t + 1 (one Philox call for both),
-// the dK/dV pass a key's queries 2t and 2t + 1 (two rows: one call each), the CUDA-core lanes one
-// element each; elements past the diagonal or T draw nothing. Dropped values are zeroed in P
-// before P·V (after ℓ took them) and in Pᵀ before Pᵀ·dO; the 1/(1 − p) of the kept ones
-// multiplies O with 1/ℓ and dV at its store, while dP is scaled element by element before − D.
+// passes; the Hopper forward has a kernel for each case) is a template of kDrop, and the launchers
+// pick the instantiation without it for p = 0, so that path is the kernel as it was. With it, every
+// thread reads the base word once when it starts and draws the words of the probabilities it holds:
+// the forward and the dQ pass hold a row's keys 2t and 2t + 1 (one Philox call for both), the dK/dV
+// pass a key's queries 2t and 2t + 1 (two rows: one call each), the CUDA-core lanes one element
+// each; elements past the diagonal or T draw nothing. Dropped values are zeroed in P before P·V
+// (after ℓ took them) and in Pᵀ before Pᵀ·dO; the 1/(1 − p) of the kept ones multiplies O with 1/ℓ
+// and dV at its store, while dP is scaled element by element before − D.
 //
 // Accumulation: O, L, D, dQ, dK, dV all '='. Every sum has a fixed order (mma k-order, the quad
 // shuffles, the tile walk), and the kernel and its grid depend only on the shape, the device and
@@ -1082,7 +1082,6 @@ __global__ void __launch_bounds__(256, 1)
   __trap();  // no sm_90a code in this image: attention_uses_wgmma should have said no
 #endif
 }
-
 
 // ---- backward on Hopper: the dK/dV and dQ passes with warpgroup products (sm_90a) -------------
 // The walks of dkdv_tc and dq_tc (deterministic, no dropout) with every product a wgmma, in the
