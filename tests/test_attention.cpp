@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -1011,8 +1012,10 @@ TEST(AttentionCudaLimits, AShapePastOneLaunchIsRefusedWithTheLimit) {
 
 // The Hopper forward is persistent (a block an SM taking (head, Q tile) items from a counter):
 // with far more items than SMs every block walks many, its buffers and barriers carried from one
-// item to the next, the ragged last tile among them; and a graph replay, whose counter the
-// capture re-zeroes, gives the eager bits twice over.
+// item to the next, the ragged last tile among them; and a graph replay gives the eager bits
+// twice over. On the framework's stream no memset zeroes the counter: each launch leaves it at
+// zero for the next, eager or replayed (a launch that did not would leave the next one nothing to
+// do, and its O unwritten).
 TEST(AttentionCuda, ManyItemsABlockMatchTheReferenceAndReplay) {
   MT_REQUIRE_CUDA();
   manual_seed(12);
@@ -1029,6 +1032,59 @@ TEST(AttentionCuda, ManyItemsABlockMatchTheReferenceAndReplay) {
       g.replay();
       EXPECT_EQ(out.to_vector(), eager.to_vector()) << "d = " << d << ", replay " << replay;
     }
+  }
+}
+
+// On any stream but the framework's the forward counts its items in counters of its own, zeroed
+// in stream order before each launch: another stream's launch may run beside one on the
+// framework's stream, so it must not share the kernel's. The same bits as on the framework's
+// stream, eager twice and from a graph captured on that stream and replayed twice (its memset
+// replayed with it), with launches on the framework's stream in between.
+TEST(AttentionCuda, TheForwardOnAStreamOfItsOwnGivesTheFrameworkStreamsBits) {
+  MT_REQUIRE_CUDA();
+  manual_seed(14);
+  const Device gpu = cuda_device(0);
+  const int64_t heads = 200, T = 300, d = 64, n = heads * T * d;
+  const cuda::HeadsLayout layout = cuda::contiguous_heads(T, d);
+  const Tensor q = randn({n}, DType::bf16, gpu), k = randn({n}, DType::bf16, gpu),
+               v = randn({n}, DType::bf16, gpu);
+  const Tensor o = empty({n}, DType::bf16, gpu), lse = empty({heads * T}, DType::f32, gpu);
+  auto forward = [&](cudaStream_t st) {
+    cuda::attention_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), layout, o.data_ptr(), layout,
+                            lse.data<float>(), heads, T, d, DType::bf16, st);
+  };
+  forward(cuda::stream(0));
+  const std::vector<double> want = o.to_vector(), want_lse = lse.to_vector();
+  cudaStream_t own = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking), cudaSuccess);
+  const std::unique_ptr<CUstream_st, void (*)(cudaStream_t)> own_guard(
+      own, [](cudaStream_t st) { (void)cudaStreamDestroy(st); });
+  for (int run = 0; run < 2; ++run) {
+    o.fill_(0.0);
+    cuda::synchronize(0);  // the fill, on the framework's stream, before the launch on `own`
+    forward(own);
+    ASSERT_EQ(cudaStreamSynchronize(own), cudaSuccess);
+    EXPECT_EQ(o.to_vector(), want) << "eager run " << run;
+    EXPECT_EQ(lse.to_vector(), want_lse) << "eager run " << run;
+    forward(cuda::stream(0));  // the kernel's own counters, used between the runs on `own`
+  }
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(own, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  forward(own);
+  ASSERT_EQ(cudaStreamEndCapture(own, &graph), cudaSuccess);
+  const std::unique_ptr<CUgraph_st, void (*)(cudaGraph_t)> graph_guard(
+      graph, [](cudaGraph_t g) { (void)cudaGraphDestroy(g); });
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  const std::unique_ptr<CUgraphExec_st, void (*)(cudaGraphExec_t)> exec_guard(
+      exec, [](cudaGraphExec_t e) { (void)cudaGraphExecDestroy(e); });
+  for (int replay = 0; replay < 2; ++replay) {
+    o.fill_(0.0);
+    cuda::synchronize(0);
+    ASSERT_EQ(cudaGraphLaunch(exec, own), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(own), cudaSuccess);
+    EXPECT_EQ(o.to_vector(), want) << "replay " << replay;
+    forward(cuda::stream(0));
   }
 }
 #endif

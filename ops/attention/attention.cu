@@ -612,7 +612,8 @@ __global__ void __launch_bounds__(kThreads)
 //   products while the other runs its softmax, so the tensor cores and the exp2 units work at
 //   once. Items are (head, Q tile) pairs longest walk first (wgmma_layout.h's work_item); the
 //   first grid's worth go one a block, every later one to the block whose producer asks the
-//   counter next (atomicAdd, zeroed by the launcher), so blocks end together. mbarriers pass
+//   counter next (atomicAdd; each launch leaves the counter at zero for the next, so the
+//   framework's stream needs no memset before it), so blocks end together. mbarriers pass
 //   every buffer between producer and consumers. Which block takes an item changes from run to
 //   run; what it computes does not (one block walks an item whole, in a fixed order), so O and L
 //   have the same bits on every run. On an H200: 1.07x the forward of two warpgroups a block
@@ -814,12 +815,18 @@ constexpr size_t wg_forward_smem() {
 }
 static_assert(wg_forward_smem<__nv_bfloat16, 128>() <= 227 * 1024);
 
+// The persistent forward's counters on each device: the next work item and how many blocks have
+// asked past the last one. Zero at load, and zero again after every launch that uses them (its
+// last block to ask past the end zeroes both), so a launch on the framework's stream, ordered
+// after the one before, needs no memset node to start from zero.
+__device__ int forward_wg_counters[2];
+
 template <class T, int D>
 __global__ void __launch_bounds__(384, 1)
     forward_wg(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                const __grid_constant__ CUtensorMap map_v, int layout_heads, T* __restrict__ o,
                HeadsLayout out, float* __restrict__ lse, int T_len, float scale_log2, int heads,
-               int* __restrict__ next_item) {
+               int* counters) {
 #if defined(MT_ATTENTION_WGMMA_BODY)
   constexpr int BC = kWgKeys, kBM = 2 * kWgRows, S = wg_forward_stages<D>();
   constexpr unsigned kQBytes = kBM * D * sizeof(T), kTileBytes = BC * D * sizeof(T);
@@ -855,6 +862,7 @@ __global__ void __launch_bounds__(384, 1)
   if (threadIdx.x < 128) {  // the producer warpgroup: one thread issues every copy
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     if (threadIdx.x == 0) {
+      if (counters == nullptr) counters = forward_wg_counters;
       int fill = 0, item = blockIdx.x;  // fill: K/V tiles issued, into buffer fill % S
       for (int n = 0;; ++n) {
         const int q = n % 2;
@@ -862,13 +870,20 @@ __global__ void __launch_bounds__(384, 1)
         s_item[q] = item;
         if (item >= items) {  // no more work: the consumers stop at this barrier's phase
           mbar_expect_bytes(&q_full[q], 0);
+          // This block's last atomicAdd on the item counter (the one that gave this item) comes
+          // before its count below; the block that counts last knows every block is done.
+          __threadfence();
+          if (atomicAdd(&counters[1], 1) == int(gridDim.x) - 1) {
+            __threadfence();  // every other block's last atomicAdd on next before the zeroing
+            counters[0] = counters[1] = 0;
+          }
           break;
         }
         const wgmma_layout::WorkItem w = wgmma_layout::work_item(item, heads, q_tiles);
         const int hl = w.head % layout_heads, bl = w.head / layout_heads, q0 = w.tile * kBM;
         mbar_expect_bytes(&q_full[q], kQBytes);
         tma_tile<D, kBM>(sQ + q * kBM * D, map_q, q0, hl, bl, &q_full[q]);
-        item = atomicAdd(next_item, 1) + int(gridDim.x);  // the next one, asked for ahead
+        item = atomicAdd(&counters[0], 1) + int(gridDim.x);  // the next one, asked for ahead
         const int tiles = int(ceil_div(min(q0 + kBM, T_len), BC));
         for (int kt = 0; kt < tiles; ++kt, ++fill) {
           const int b = fill % S;
@@ -1897,13 +1912,20 @@ void attention_forward(const void* q, const void* k, const void* v, const HeadsL
                   MT_CUDA_CHECK_LAUNCH();
                 } else {
                   // Persistent: a block an SM, each taking work items from a counter that
-                  // starts at 0 (zeroed here, in stream order, so a graph replay zeroes it too).
+                  // starts at 0. On the framework's stream, the kernel's own counters, which
+                  // every launch leaves at zero (launches there run one after another, graph
+                  // replays too). Any other stream might run a launch beside one of those: it
+                  // gets counters of its own, zeroed here in stream order (a capture records the
+                  // memset, so a replay zeroes them too).
                   auto kernel = forward_wg<Tp, D>;
                   constexpr size_t bytes = wg_forward_smem<Tp, D>();
                   allow_shared(kernel, bytes);
                   const int device = current_device();
-                  int* next_item = static_cast<int*>(alloc_on(s, sizeof(int), device));
-                  MT_CUDA_CHECK(cudaMemsetAsync(next_item, 0, sizeof(int), s));
+                  int* counters = nullptr;
+                  if (s != stream(device)) {
+                    counters = static_cast<int*>(alloc_on(s, 2 * sizeof(int), device));
+                    MT_CUDA_CHECK(cudaMemsetAsync(counters, 0, 2 * sizeof(int), s));
+                  }
                   const int64_t items = heads * ceil_div(T, 2 * kWgRows);
                   const unsigned blocks = unsigned(std::min<int64_t>(items, sm_count(device)));
                   // The kernel counts items in int, up to items + blocks (check_shape's limits
@@ -1914,9 +1936,9 @@ void attention_forward(const void* q, const void* k, const void* v, const HeadsL
                       heads_map(qp, in, heads, T, d, 2 * kWgRows),
                       heads_map(kp, in, heads, T, d, kWgKeys),
                       heads_map(vp, in, heads, T, d, kWgKeys), int(in.heads), op, out, lse,
-                      int(T), scale * kLog2e, int(heads), next_item);
+                      int(T), scale * kLog2e, int(heads), counters);
                   MT_CUDA_CHECK_LAUNCH();
-                  free_on(s, next_item);
+                  free_on(s, counters);
                 }
                 return;
               }
