@@ -1014,8 +1014,8 @@ TEST(AttentionCudaLimits, AShapePastOneLaunchIsRefusedWithTheLimit) {
 // with far more items than SMs every block walks many, its buffers and barriers carried from one
 // item to the next, the ragged last tile among them; and a graph replay gives the eager bits
 // twice over. On the framework's stream no memset zeroes the counter: each launch leaves it at
-// zero for the next, eager or replayed (a launch that did not would leave the next one nothing to
-// do, and its O unwritten).
+// zero for the next, eager or replayed (a launch that did not would leave the next one only its
+// first item a block, and the rest of its O unwritten).
 TEST(AttentionCuda, ManyItemsABlockMatchTheReferenceAndReplay) {
   MT_REQUIRE_CUDA();
   manual_seed(12);
@@ -1035,43 +1035,72 @@ TEST(AttentionCuda, ManyItemsABlockMatchTheReferenceAndReplay) {
   }
 }
 
-// On any stream but the framework's the forward counts its items in counters of its own, zeroed
-// in stream order before each launch: another stream's launch may run beside one on the
-// framework's stream, so it must not share the kernel's. The same bits as on the framework's
-// stream, eager twice and from a graph captured on that stream and replayed twice (its memset
-// replayed with it), with launches on the framework's stream in between.
-TEST(AttentionCuda, TheForwardOnAStreamOfItsOwnGivesTheFrameworkStreamsBits) {
+// The Hopper forward's work counter: on the framework's stream the kernel's own, which every launch
+// leaves at zero for the next; on any other stream a counter of the launch's own, zeroed in
+// stream order, since such a launch may run beside one on the framework's stream. The reference
+// bits come from a launch on a stream of the test's own; then launches on the two streams
+// alternate, each checked (a framework-stream launch that found the counter where the one before
+// left it, not at zero, would walk only its first item a block and leave the rest of O unwritten);
+// then one on each stream at once, into two outputs (had they shared the counter, each would take
+// some of the other's items); then a graph captured on the test's stream, its memset replayed
+// with it.
+TEST(AttentionCuda, TheForwardsCounterIsZeroAgainAfterEachLaunchAndPerStreamElsewhere) {
   MT_REQUIRE_CUDA();
+  if (!cuda::attention_uses_wgmma(DType::bf16, 64))
+    GTEST_SKIP() << "the persistent forward runs on an sm_90a build on a compute 9.0 GPU only";
   manual_seed(14);
   const Device gpu = cuda_device(0);
-  const int64_t heads = 200, T = 300, d = 64, n = heads * T * d;
+  const int64_t heads = 200, T = 300, d = 64, n = heads * T * d;  // 600 items
   const cuda::HeadsLayout layout = cuda::contiguous_heads(T, d);
   const Tensor q = randn({n}, DType::bf16, gpu), k = randn({n}, DType::bf16, gpu),
                v = randn({n}, DType::bf16, gpu);
   const Tensor o = empty({n}, DType::bf16, gpu), lse = empty({heads * T}, DType::f32, gpu);
-  auto forward = [&](cudaStream_t st) {
-    cuda::attention_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), layout, o.data_ptr(), layout,
-                            lse.data<float>(), heads, T, d, DType::bf16, st);
+  const Tensor o2 = empty({n}, DType::bf16, gpu), lse2 = empty({heads * T}, DType::f32, gpu);
+  auto forward = [&](cudaStream_t st, const Tensor& out, const Tensor& l) {
+    cuda::attention_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), layout, out.data_ptr(),
+                            layout, l.data<float>(), heads, T, d, DType::bf16, st);
   };
-  forward(cuda::stream(0));
-  const std::vector<double> want = o.to_vector(), want_lse = lse.to_vector();
   cudaStream_t own = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking), cudaSuccess);
   const std::unique_ptr<CUstream_st, void (*)(cudaStream_t)> own_guard(
       own, [](cudaStream_t st) { (void)cudaStreamDestroy(st); });
-  for (int run = 0; run < 2; ++run) {
-    o.fill_(0.0);
-    cuda::synchronize(0);  // the fill, on the framework's stream, before the launch on `own`
-    forward(own);
+  auto poison = [&] {  // on the framework's stream, done before a launch on either
+    o.fill_(0.0), lse.fill_(0.0), o2.fill_(0.0), lse2.fill_(0.0);
+    cuda::synchronize(0);
+  };
+  auto on_own = [&](const Tensor& out, const Tensor& l) {
+    forward(own, out, l);
     ASSERT_EQ(cudaStreamSynchronize(own), cudaSuccess);
-    EXPECT_EQ(o.to_vector(), want) << "eager run " << run;
-    EXPECT_EQ(lse.to_vector(), want_lse) << "eager run " << run;
-    forward(cuda::stream(0));  // the kernel's own counters, used between the runs on `own`
+  };
+  poison();
+  on_own(o, lse);
+  const std::vector<double> want = o.to_vector(), want_lse = lse.to_vector();
+  for (int run = 0; run < 3; ++run) {
+    SCOPED_TRACE("run " + std::to_string(run));
+    poison();
+    forward(cuda::stream(0), o, lse);
+    EXPECT_EQ(o.to_vector(), want) << "the framework's stream";
+    EXPECT_EQ(lse.to_vector(), want_lse) << "the framework's stream";
+    poison();
+    on_own(o, lse);
+    EXPECT_EQ(o.to_vector(), want) << "the test's stream";
+    EXPECT_EQ(lse.to_vector(), want_lse) << "the test's stream";
   }
+  poison();
+  forward(cuda::stream(0), o, lse);
+  forward(own, o2, lse2);
+  ASSERT_EQ(cudaStreamSynchronize(own), cudaSuccess);
+  EXPECT_EQ(o.to_vector(), want) << "the framework's stream, beside the test's";
+  EXPECT_EQ(o2.to_vector(), want) << "the test's stream, beside the framework's";
+  EXPECT_EQ(lse2.to_vector(), want_lse) << "the test's stream, beside the framework's";
   cudaGraph_t graph = nullptr;
   ASSERT_EQ(cudaStreamBeginCapture(own, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  forward(own);
-  ASSERT_EQ(cudaStreamEndCapture(own, &graph), cudaSuccess);
+  try {
+    forward(own, o, lse);
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "the forward failed inside the capture: " << e.what();
+  }
+  ASSERT_EQ(cudaStreamEndCapture(own, &graph), cudaSuccess);  // before any assertion can leave
   const std::unique_ptr<CUgraph_st, void (*)(cudaGraph_t)> graph_guard(
       graph, [](cudaGraph_t g) { (void)cudaGraphDestroy(g); });
   cudaGraphExec_t exec = nullptr;
@@ -1079,12 +1108,15 @@ TEST(AttentionCuda, TheForwardOnAStreamOfItsOwnGivesTheFrameworkStreamsBits) {
   const std::unique_ptr<CUgraphExec_st, void (*)(cudaGraphExec_t)> exec_guard(
       exec, [](cudaGraphExec_t e) { (void)cudaGraphExecDestroy(e); });
   for (int replay = 0; replay < 2; ++replay) {
-    o.fill_(0.0);
-    cuda::synchronize(0);
+    SCOPED_TRACE("replay " + std::to_string(replay));
+    poison();
     ASSERT_EQ(cudaGraphLaunch(exec, own), cudaSuccess);
     ASSERT_EQ(cudaStreamSynchronize(own), cudaSuccess);
-    EXPECT_EQ(o.to_vector(), want) << "replay " << replay;
-    forward(cuda::stream(0));
+    EXPECT_EQ(o.to_vector(), want);
+    EXPECT_EQ(lse.to_vector(), want_lse);
+    forward(cuda::stream(0), o2, lse2);  // the kernel's own counter, between the replays
   }
+  cuda::synchronize(0);
+  EXPECT_EQ(o2.to_vector(), want) << "the framework's stream, after the replays";
 }
 #endif

@@ -818,7 +818,9 @@ static_assert(wg_forward_smem<__nv_bfloat16, 128>() <= 227 * 1024);
 // The persistent forward's counters on each device: the next work item and how many blocks have
 // asked past the last one. Zero at load, and zero again after every launch that uses them (its
 // last block to ask past the end zeroes both), so a launch on the framework's stream, ordered
-// after the one before, needs no memset node to start from zero.
+// after the one before, needs no memset node to start from zero. (A launch that could start
+// before the one before it ends, as programmatic dependent launch allows, would have to wait
+// for it before its first atomicAdd.)
 __device__ int forward_wg_counters[2];
 
 template <class T, int D>
@@ -1921,17 +1923,17 @@ void attention_forward(const void* q, const void* k, const void* v, const HeadsL
                   constexpr size_t bytes = wg_forward_smem<Tp, D>();
                   allow_shared(kernel, bytes);
                   const int device = current_device();
-                  int* counters = nullptr;
-                  if (s != stream(device)) {
-                    counters = static_cast<int*>(alloc_on(s, 2 * sizeof(int), device));
-                    MT_CUDA_CHECK(cudaMemsetAsync(counters, 0, 2 * sizeof(int), s));
-                  }
                   const int64_t items = heads * ceil_div(T, 2 * kWgRows);
                   const unsigned blocks = unsigned(std::min<int64_t>(items, sm_count(device)));
                   // The kernel counts items in int, up to items + blocks (check_shape's limits
                   // keep that about 32K below INT_MAX).
                   MT_CHECK(items + blocks <= INT32_MAX, "attention_forward: ", items,
                            " work items are more than the Hopper forward counts");
+                  int* counters = nullptr;
+                  if (s != stream(device)) {
+                    counters = static_cast<int*>(alloc_on(s, 2 * sizeof(int), device));
+                    MT_CUDA_CHECK(cudaMemsetAsync(counters, 0, 2 * sizeof(int), s));
+                  }
                   kernel<<<blocks, 384, bytes, s>>>(
                       heads_map(qp, in, heads, T, d, 2 * kWgRows),
                       heads_map(kp, in, heads, T, d, kWgKeys),

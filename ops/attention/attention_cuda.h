@@ -39,8 +39,9 @@ struct AttentionDropoutArgs {
 
 // o '=' (dt), lse '=' (fp32, natural log: L = m + log ℓ of the scaled scores, before dropout).
 // q, k and v share the layout `in`; o has `out`. heads: B·H in all. On a stream other than the
-// framework's (cuda::stream), the Hopper forward zeroes a work counter of its own before it
-// runs (a memset node); on the framework's stream it uses one that each launch leaves at zero.
+// framework's (cuda::stream), the Hopper forward allocates, zeroes and frees a work counter of
+// its own around the launch (three more nodes in a graph); on the framework's stream it uses one
+// that each launch leaves at zero.
 void attention_forward(const void* q, const void* k, const void* v, const HeadsLayout& in, void* o,
                        const HeadsLayout& out, float* lse, int64_t heads, int64_t T, int64_t d,
                        DType dt, cudaStream_t s, const AttentionDropoutArgs& dropout = {});
