@@ -820,7 +820,8 @@ static_assert(wg_forward_smem<__nv_bfloat16, 128>() <= 227 * 1024);
 // last block to ask past the end zeroes both), so a launch on the framework's stream, ordered
 // after the one before, needs no memset node to start from zero. (A launch that could start
 // before the one before it ends, as programmatic dependent launch allows, would have to wait
-// for it before its first atomicAdd.)
+// for it before its first atomicAdd.) The kernel's `counters` argument: nullptr for these, else
+// a zeroed pair of the launch's own.
 __device__ int forward_wg_counters[2];
 
 template <class T, int D>
@@ -876,7 +877,7 @@ __global__ void __launch_bounds__(384, 1)
           // before its count below; the block that counts last knows every block is done.
           __threadfence();
           if (atomicAdd(&counters[1], 1) == int(gridDim.x) - 1) {
-            __threadfence();  // every other block's last atomicAdd on next before the zeroing
+            __threadfence();  // every other block's last atomicAdd before the zeroing
             counters[0] = counters[1] = 0;
           }
           break;
