@@ -462,6 +462,61 @@ __device__ __forceinline__ void finish_rows(float (&acc)[MT][D / 8][4], const fl
   store_rows<MT, D, T>(o, stride, acc, w0, T_len, 1.0f);
 }
 
+// The Hopper backward's elementwise steps (it has no dropout), in two parts so that a warpgroup
+// can take the exponentials while dP's product is still in flight: P = exp2(x − L) in place of
+// S (masked), then dS = P ∘ (dP − D) in place of dP. (key_tile_grads and row_tile_grads below do
+// both at once, with dropout, for the mma.sync kernels.) In the dK/dV pass a thread's elements
+// are its keys j_base, j_base + 8 against queries i0 + 8n + 2t (+ 1), so L and D are per column
+// (shared memory); in the dQ pass rows w0 + 16m + g + 8h against keys j0 + 8n + 2t (+ 1), per
+// row. edge: the causal mask or T cut the tile.
+template <int BR>
+__device__ __forceinline__ void key_tile_p(float (&s)[1][BR / 8][4], const float* L, int i0,
+                                           int j_base, int t, bool edge, int T_len,
+                                           float scale_log2) {
+#pragma unroll
+  for (int n = 0; n < BR / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int il = n * 8 + 2 * t + e % 2, i = i0 + il, j = j_base + 8 * (e / 2);
+      const float p = fast_exp2(s[0][n][e] * scale_log2 - L[il]);
+      s[0][n][e] = edge && (i < j || i >= T_len) ? 0.0f : p;
+    }
+}
+template <int BR>
+__device__ __forceinline__ void key_tile_ds(const float (&p)[1][BR / 8][4],
+                                            float (&dp)[1][BR / 8][4], const float* Dr, int t) {
+#pragma unroll
+  for (int n = 0; n < BR / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      dp[0][n][e] = p[0][n][e] * (dp[0][n][e] - Dr[n * 8 + 2 * t + e % 2]);
+}
+template <int MT, int BC>
+__device__ __forceinline__ void row_tile_p(float (&s)[MT][BC / 8][4], const float (&L)[MT][2],
+                                           int j0, int w0, int g, int t, float scale_log2) {
+  const bool edge = j0 + BC - 1 > w0;  // some key of the tile is after some row: mask
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int n = 0; n < BC / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = w0 + 16 * m + g + 8 * (e / 2), j = j0 + n * 8 + 2 * t + e % 2;
+        const float p = fast_exp2(s[m][n][e] * scale_log2 - L[m][e / 2]);
+        s[m][n][e] = edge && j > i ? 0.0f : p;
+      }
+}
+template <int MT, int BC>
+__device__ __forceinline__ void row_tile_ds(const float (&p)[MT][BC / 8][4],
+                                            float (&dp)[MT][BC / 8][4], const float (&Dr)[MT][2]) {
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int n = 0; n < BC / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dp[m][n][e] = p[m][n][e] * (dp[m][n][e] - Dr[m][e / 2]);
+}
+
 // The dK/dV pass's elementwise step on a tile: Sᵀ and dPᵀ (this warp's keys j_base, j_base + 8
 // against queries i0 + 8n + 2t (+ 1)) become P·Z in s (for dV += Pᵀ·dO) and dSᵀ = P ∘ (Z ∘ dPᵀ − D)
 // in dp (for dK += dSᵀ·Q); L in log2 units. edge: the causal mask or T cut the tile.
@@ -1104,12 +1159,13 @@ __global__ void __launch_bounds__(256, 1)
 // ---- backward on Hopper: the dK/dV and dQ passes with warpgroup products (sm_90a) -------------
 // The walks of dkdv_tc and dq_tc (deterministic, no dropout) with every product a wgmma, in the
 // layout of forward_wg: the two products of a tile from shared memory (Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ;
-// S = Q·Kᵀ and dP = dO·Vᵀ), then the two (one) whose A is a re-packed accumulator tile in
-// registers and whose B is a tile read MN-major (dV += Pᵀ·dO, dK += dSᵀ·Q; dQ += dS·K). A
-// warpgroup owns 64 keys (dK/dV) or 64 query rows (dQ). The products add the same terms in the
-// same order as the mma.sync kernels', so dQ, dK and dV have the same bits.
+// S = Q·Kᵀ and dP = dO·Vᵀ), issued as two groups so the exponentials of P run while dP's product
+// does, then the two (one) whose A is a re-packed accumulator tile in registers and whose B is a
+// tile read MN-major (dV += Pᵀ·dO, dK += dSᵀ·Q; dQ += dS·K). A warpgroup owns 64 keys (dK/dV)
+// or 64 query rows (dQ). The products add the same terms in the same order as the mma.sync
+// kernels', so dQ, dK and dV have the same bits.
 //   dK/dV  grid (B·H, T/64·G K tiles), G warpgroups a block; Q tiles of R rows (G = 1, R = 128
-//          at d = 64: 234 registers, 2 blocks an SM; G = 2, R = 64 at d = 128).
+//          at d = 64: 240 registers, 2 blocks an SM; G = 2, R = 64 at d = 128).
 //   dQ     grid (B·H, T/64·G Q tiles), the last first; K/V tiles of 64 keys (G = 1 at d = 64:
 //          122 registers; G = 2 at d = 128).
 template <int D>
@@ -1159,11 +1215,13 @@ __global__ void __launch_bounds__(128 * wg_bwd_groups<D>())
   const float* lse_h = lse + int64_t(head) * T_len;
   const float* D_h = Dvec + int64_t(head) * T_len;
   const int first = k0 / BR, tiles = int(ceil_div(T_len, BR));
-  auto load_q_tile = [&](int qi, int buf) {  // Q and dO by one thread, L and D by all
-    if (threadIdx.x == 0) {
-      tma_tile_pair<D, BR>(sQ + buf * BR * D, map_q, hi, bi, sdO + buf * BR * D, map_do, ho, bo,
-                           qi * BR, &full[buf]);
-    }
+  auto load_q_tile = [&](int qi, int buf) {  // Q and dO: one thread
+    tma_tile_pair<D, BR>(sQ + buf * BR * D, map_q, hi, bi, sdO + buf * BR * D, map_do, ho, bo,
+                         qi * BR, &full[buf]);
+  };
+  // L and D by every thread, from global memory: a latency the first products of the tile
+  // before hide (the next loop's __syncthreads makes them visible).
+  auto load_l_d = [&](int qi, int buf) {
     for (int r = threadIdx.x; r < BR; r += kBlock) {
       const int i = qi * BR + r;
       sL[buf * BR + r] = i < T_len ? lse_h[i] * kLog2e : 0.0f;
@@ -1174,8 +1232,9 @@ __global__ void __launch_bounds__(128 * wg_bwd_groups<D>())
   if (threadIdx.x == 0) {
     mbar_expect_bytes(&full[0], kKvBytes + kQBytes);
     tma_tile_pair<D, kBK>(sK, map_k, hi, bi, sV, map_v, hi, bi, k0, &full[0]);
+    load_q_tile(first, 0);
   }
-  load_q_tile(first, 0);
+  load_l_d(first, 0);
 
   float dk_acc[1][D / 8][4], dv_acc[1][D / 8][4];
   zero(dk_acc);
@@ -1185,33 +1244,48 @@ __global__ void __launch_bounds__(128 * wg_bwd_groups<D>())
     const int buf = (qi - first) & 1;
     // The buffer refilled next (tile qi − 1's) is done with, and L and D of tile qi are written.
     __syncthreads();
-    if (qi + 1 < tiles) {
-      if (threadIdx.x == 0) mbar_expect_bytes(&full[buf ^ 1], kQBytes);
+    const bool next = qi + 1 < tiles;
+    if (threadIdx.x == 0 && next) {
+      mbar_expect_bytes(&full[buf ^ 1], kQBytes);
       load_q_tile(qi + 1, buf ^ 1);
     }
     mbar_wait(&full[buf], ((qi - first) >> 1) & 1);  // Q and dO of tile qi landed
     const int i0 = qi * BR;
-    if (i0 + BR - 1 < kw0) continue;  // every query of the tile comes before every key
+    if (i0 + BR - 1 < kw0) {  // every query of the tile comes before every key
+      if (next) load_l_d(qi + 1, buf ^ 1);
+      continue;
+    }
     const T* Q = sQ + buf * BR * D;
     const T* dO = sdO + buf * BR * D;
     const float* L = sL + buf * BR;
     const float* Dr = sD + buf * BR;
 
-    float s[1][BR / 8][4], dp[1][BR / 8][4];  // Sᵀ and dPᵀ: this warp's 16 keys × BR queries
+    // Sᵀ and dPᵀ (this warp's 16 keys × BR queries) as two groups: P's exponentials run while
+    // dPᵀ's product does, and the next tile's L and D load under both.
+    float s[1][BR / 8][4], dp[1][BR / 8][4];
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const int at = (kk / 4) * kBK * 64 + wg * kWgRows * 64 + (kk % 4) * 16;
       const int bt = (kk / 4) * BR * 64 + (kk % 4) * 16;
       wg_ss<T, BR>(s[0], wg_desc(sK + at, 16, 1024), wg_desc(Q + bt, 16, 1024), kk > 0);
+    }
+    wg_commit();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const int at = (kk / 4) * kBK * 64 + wg * kWgRows * 64 + (kk % 4) * 16;
+      const int bt = (kk / 4) * BR * 64 + (kk % 4) * 16;
       wg_ss<T, BR>(dp[0], wg_desc(sV + at, 16, 1024), wg_desc(dO + bt, 16, 1024), kk > 0);
     }
     wg_commit();
-    wg_wait_all();
-    wg_hold(s[0]);
-    wg_hold(dp[0]);
+    if (next) load_l_d(qi + 1, buf ^ 1);
     const bool edge = i0 < kw0 + kWgRows || i0 + BR > T_len;  // the mask or T cut this tile
-    key_tile_grads<BR, false>(s, dp, L, Dr, i0, j_base, t, edge, T_len, scale_log2, Drop{}, head);
+    wg_wait_one();  // Sᵀ
+    wg_hold(s[0]);
+    key_tile_p<BR>(s, L, i0, j_base, t, edge, T_len, scale_log2);
+    wg_wait_all();  // dPᵀ
+    wg_hold(dp[0]);
+    key_tile_ds<BR>(s, dp, Dr, t);
     uint32_t pa[1][BR / 16][4], dsa[1][BR / 16][4];
     to_a<1, BR, T>(s, pa);
     to_a<1, BR, T>(dp, dsa);
@@ -1292,20 +1366,30 @@ __global__ void __launch_bounds__(128 * wg_bwd_groups<D>())
     if (j0 > r0 + kWgRows - 1) continue;  // every key of the tile comes after every row
     const T* K = sK + buf * BC * D;
     const T* V = sV + buf * BC * D;
-    float s[1][BC / 8][4], dp[1][BC / 8][4];  // S and dP: this warp's 16 rows × BC keys
+    // S and dP (this warp's 16 rows × BC keys) as two groups: P's exponentials run while dP's
+    // product does.
+    float s[1][BC / 8][4], dp[1][BC / 8][4];
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const int at = (kk / 4) * kBM * 64 + wg * kWgRows * 64 + (kk % 4) * 16;
       const int bt = (kk / 4) * BC * 64 + (kk % 4) * 16;
       wg_ss<T, BC>(s[0], wg_desc(sQ + at, 16, 1024), wg_desc(K + bt, 16, 1024), kk > 0);
+    }
+    wg_commit();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const int at = (kk / 4) * kBM * 64 + wg * kWgRows * 64 + (kk % 4) * 16;
+      const int bt = (kk / 4) * BC * 64 + (kk % 4) * 16;
       wg_ss<T, BC>(dp[0], wg_desc(sdO + at, 16, 1024), wg_desc(V + bt, 16, 1024), kk > 0);
     }
     wg_commit();
-    wg_wait_all();
+    wg_wait_one();  // S
     wg_hold(s[0]);
+    row_tile_p<1, BC>(s, L, j0, w0, g, t, scale_log2);
+    wg_wait_all();  // dP
     wg_hold(dp[0]);
-    row_tile_grads<1, BC, false>(s, dp, L, Dr, j0, w0, g, t, T_len, scale_log2, Drop{}, head);
+    row_tile_ds<1, BC>(s, dp, Dr);
     uint32_t dsa[1][BC / 16][4];
     to_a<1, BC, T>(dp, dsa);
     wg_fence();
