@@ -1043,9 +1043,10 @@ TEST(AttentionCuda, ManyItemsABlockMatchTheReferenceAndReplay) {
 // left it, not at zero, would walk only its first item a block and leave the rest of O unwritten);
 // then one on each stream back to back, into two outputs; then a graph captured on the test's
 // stream, its memset replayed with it. What this cannot show is two streams sharing the counter:
-// a grid fills every SM, so the second's blocks start only as the first's end, and by then the
-// first's producers have counted past the end and left the counter at zero (on an H200 a mutant
-// that shared it passed, here and with launches of 0.15 ms each).
+// on an H200 a mutant that shared it passed, at this size and at 96 heads × T = 2000 (0.15 ms a
+// launch). A grid fills every SM, so the second's blocks start only as the first's leave their
+// SMs, and a block leaves after its producer has counted past the end: by then the counter has
+// most likely been zeroed already.
 TEST(AttentionCuda, TheForwardsCounterIsZeroAgainAfterEachLaunchAndPerStreamElsewhere) {
   MT_REQUIRE_CUDA();
   if (!cuda::attention_uses_wgmma(DType::bf16, 64))

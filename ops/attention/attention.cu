@@ -465,10 +465,11 @@ __device__ __forceinline__ void finish_rows(float (&acc)[MT][D / 8][4], const fl
 // The Hopper backward's elementwise steps (it has no dropout), in two parts so that a warpgroup
 // can take the exponentials while dP's product is still in flight: P = exp2(x − L) in place of
 // S (masked), then dS = P ∘ (dP − D) in place of dP. (key_tile_grads and row_tile_grads below do
-// both at once, with dropout, for the mma.sync kernels.) In the dK/dV pass a thread's elements
-// are its keys j_base, j_base + 8 against queries i0 + 8n + 2t (+ 1), so L and D are per column
-// (shared memory); in the dQ pass rows w0 + 16m + g + 8h against keys j0 + 8n + 2t (+ 1), per
-// row. edge: the causal mask or T cut the tile.
+// both at once, with or without dropout, for the mma.sync kernels; they stay apart so those
+// kernels' code is unchanged.) In the dK/dV pass a thread's elements are its keys j_base,
+// j_base + 8 against queries i0 + 8n + 2t (+ 1), so L and D are per column (shared memory), and
+// edge says the causal mask or T cut the tile; in the dQ pass rows w0 + 16m + g + 8h against
+// keys j0 + 8n + 2t (+ 1), per row.
 template <int BR>
 __device__ __forceinline__ void key_tile_p(float (&s)[1][BR / 8][4], const float* L, int i0,
                                            int j_base, int t, bool edge, int T_len,
@@ -1219,8 +1220,9 @@ __global__ void __launch_bounds__(128 * wg_bwd_groups<D>())
     tma_tile_pair<D, BR>(sQ + buf * BR * D, map_q, hi, bi, sdO + buf * BR * D, map_do, ho, bo,
                          qi * BR, &full[buf]);
   };
-  // L and D by every thread, from global memory: a latency the first products of the tile
-  // before hide (the next loop's __syncthreads makes them visible).
+  // L and D from global memory, a row a thread: called after a tile's products are issued, so
+  // they run while the loads wait (the next iteration's __syncthreads makes them visible). Every
+  // thread calls it for every tile, a skipped one included, whether or not it owns a row.
   auto load_l_d = [&](int qi, int buf) {
     for (int r = threadIdx.x; r < BR; r += kBlock) {
       const int i = qi * BR + r;
@@ -1261,7 +1263,8 @@ __global__ void __launch_bounds__(128 * wg_bwd_groups<D>())
     const float* Dr = sD + buf * BR;
 
     // Sᵀ and dPᵀ (this warp's 16 keys × BR queries) as two groups: P's exponentials run while
-    // dPᵀ's product does, and the next tile's L and D load under both.
+    // dPᵀ's product does. The next tile's L and D load under both, before the exponentials (the
+    // stores to shared memory cannot pass the wait).
     float s[1][BR / 8][4], dp[1][BR / 8][4];
     wg_fence();
 #pragma unroll
