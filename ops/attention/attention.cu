@@ -1265,22 +1265,19 @@ __global__ void __launch_bounds__(128 * wg_bwd_groups<D>())
     // Sᵀ and dPᵀ (this warp's 16 keys × BR queries) as two groups: P's exponentials run while
     // dPᵀ's product does. The next tile's L and D load under both, before the exponentials (the
     // stores to shared memory cannot pass the wait).
+    auto product = [&](float (&acc)[BR / 8][4], const T* a, const T* b) {  // acc = a·bᵀ, a group
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const int at = (kk / 4) * kBK * 64 + wg * kWgRows * 64 + (kk % 4) * 16;
+        const int bt = (kk / 4) * BR * 64 + (kk % 4) * 16;
+        wg_ss<T, BR>(acc, wg_desc(a + at, 16, 1024), wg_desc(b + bt, 16, 1024), kk > 0);
+      }
+      wg_commit();
+    };
     float s[1][BR / 8][4], dp[1][BR / 8][4];
     wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const int at = (kk / 4) * kBK * 64 + wg * kWgRows * 64 + (kk % 4) * 16;
-      const int bt = (kk / 4) * BR * 64 + (kk % 4) * 16;
-      wg_ss<T, BR>(s[0], wg_desc(sK + at, 16, 1024), wg_desc(Q + bt, 16, 1024), kk > 0);
-    }
-    wg_commit();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const int at = (kk / 4) * kBK * 64 + wg * kWgRows * 64 + (kk % 4) * 16;
-      const int bt = (kk / 4) * BR * 64 + (kk % 4) * 16;
-      wg_ss<T, BR>(dp[0], wg_desc(sV + at, 16, 1024), wg_desc(dO + bt, 16, 1024), kk > 0);
-    }
-    wg_commit();
+    product(s[0], sK, Q);
+    product(dp[0], sV, dO);
     if (next) load_l_d(qi + 1, buf ^ 1);
     const bool edge = i0 < kw0 + kWgRows || i0 + BR > T_len;  // the mask or T cut this tile
     wg_wait_one();  // Sᵀ
@@ -1371,22 +1368,19 @@ __global__ void __launch_bounds__(128 * wg_bwd_groups<D>())
     const T* V = sV + buf * BC * D;
     // S and dP (this warp's 16 rows × BC keys) as two groups: P's exponentials run while dP's
     // product does.
+    auto product = [&](float (&acc)[BC / 8][4], const T* a, const T* b) {  // acc = a·bᵀ, a group
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const int at = (kk / 4) * kBM * 64 + wg * kWgRows * 64 + (kk % 4) * 16;
+        const int bt = (kk / 4) * BC * 64 + (kk % 4) * 16;
+        wg_ss<T, BC>(acc, wg_desc(a + at, 16, 1024), wg_desc(b + bt, 16, 1024), kk > 0);
+      }
+      wg_commit();
+    };
     float s[1][BC / 8][4], dp[1][BC / 8][4];
     wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const int at = (kk / 4) * kBM * 64 + wg * kWgRows * 64 + (kk % 4) * 16;
-      const int bt = (kk / 4) * BC * 64 + (kk % 4) * 16;
-      wg_ss<T, BC>(s[0], wg_desc(sQ + at, 16, 1024), wg_desc(K + bt, 16, 1024), kk > 0);
-    }
-    wg_commit();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const int at = (kk / 4) * kBM * 64 + wg * kWgRows * 64 + (kk % 4) * 16;
-      const int bt = (kk / 4) * BC * 64 + (kk % 4) * 16;
-      wg_ss<T, BC>(dp[0], wg_desc(sdO + at, 16, 1024), wg_desc(V + bt, 16, 1024), kk > 0);
-    }
-    wg_commit();
+    product(s[0], sQ, K);
+    product(dp[0], sdO, V);
     wg_wait_one();  // S
     wg_hold(s[0]);
     row_tile_p<1, BC>(s, L, j0, w0, g, t, scale_log2);
