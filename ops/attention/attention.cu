@@ -852,6 +852,17 @@ __device__ __forceinline__ void wg_rs(float (&d)[N / 8][4], const uint32_t (&a)[
     asm volatile(MT_WGMMA_RS("m64n128k16", "f16", MT_REGS64, "64", "65", "66", "67", "68", "69")
                  : MT_ACC64 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
 }
+// acc = a·bᵀ over d, committed as one group: a is a warpgroup's 64 rows of a K-major tile of
+// A_ROWS rows ([D/64][A_ROWS][64], a at the warpgroup's first row), b a K-major tile of N rows
+// ([D/64][N][64]). k-step kk reads slab kk / 4, 32 bytes a step along the swizzled row.
+template <class T, int N, int D, int A_ROWS>
+__device__ __forceinline__ void wg_product_nt(float (&acc)[N / 8][4], const T* a, const T* b) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    wg_ss<T, N>(acc, wg_desc(a + (kk / 4) * A_ROWS * 64 + (kk % 4) * 16, 16, 1024),
+                wg_desc(b + (kk / 4) * N * 64 + (kk % 4) * 16, 16, 1024), /*accumulate=*/kk > 0);
+  wg_commit();
+}
 #undef MT_ACC4
 #undef MT_ACC32
 #undef MT_ACC64
@@ -983,14 +994,7 @@ __global__ void __launch_bounds__(384, 1)
     float m_run[1][2] = {{-kInf, -kInf}}, l[1][2] = {{0.0f, 0.0f}}, corr[1][2];
     uint32_t pa[1][BC / 16][4];  // P of the tile before, the A operand of its P·V
     auto issue_s = [&](float (&s)[1][BC / 8][4], int b) {  // S = Q·Kᵀ from buffer b
-      const T* sKb = sK + b * BC * D;
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {  // slab kk / 4, 32 bytes a k-step along the row
-        const T* a = sQw + (kk / 4) * kBM * 64 + (kk % 4) * 16;
-        const T* bk = sKb + (kk / 4) * BC * 64 + (kk % 4) * 16;
-        wg_ss<T, BC>(s[0], wg_desc(a, 16, 1024), wg_desc(bk, 16, 1024), /*accumulate=*/kk > 0);
-      }
-      wg_commit();
+      wg_product_nt<T, BC, D, kBM>(s[0], sQw, sK + b * BC * D);
     };
     auto issue_pv = [&](int b) {  // O += P·V from buffer b, 16 keys a k-step
       const T* sVb = sV + b * BC * D;
@@ -1126,15 +1130,8 @@ __global__ void __launch_bounds__(256, 1)
     mbar_wait(&full[buf], (kt >> 1) & 1);  // tile kt landed: the buffer's (kt / 2)-th fill
 
     float s[1][BC / 8][4];  // raw q·k
-    const T* sKb = sK + buf * BC * D;
     wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {  // slab kk / 4, 32 bytes a k-step along the swizzled row
-      const T* a = sQ + (kk / 4) * kBM * 64 + wg * kWgRows * 64 + (kk % 4) * 16;
-      const T* b = sKb + (kk / 4) * BC * 64 + (kk % 4) * 16;
-      wg_ss<T, BC>(s[0], wg_desc(a, 16, 1024), wg_desc(b, 16, 1024), /*accumulate=*/kk > 0);
-    }
-    wg_commit();
+    wg_product_nt<T, BC, D, kBM>(s[0], sQ + wg * kWgRows * 64, sK + buf * BC * D);
     wg_wait_all();
     wg_hold(s[0]);
     online_softmax<1, BC, D>(s, acc, m_run, l, kt * BC, w0, g, t, scale_log2);
@@ -1265,19 +1262,10 @@ __global__ void __launch_bounds__(128 * wg_bwd_groups<D>())
     // Sᵀ and dPᵀ (this warp's 16 keys × BR queries) as two groups: P's exponentials run while
     // dPᵀ's product does. The next tile's L and D load under both, before the exponentials (the
     // stores to shared memory cannot pass the wait).
-    auto product = [&](float (&acc)[BR / 8][4], const T* a, const T* b) {  // acc = a·bᵀ, a group
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        const int at = (kk / 4) * kBK * 64 + wg * kWgRows * 64 + (kk % 4) * 16;
-        const int bt = (kk / 4) * BR * 64 + (kk % 4) * 16;
-        wg_ss<T, BR>(acc, wg_desc(a + at, 16, 1024), wg_desc(b + bt, 16, 1024), kk > 0);
-      }
-      wg_commit();
-    };
     float s[1][BR / 8][4], dp[1][BR / 8][4];
     wg_fence();
-    product(s[0], sK, Q);
-    product(dp[0], sV, dO);
+    wg_product_nt<T, BR, D, kBK>(s[0], sK + wg * kWgRows * 64, Q);
+    wg_product_nt<T, BR, D, kBK>(dp[0], sV + wg * kWgRows * 64, dO);
     if (next) load_l_d(qi + 1, buf ^ 1);
     const bool edge = i0 < kw0 + kWgRows || i0 + BR > T_len;  // the mask or T cut this tile
     wg_wait_one();  // Sᵀ
@@ -1368,19 +1356,10 @@ __global__ void __launch_bounds__(128 * wg_bwd_groups<D>())
     const T* V = sV + buf * BC * D;
     // S and dP (this warp's 16 rows × BC keys) as two groups: P's exponentials run while dP's
     // product does.
-    auto product = [&](float (&acc)[BC / 8][4], const T* a, const T* b) {  // acc = a·bᵀ, a group
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        const int at = (kk / 4) * kBM * 64 + wg * kWgRows * 64 + (kk % 4) * 16;
-        const int bt = (kk / 4) * BC * 64 + (kk % 4) * 16;
-        wg_ss<T, BC>(acc, wg_desc(a + at, 16, 1024), wg_desc(b + bt, 16, 1024), kk > 0);
-      }
-      wg_commit();
-    };
     float s[1][BC / 8][4], dp[1][BC / 8][4];
     wg_fence();
-    product(s[0], sQ, K);
-    product(dp[0], sdO, V);
+    wg_product_nt<T, BC, D, kBM>(s[0], sQ + wg * kWgRows * 64, K);
+    wg_product_nt<T, BC, D, kBM>(dp[0], sdO + wg * kWgRows * 64, V);
     wg_wait_one();  // S
     wg_hold(s[0]);
     row_tile_p<1, BC>(s, L, j0, w0, g, t, scale_log2);
