@@ -888,8 +888,9 @@ static_assert(wg_forward_smem<__nv_bfloat16, 128>() <= 227 * 1024);
 // after the one before, needs no memset node to start from zero. (A launch that could start
 // before the one before it ends, as programmatic dependent launch allows, would have to wait
 // for it before its first atomicAdd.) The kernel's `counters` argument: nullptr for these, else
-// a zeroed pair of the launch's own.
-__device__ int forward_wg_counters[2];
+// a zeroed pair of the launch's own. [[maybe_unused]]: the sm_80 pass compiles no body that
+// names them, yet declares them, as every pass and the host side do.
+[[maybe_unused]] __device__ int forward_wg_counters[2];
 
 template <class T, int D>
 __global__ void __launch_bounds__(384, 1)
