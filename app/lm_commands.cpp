@@ -102,7 +102,8 @@ nn::GPTConfig gpt_config_from_yaml(const std::string& yaml, const std::string& w
 
 int sample_command(const std::vector<std::string>& args) {
   const auto o = parse_options(args, "sample", {"--checkpoint", "--prompt", "--tokens",
-                                                "--temperature", "--top-k", "--seed", "--device"});
+                                                "--temperature", "--top-k", "--seed", "--device",
+                                                "--tokenizer", "--gpt2-dir"});
   if (!o.contains("--checkpoint")) throw ConfigError("train sample: --checkpoint FILE|DIR is required");
   std::string path = o.at("--checkpoint");
   std::error_code ec;
@@ -123,13 +124,23 @@ int sample_command(const std::vector<std::string>& args) {
   if (config == file.metadata.end())
     throw InferenceError(path + ": has no 'config' in its metadata: not a model file `train` saved");
   const nn::GPTConfig c = gpt_config_from_yaml(config->second, path);
+  // The tokenizer: --tokenizer, else the one the run's text went through; token data does not
+  // record its tokenizer, and is taken to hold GPT-2's ids, as llm.c's shards and `train
+  // tokenize`'s default do.
   const YAML::Node data = YAML::Load(config->second)["data"];
-  const auto tokenizer = load_tokenizer(yaml_value<std::string>(data, "tokenizer", "bytes"),
-                                        yaml_value<std::string>(data, "gpt2_dir", "assets/gpt2"));
+  const bool token_data = yaml_value<std::string>(data, "kind", "") == "tokens";
+  const auto tokenizer = load_tokenizer(
+      text_of(o, "--tokenizer", yaml_value<std::string>(data, "tokenizer",
+                                                        token_data ? "gpt2" : "bytes")),
+      text_of(o, "--gpt2-dir", yaml_value<std::string>(data, "gpt2_dir", "assets/gpt2")));
   if (tokenizer->vocab_size() > c.vocab_size)
     throw InferenceError(path + ": the " + tokenizer->name() + " tokenizer has " +
-                                std::to_string(tokenizer->vocab_size()) + " ids, more than the "
-                                "model's vocab_size " + std::to_string(c.vocab_size));
+                         std::to_string(tokenizer->vocab_size()) + " ids, more than the model's "
+                         "vocab_size " + std::to_string(c.vocab_size) + " (--tokenizer names "
+                         "the one its data was made with)");
+  // Ids past the tokenizer's (a vocab_size larger than it) never occur in the data and have no
+  // text: the sample is drawn among the tokenizer's ids, as a padded vocabulary's are left out.
+  const int64_t vocab = tokenizer->vocab_size();
   const Device device = train::resolve_device(text_of(o, "--device", "cpu"));
 
   nn::GPT model(c);
@@ -152,7 +163,7 @@ int sample_command(const std::vector<std::string>& args) {
   }
   std::vector<int32_t> out;
   try {
-    out = train::sample(model, ids, c.vocab_size, c.block_size, so, device);
+    out = train::sample(model, ids, vocab, c.block_size, so, device);
   } catch (const Error& e) {
     throw ConfigError(e.what());  // the options: an empty prompt, temperature, top-k
   }

@@ -2,15 +2,18 @@
 // The language-model commands of `train` (app/main.cpp dispatches to them):
 //
 //   train sample --checkpoint FILE|DIR [--prompt TEXT] [--tokens N] [--temperature T]
-//                [--top-k K] [--seed S] [--device DEVICE]
+//                [--top-k K] [--seed S] [--device DEVICE] [--tokenizer bytes|gpt2]
+//                [--gpt2-dir DIR]
 //   train tokenize --input TEXT_FILE --output SHARD.bin [--tokenizer bytes|gpt2] [--gpt2-dir DIR]
 //
 // sample prints the prompt and N sampled tokens as text (train/sample.h: the same seed gives the
-// same text on a device). The model and its tokenizer come from the checkpoint's saved config
-// (model.kind gpt; data.tokenizer, data.gpt2_dir). An empty prompt is an error; a prompt longer
-// than the model's block_size is kept whole in the output, and the model sees its last
-// block_size tokens. tokenize writes a text file's tokens as one llm.c shard (data/token_shards.h)
-// that `data.kind: tokens` (and llm.c) read.
+// same text on a device; --device defaults to cpu). The model and its tokenizer come from the
+// checkpoint's saved config (model.kind gpt; data.tokenizer, data.gpt2_dir), --tokenizer and
+// --gpt2-dir overriding them; a model trained on token data (which does not name its tokenizer)
+// is taken to speak GPT-2's ids. Tokens are drawn among the tokenizer's ids only. An empty
+// prompt is an error; a prompt longer than the model's block_size is kept whole in the output,
+// and the model sees its last block_size tokens. tokenize writes a text file's tokens as one
+// llm.c shard (data/token_shards.h) that `data.kind: tokens` (and llm.c) read.
 //
 // Errors are thrown for main to turn into its exit codes: a bad command line or option value is
 // a ConfigError (2), a checkpoint that cannot be used an InferenceError (2), text the tokenizer

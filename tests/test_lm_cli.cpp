@@ -16,14 +16,17 @@ using namespace mt;
 
 namespace {
 
-// A small byte-level GPT saved as `train` saves a model file: its weights and its config.
-std::string save_tiny_gpt(const std::filesystem::path& dir) {
+// A small GPT saved as `train` saves a model file: its weights and its config (by default a
+// byte-level model of text).
+std::string save_tiny_gpt(const std::filesystem::path& dir, int64_t vocab = 256,
+                          const std::string& data = "{kind: text, tokenizer: bytes}",
+                          const std::string& name = "gpt") {
   manual_seed(0);
-  nn::GPT model({.n_layer = 1, .n_head = 2, .n_embd = 16, .block_size = 8, .vocab_size = 256});
-  const std::string path = (dir / "gpt.safetensors").string();
+  nn::GPT model({.n_layer = 1, .n_head = 2, .n_embd = 16, .block_size = 8, .vocab_size = vocab});
+  const std::string path = (dir / (name + ".safetensors")).string();
   nn::save(model, path,
            {{"config", "model: {kind: gpt, n_layer: 1, n_head: 2, n_embd: 16, block_size: 8, "
-                       "vocab_size: 256}\ndata: {kind: text, tokenizer: bytes}\n"}});
+                       "vocab_size: " + std::to_string(vocab) + "}\ndata: " + data + "\n"}});
   return path;
 }
 
@@ -55,6 +58,38 @@ TEST(SampleCli, SameSeedSameTextAndBadOptions) {
   expect_fails("sample --checkpoint " + ckpt + " --bogus 1", 2, "unknown option '--bogus'");
   expect_fails("sample --prompt x", 2, "--checkpoint FILE|DIR is required");
   expect_fails("sample --checkpoint " + (t.path / "missing.safetensors").string(), 2, "missing.safetensors");
+}
+
+// The tokenizer `sample` decodes with: token data does not name one, so a model trained on it is
+// taken to speak GPT-2's ids (as llm.c's shards do), and --tokenizer says otherwise; a model
+// whose vocab_size exceeds its tokenizer's ids draws among the tokenizer's only (the rest have no
+// text), so the output is the prompt and exactly N bytes.
+TEST(SampleCli, TheTokenizerIsTheDatasOrNamedAndDrawsOnlyItsIds) {
+  test::TempDir t;
+  const std::string gpt2_dir = " --gpt2-dir " MT_SOURCE_DIR "/assets/gpt2";
+  const std::string shards = "{kind: tokens, path: train.bin}";
+  const std::string gpt2 = save_tiny_gpt(t.path, 50257, shards, "gpt2");
+  std::string out;
+  EXPECT_EQ(test::run_train("sample --checkpoint " + gpt2 + " --prompt Hello --tokens 4 --seed 3" +
+                                gpt2_dir, &out, false), 0) << out;
+  EXPECT_EQ(out.rfind("Hello", 0), 0u) << out;
+
+  const std::string bytes = save_tiny_gpt(t.path, 256, shards, "bytes");
+  expect_fails("sample --checkpoint " + bytes + " --tokens 4" + gpt2_dir, 2,
+               "the gpt2 tokenizer has 50257 ids, more than the model's vocab_size 256 "
+               "(--tokenizer names the one its data was made with)");
+  EXPECT_EQ(test::run_train("sample --checkpoint " + bytes + " --prompt ab --tokens 30 "
+                            "--tokenizer bytes", &out, false), 0) << out;
+  EXPECT_EQ(out.size(), 2u + 30u + 1u) << out;
+  expect_fails("sample --checkpoint " + bytes + " --tokenizer words", 2,
+               "unknown tokenizer 'words'");
+
+  const std::string wide = save_tiny_gpt(t.path, 300, "{kind: text, tokenizer: bytes}", "wide");
+  for (int seed = 0; seed < 3; ++seed) {
+    ASSERT_EQ(test::run_train("sample --checkpoint " + wide + " --prompt ab --tokens 60 --seed " +
+                              std::to_string(seed), &out, false), 0) << out;
+    EXPECT_EQ(out.size(), 2u + 60u + 1u) << "seed " << seed << ": " << out;
+  }
 }
 
 TEST(TokenizeCli, WritesAShardTheReaderTakesAndRefusesBadInput) {
