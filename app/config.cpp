@@ -716,8 +716,8 @@ const std::vector<Row>& rows() {
      },
      [](const Config& c) -> std::string { return format_number(c.data.noise); }},
     {"data", "path", "string",
-     "mnist / csv: the training data",
-     "must exist for `mnist` and `csv`; a regular file for `csv`",
+     "mnist / csv: the training data; text: the text file; tokens: the llm.c token shard",
+     "must exist for `mnist` and `csv`; a regular file for `csv`, `text` and `tokens`",
      [](Section& s, Config& c) {
       s.get("path", c.data.path);
      },

@@ -67,7 +67,7 @@ struct DataConfig {
   std::string kind = "synthetic";  // a registered data kind: synthetic | mnist | csv | ...
   int64_t samples = 20000;         // synthetic only
   double noise = 0.1;              // synthetic only
-  std::string path;                // mnist / csv: the training data
+  std::string path;                // mnist / csv: the training data; text, tokens: the file
   std::string test_path;           // optional held-out test data
   double test_fraction = 0;        // file data without test_path: share of `path` held out as the test set
   int64_t label_column = -1;       // csv: -1 = last

@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
-#include <sstream>
 
 #include "bench/crossover.h"
 
@@ -201,14 +200,12 @@ TEST(DocNumbers, DropoutMaskAndLayerNormPricesAreTheCrossoverProgramsOwn) {
 // The guide and `train --help` say the same about CPU ranks under --nproc: processes joined
 // through Gloo (the guide once said threads, which only a build without Gloo uses).
 TEST(DocClaims, TheGuideSaysCpuRanksAreProcessesAsTheHelpDoes) {
-  std::ifstream f(std::filesystem::path(MT_SOURCE_DIR) / "docs/guide.md");
-  std::stringstream text;
-  text << f.rdbuf();
-  const std::string guide = text.str();
+  const std::string guide = mt::test::read_text(std::filesystem::path(MT_SOURCE_DIR) / "docs/guide.md");
   const size_t begin = guide.find("## Several GPUs");
   ASSERT_NE(begin, std::string::npos);
-  const std::string section = guide.substr(begin, guide.find("\n## ", begin + 1) - begin);
-  EXPECT_NE(section.find("two CPU ranks, each a process of its own,\njoined through Gloo"),
+  const std::string section = std::regex_replace(
+      guide.substr(begin, guide.find("\n## ", begin + 1) - begin), std::regex("\\s+"), " ");
+  EXPECT_NE(section.find("two CPU ranks, each a process of its own, joined through Gloo"),
             std::string::npos) << section;
   std::string help;
   mt::test::run_train("--help", &help);
