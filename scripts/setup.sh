@@ -41,7 +41,16 @@ if ((${#missing[@]} + ${#optional[@]} == 0)); then
   exit 0
 fi
 sudo_cmd=()
-[[ $(id -u) -eq 0 ]] || sudo_cmd=(sudo)
+if [[ $(id -u) -ne 0 ]]; then
+  if ! command -v sudo >/dev/null; then
+    # Nothing can be installed: say what to install, and let CMake name what is really missing
+    # (a library built from source is not in dpkg's list, yet CMake may find it).
+    echo "setup: warning: not root and no sudo, so nothing is installed; as root run:" \
+      "apt-get install ${missing[*]} ${optional[*]}" >&2
+    exit 0
+  fi
+  sudo_cmd=(sudo)
+fi
 export DEBIAN_FRONTEND=noninteractive
 # apt and dpkg print a hundred lines per install: they go to a log, shown only when a step fails.
 log=$(mktemp -t minitrain-setup.XXXXXX.log)
