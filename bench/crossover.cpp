@@ -163,9 +163,8 @@ void print_text(const Args& a, const Side& f, const Side& b) {
   const double f4 = crossover_flops_per_element(a.gpu.fp32_tflops, a.gpu.bandwidth_gbs, 2);
   const double b4 = crossover_flops_per_element(a.gpu.bf16_tflops, a.gpu.bandwidth_gbs, 2);
   std::printf("\nFor a 4-byte round trip (a 2-byte value) this GPU's crossover is %.1f flops per\n"
-              "element at the fp32 rate and %.1f at the bf16 rate; the lesson's H100 figure is\n"
-              "about 585. An elementwise recompute (a sigmoid, x*rstd) runs on the fp32 units:\n"
-              "read the fp32 column for it.\n",
+              "element at the fp32 rate and %.1f at the bf16 rate. An elementwise recompute (a\n"
+              "sigmoid, x*rstd) runs on the fp32 units: read the fp32 column for it.\n",
               f4, b4);
 }
 

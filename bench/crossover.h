@@ -1,5 +1,6 @@
 #pragma once
-// Save or recompute? The arithmetic behind the lesson's rule, for any GPU.
+// Save or recompute? The arithmetic behind the rule that decides it (docs/README.md, "The
+// crossover"), for any GPU.
 //
 // A backward kernel needs a per-element value v that the forward also computed (σ(x) in
 // scaled-SiLU, x̂ = x·rstd in RMSNorm). It can have it two ways:
