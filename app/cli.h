@@ -7,6 +7,8 @@
 //         [--nproc N] [--print-config]
 //   train eval --checkpoint CKPT [--split test|val] [--set data.key=value]... [--device DEVICE]
 //   train predict --checkpoint CKPT --input X.csv --output P.csv [--set ...]... [--device DEVICE]
+//   train sample --checkpoint CKPT [--prompt TEXT] [--tokens N] ...   (app/lm_commands.h)
+//   train tokenize --input TEXT --output SHARD.bin [--tokenizer bytes|gpt2] [--gpt2-dir DIR]
 //   train --list-ops | --config-reference | --help | --version
 //
 // Exit codes (the usage text prints the same table; docs/guide.md, "Troubleshooting"):

@@ -60,6 +60,9 @@ std::string kind_names() {
   return names;
 }
 
+// Where a program's own model is loaded, for the errors that point there.
+const std::string kOwnInference = "docs/library.md, \"Inference for your own model\"";
+
 // The model file of `checkpoint`: itself, or a directory's newest intact checkpoint.
 std::string model_file(const std::string& checkpoint) {
   std::error_code ec;
@@ -81,31 +84,41 @@ size_t argmax(const double* row, size_t n) { return size_t(std::max_element(row,
 
 }  // namespace
 
-SavedModel load_saved_model(const std::string& checkpoint, const std::vector<std::string>& overrides) {
-  check_overrides(overrides);
-  SavedModel m;
-  m.path = model_file(checkpoint);
-  nn::TensorFile file;
+ModelFile read_model_file(const std::string& checkpoint) {
+  ModelFile f;
+  f.path = model_file(checkpoint);
   try {
-    file = nn::load_tensors(m.path);
+    f.file = nn::load_tensors(f.path);
   } catch (const Error& e) {
     throw InferenceError(e.what());
   }
   // A model only the program that trained it can build: say so, and where that is written up.
-  const std::string own_inference = "docs/library.md, \"Inference for your own model\"";
-  auto config = file.metadata.find("config");
-  if (config == file.metadata.end())
-    throw InferenceError(m.path + ": has no 'config' in its metadata: not a model file `train` "
-                         "saved (a program's own run loads its model itself: " + own_inference + ")");
-  if (auto own = file.metadata.find(kOwnModelKey); own != file.metadata.end())
-    throw InferenceError(m.path + ": holds " + own->second + ", a model of the program that "
+  if (f.file.metadata.find("config") == f.file.metadata.end())
+    throw InferenceError(f.path + ": has no 'config' in its metadata: not a model file `train` "
+                         "saved (a program's own run loads its model itself: " + kOwnInference + ")");
+  if (auto own = f.file.metadata.find(kOwnModelKey); own != f.file.metadata.end())
+    throw InferenceError(f.path + ": holds " + own->second + ", a model of the program that "
                          "trained it, not one its config's model section describes, so it cannot "
-                         "be rebuilt here; load it in that program (" + own_inference + ")");
+                         "be rebuilt here; load it in that program (" + kOwnInference + ")");
+  for (const auto& [name, t] : f.file.tensors)  // a run never saves one: damage, as --resume says
+    for (double v : t.to_vector())
+      if (!std::isfinite(v))
+        throw InferenceError(detail::concat(f.path, ": parameter '", name, "' holds ", v, ": not a model to use"));
+  return f;
+}
+
+SavedModel load_saved_model(const std::string& checkpoint, const std::vector<std::string>& overrides) {
+  check_overrides(overrides);
+  SavedModel m;
+  ModelFile mf = read_model_file(checkpoint);
+  m.path = mf.path;
+  const nn::TensorFile& file = mf.file;
+  const auto config = file.metadata.find("config");
   if (const std::string kind = model_kind_of(config->second); !kind.empty() && !find_model_kind(kind))
     throw InferenceError(m.path + ": its model.kind '" + kind + "' is not registered in this "
                          "program (it has " + kind_names() + "); evaluate it with the program that "
                          "registered it, which can call app::evaluate_checkpoint and "
-                         "app::predict_csv (" + own_inference + ")");
+                         "app::predict_csv (" + kOwnInference + ")");
   m.config = parse_config(config->second, m.path + " (its config)", overrides);
   if (auto st = file.metadata.find("standardization"); st != file.metadata.end())
     m.standardization = data::standardization_from_text(st->second, m.path);
@@ -126,10 +139,6 @@ SavedModel load_saved_model(const std::string& checkpoint, const std::vector<std
   } catch (const Error& e) {
     throw InferenceError(m.path + ": does not fit the model its config describes: " + e.what());
   }
-  for (const auto& [name, t] : file.tensors)  // a run never saves one: damage, as --resume says
-    for (double v : t.to_vector())
-      if (!std::isfinite(v))
-        throw InferenceError(detail::concat(m.path, ": parameter '", name, "' holds ", v, ": not a model to use"));
   m.model->eval();
   return m;
 }
@@ -212,17 +221,27 @@ std::string format_evaluation(const CheckpointEvaluation& e) {
                      e.samples, e.unit);
 }
 
-int64_t predict_csv(const std::string& checkpoint, const std::string& input,
-                    const std::string& output, const std::vector<std::string>& overrides) {
-  // The predictions replace `output` by a rename: a symlink would be replaced rather than
-  // followed, and a FIFO or device, whose reader expects a stream, lost. A new or regular file only.
+void check_output_file(const std::string& flag, const std::string& output,
+                       const std::vector<std::string>& inputs) {
   struct stat st{};
   if (::lstat(output.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
     const std::string kind = S_ISLNK(st.st_mode) ? "a symbolic link" : special_file_kind(output);
-    throw InferenceError("predict: --output " + output + " is " + kind +
+    throw InferenceError(flag + " " + output + " is " + kind +
                          "; it must be a new or a regular file (it is replaced whole)");
   }
+  for (const std::string& in : inputs) {
+    std::error_code ec;  // false, with ec set, when either does not exist
+    if (std::filesystem::equivalent(output, in, ec))
+      throw InferenceError(flag + " " + output + " is " + in + ", which this command reads; " +
+                           "name another file");
+  }
+}
+
+int64_t predict_csv(const std::string& checkpoint, const std::string& input,
+                    const std::string& output, const std::vector<std::string>& overrides) {
+  check_output_file("predict: --output", output, {input});
   const SavedModel m = load_saved_model(checkpoint, overrides);
+  check_output_file("predict: --output", output, {m.path});  // the model file it came from
   const ModelConfig& mc = m.config.model;
   // A language model's input is text, not a row of features.
   if (data_kind(m.config.data.kind).source)

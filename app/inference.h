@@ -1,5 +1,5 @@
 #pragma once
-// Using a trained model without writing C++: `train eval` and `train predict` (app/main.cpp)
+// Using a trained model without writing C++: `train eval` and `train predict` (app/cli.cpp)
 // are these functions.
 //
 // A checkpoint's model file is an nn::save file whose metadata holds the run's config as YAML
@@ -23,6 +23,7 @@
 #include "core/error.h"
 #include "data/data.h"
 #include "nn/module.h"
+#include "nn/serialize.h"
 #include "app/config.h"
 #include "train/evaluate.h"
 
@@ -33,6 +34,17 @@ namespace mt::app {
 struct InferenceError : Error {
   using Error::Error;
 };
+
+// A model file `train` saved, as read from `checkpoint`: the file itself, or a checkpoint
+// directory's newest intact checkpoint (as --resume takes it), every checksum verified. A file
+// without the run's config, one holding a model of the program that trained it (only that
+// program can build it), or one with a non-finite value (a run never saves one: damage) is an
+// InferenceError naming the file.
+struct ModelFile {
+  std::string path;  // the model file
+  nn::TensorFile file;
+};
+ModelFile read_model_file(const std::string& checkpoint);
 
 // A model as its training run left it, ready for inference.
 struct SavedModel {
@@ -78,5 +90,12 @@ std::string format_evaluation(const CheckpointEvaluation& e);
 // A language model (token data: model.kind gpt) is an InferenceError pointing to `train sample`.
 int64_t predict_csv(const std::string& checkpoint, const std::string& input,
                     const std::string& output, const std::vector<std::string>& overrides = {});
+
+// An output a command writes whole, by a rename (`flag` names it in the error, e.g. "predict:
+// --output"): a new or a regular file, and none of `inputs` (the files the command reads).
+// A symbolic link would be replaced rather than followed, a FIFO or a device, whose reader
+// expects a stream, lost, and an input overwritten. An InferenceError otherwise (exit code 2).
+void check_output_file(const std::string& flag, const std::string& output,
+                       const std::vector<std::string>& inputs);
 
 }  // namespace mt::app

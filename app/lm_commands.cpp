@@ -1,5 +1,6 @@
 #include "app/lm_commands.h"
 
+#include <charconv>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -36,21 +37,19 @@ std::map<std::string, std::string> parse_options(const std::vector<std::string>&
   return out;
 }
 
+// The option `key` as a T, the whole text parsed (an integer exactly: no rounding through a
+// double, no value out of T's range); absent, `fallback`.
 template <class T>
 T number(const std::map<std::string, std::string>& o, const std::string& key, T fallback) {
   auto it = o.find(key);
   if (it == o.end()) return fallback;
-  try {
-    size_t used = 0;
-    const double v = std::stod(it->second, &used);
-    if (used != it->second.size()) throw std::invalid_argument("trailing text");
-    if constexpr (std::is_integral_v<T>) {
-      if (v != double(T(v))) throw std::invalid_argument("not an integer");
-    }
-    return T(v);
-  } catch (const std::exception&) {
-    throw ConfigError(key + ": expected a number, got '" + it->second + "'");
-  }
+  const std::string& s = it->second;
+  T v{};
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || end != s.data() + s.size())
+    throw ConfigError(key + ": expected " + (std::is_integral_v<T> ? "a whole number" : "a number") +
+                      " in range, got '" + s + "'");
+  return v;
 }
 
 std::string text_of(const std::map<std::string, std::string>& o, const std::string& key,
@@ -105,29 +104,18 @@ int sample_command(const std::vector<std::string>& args) {
                                                 "--temperature", "--top-k", "--seed", "--device",
                                                 "--tokenizer", "--gpt2-dir"});
   if (!o.contains("--checkpoint")) throw ConfigError("train sample: --checkpoint FILE|DIR is required");
-  std::string path = o.at("--checkpoint");
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) {
-    try {
-      path = train::load_checkpoint(path).path;
-    } catch (const train::CheckpointError& e) {
-      throw InferenceError(e.what());
-    }
-  }
-  nn::TensorFile file;
-  try {
-    file = nn::load_tensors(path);
-  } catch (const Error& e) {
-    throw InferenceError(e.what());
-  }
-  auto config = file.metadata.find("config");
-  if (config == file.metadata.end())
-    throw InferenceError(path + ": has no 'config' in its metadata: not a model file `train` saved");
-  const nn::GPTConfig c = gpt_config_from_yaml(config->second, path);
+  const std::string device_spec = text_of(o, "--device", "cpu");
+  if (!valid_device(device_spec))
+    throw ConfigError("--device: expected auto, cpu, cuda or cuda:N, got '" + device_spec + "'");
+  const ModelFile model_file = read_model_file(o.at("--checkpoint"));
+  const std::string& path = model_file.path;
+  const nn::TensorFile& file = model_file.file;
+  const std::string& config = file.metadata.at("config");
+  const nn::GPTConfig c = gpt_config_from_yaml(config, path);
   // The tokenizer: --tokenizer, else the one the run's text went through; token data does not
   // record its tokenizer, and is taken to hold GPT-2's ids, as llm.c's shards and `train
   // tokenize`'s default do.
-  const YAML::Node data = YAML::Load(config->second)["data"];
+  const YAML::Node data = YAML::Load(config)["data"];
   const bool token_data = yaml_value<std::string>(data, "kind", "") == "tokens";
   const auto tokenizer = load_tokenizer(
       text_of(o, "--tokenizer", yaml_value<std::string>(data, "tokenizer",
@@ -141,7 +129,7 @@ int sample_command(const std::vector<std::string>& args) {
   // Ids past the tokenizer's (a vocab_size larger than it) never occur in the data and have no
   // text: the sample is drawn among the tokenizer's ids, as a padded vocabulary's are left out.
   const int64_t vocab = tokenizer->vocab_size();
-  const Device device = train::resolve_device(text_of(o, "--device", "cpu"));
+  const Device device = train::resolve_device(device_spec);
 
   nn::GPT model(c);
   try {
@@ -177,6 +165,7 @@ int tokenize_command(const std::vector<std::string>& args) {
   const auto o = parse_options(args, "tokenize", {"--input", "--output", "--tokenizer", "--gpt2-dir"});
   if (!o.contains("--input") || !o.contains("--output"))
     throw ConfigError("train tokenize: --input TEXT_FILE and --output SHARD.bin are required");
+  check_output_file("tokenize: --output", o.at("--output"), {o.at("--input")});
   const auto tokenizer = load_tokenizer(text_of(o, "--tokenizer", "gpt2"), text_of(o, "--gpt2-dir", "assets/gpt2"));
   data::TokenStream s;
   try {

@@ -1,5 +1,5 @@
 #pragma once
-// The language-model commands of `train` (app/main.cpp dispatches to them):
+// The language-model commands of `train` (app/cli.cpp dispatches to them):
 //
 //   train sample --checkpoint FILE|DIR [--prompt TEXT] [--tokens N] [--temperature T]
 //                [--top-k K] [--seed S] [--device DEVICE] [--tokenizer bytes|gpt2]
@@ -15,10 +15,12 @@
 // and the model sees its last block_size tokens. tokenize writes a text file's tokens as one
 // llm.c shard (data/token_shards.h) that `data.kind: tokens` (and llm.c) read.
 //
-// Errors are thrown for main to turn into its exit codes: a bad command line or option value is
-// a ConfigError (2), a checkpoint that cannot be used an InferenceError (2), text the tokenizer
-// refuses, a vocabulary file that does not parse or a file that cannot be read a data::DataError
-// (4). docs/gpt.md has the table of bad inputs and their exit codes.
+// Errors are thrown for the program to turn into its exit codes: a bad command line or option
+// value (--device included) is a ConfigError (2), a checkpoint that cannot be used (damaged, a
+// non-finite value) or an output that would replace an input, a link or a device an
+// InferenceError (2), text the tokenizer refuses, a vocabulary file that does not parse or a
+// file that cannot be read a data::DataError (4). docs/gpt.md has the table of bad inputs and
+// their exit codes.
 #include <string>
 #include <vector>
 
@@ -27,7 +29,8 @@
 namespace mt::app {
 
 // The GPT a YAML config's `model` section describes (model.kind must be gpt); `where` names the
-// config in messages.
+// config in messages. Read on its own rather than through parse_config: sampling needs the model,
+// not the training data the rest of the config names (which parse_config checks is there).
 nn::GPTConfig gpt_config_from_yaml(const std::string& yaml, const std::string& where);
 
 int sample_command(const std::vector<std::string>& args);

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "app/registry.h"
 #include "data/data.h"
 
 #ifdef MT_WITH_CUDA
@@ -119,8 +120,10 @@ void check_job_fits(const Config& c, Device device, int world) {
     throw ConfigError(detail::concat("--nproc ", world, ": optim.batch_size ", c.optim.batch_size,
                                      " samples cannot give ", world, " ranks ", c.optim.microbatches,
                                      " microbatches each"));
-  // GPU workers each check their own GPU: the launcher creates no CUDA context it would keep.
-  if (device.is_cpu()) check_memory(c, device, world);
+  // GPU workers each check their own GPU: the launcher creates no CUDA context it would keep. The
+  // model kind's own estimate (an MLP's widths say nothing of a GPT).
+  const ModelKind* kind = find_model_kind(c.model.kind);
+  if (device.is_cpu() && kind && kind->check_memory) kind->check_memory(c, device, world);
 }
 
 }  // namespace mt::app

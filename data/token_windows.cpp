@@ -1,29 +1,40 @@
 #include "data/token_windows.h"
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <cmath>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "core/error.h"
+#include "core/input_file.h"
 #include "core/rng.h"
 #include "data/token_shards.h"
 
 namespace mt::data {
 
 TokenStream tokenize_text_file(const std::string& path, const Tokenizer& tokenizer) {
-  std::ifstream in(path, std::ios::binary);
-  MT_CHECK(in, path, ": cannot open the text file (", std::strerror(errno), ")");
-  std::ostringstream text;
-  text << in.rdbuf();
-  MT_CHECK(!in.bad(), path, ": read error");
+  // A regular file only: a directory would read as no text, a FIFO wait for a writer.
+  const int fd = open_regular_file(path);
+  std::string text;
+  char buf[1 << 16];
+  ssize_t n;
+  while ((n = ::read(fd, buf, sizeof buf)) != 0) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      MT_THROW(path, ": read error (", std::strerror(err), ")");
+    }
+    text.append(buf, size_t(n));
+  }
+  ::close(fd);
   TokenStream s;
   s.vocab_size = tokenizer.vocab_size();
-  s.text_bytes = int64_t(text.str().size());
+  s.text_bytes = int64_t(text.size());
   s.source = path;
   try {
-    s.tokens = tokenizer.encode(text.str());
+    s.tokens = tokenizer.encode(text);
   } catch (const Error& e) {
     MT_THROW(path, ": the ", tokenizer.name(), " tokenizer refused it: ", e.what());
   }

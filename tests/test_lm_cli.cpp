@@ -2,6 +2,9 @@
 // options, prompts, inputs and vocabulary files give a clear message and the documented exit code.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -54,9 +57,30 @@ TEST(SampleCli, SameSeedSameTextAndBadOptions) {
   expect_fails("sample --checkpoint " + ckpt + " --temperature 0", 2, "temperature must be a positive number, got 0");
   expect_fails("sample --checkpoint " + ckpt + " --temperature -1", 2, "temperature");
   expect_fails("sample --checkpoint " + ckpt + " --top-k 257", 2, "top_k must be in [0, 256]");
-  expect_fails("sample --checkpoint " + ckpt + " --tokens many", 2, "--tokens: expected a number, got 'many'");
+  expect_fails("sample --checkpoint " + ckpt + " --tokens many", 2, "--tokens: expected a whole number in range, got 'many'");
   expect_fails("sample --checkpoint " + ckpt + " --bogus 1", 2, "unknown option '--bogus'");
   expect_fails("sample --prompt x", 2, "--checkpoint FILE|DIR is required");
+  expect_fails("sample --checkpoint " + ckpt + " --device gpu", 2,
+               "--device: expected auto, cpu, cuda or cuda:N, got 'gpu'");
+  expect_fails("sample --checkpoint " + ckpt + " --seed -1", 2, "--seed: expected a whole number");
+  expect_fails("sample --checkpoint " + ckpt + " --tokens 1e3", 2, "--tokens: expected a whole number");
+  // Seeds are taken exactly: two next to each other past 2^53 (one double) draw other text.
+  std::string d, e;
+  ASSERT_EQ(test::run_train(base + " --seed 9007199254740992", &d, false), 0) << d;
+  ASSERT_EQ(test::run_train(base + " --seed 9007199254740993", &e, false), 0) << e;
+  EXPECT_NE(d, e);
+  // A model file holding a NaN (with its checksums intact) is damage, as eval and --resume say.
+  {
+    manual_seed(0);
+    nn::GPT nan_model({.n_layer = 1, .n_head = 2, .n_embd = 16, .block_size = 8, .vocab_size = 256});
+    for (const auto& [name, p] : nan_model.named_parameters())
+      if (name == "transformer.ln_f.weight") p.fill_(std::nan(""));
+    const std::string nan_path = (t.path / "nan.safetensors").string();
+    nn::save(nan_model, nan_path, {{"config", "model: {kind: gpt, n_layer: 1, n_head: 2, n_embd: 16, "
+                                              "block_size: 8}\ndata: {kind: text, tokenizer: bytes}\n"}});
+    expect_fails("sample --checkpoint " + nan_path, 2,
+                 "parameter 'transformer.ln_f.weight' holds nan: not a model to use");
+  }
   expect_fails("sample --checkpoint " + (t.path / "missing.safetensors").string(), 2, "missing.safetensors");
 }
 
@@ -120,6 +144,27 @@ TEST(TokenizeCli, WritesAShardTheReaderTakesAndRefusesBadInput) {
                    " --tokenizer bytes", 4, "none.txt");
   expect_fails("tokenize --input " + text.string() + " --output " + shard.string() +
                    " --tokenizer words", 2, "words");
+
+  // The shard replaces its path whole: never the input, a link or a device (tokenize used to
+  // overwrite its own input and replace a link with a file, exit 0). The input is a regular file:
+  // a directory used to give an empty shard, a FIFO to wait forever.
+  const std::string bytes = " --tokenizer bytes";
+  expect_fails("tokenize --input " + text.string() + " --output " + text.string() + bytes, 2,
+               "which this command reads");
+  std::ifstream kept(text);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(kept), {}), "Hello world");
+  const std::filesystem::path link = t.path / "link.bin";
+  std::filesystem::create_symlink(shard, link);
+  expect_fails("tokenize --input " + text.string() + " --output " + link.string() + bytes, 2,
+               "is a symbolic link");
+  EXPECT_TRUE(std::filesystem::is_symlink(link));
+  expect_fails("tokenize --input " + t.path.string() + " --output " + (t.path / "d.bin").string() +
+                   bytes, 4, "is a directory");
+  const std::filesystem::path fifo = t.path / "fifo.txt";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  expect_fails("tokenize --input " + fifo.string() + " --output " + (t.path / "f.bin").string() +
+                   bytes, 4, "FIFO");
+  EXPECT_FALSE(std::filesystem::exists(t.path / "d.bin"));
 }
 
 // Each bad input of a GPT run, end to end through `train`: a clear message naming the thing and

@@ -2,6 +2,7 @@
 // tokens, batches as a pure function of (seed, step), the split by position, bad input.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <set>
 
 #include "core/rng.h"
@@ -98,6 +99,10 @@ TEST(Sample, BadOptions) {
   test::expect_error(run({1}, {.temperature = -1}), {"temperature"});
   test::expect_error(run({1}, {.top_k = 11}), {"top_k", "[0, 10]", "11"});
   test::expect_error(run({10}, {}), {"prompt token 10", "[0, 10)"});
+  // A model whose logits are not finite has no distribution: an error, not the last id drawn.
+  for (const auto& [name, p] : model.named_parameters())
+    if (name == "transformer.ln_f.weight") p.fill_(std::nan(""));
+  test::expect_error(run({1}, {}), {"logits at token 0 after the prompt are not finite"});
 }
 
 }  // namespace

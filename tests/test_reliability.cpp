@@ -219,6 +219,24 @@ TEST(LateChecks, ACurveOrMetricsPathThatIsAFolderIsRefusedBeforeTraining) {
                      {"logging.curve: '" + (dir / "ck/curve.svg") + "' is a directory"});
 }
 
+// The metrics and the curve at one path, or either named as one of checkpoint.dir's own files,
+// used to train to the end with exit 0, leaving no metrics (or a checkpoint replaced).
+TEST(LateChecks, OutputsThatWouldWriteOverEachOtherAreRefusedBeforeTraining) {
+  TempDir dir;
+  const std::string ck = dir / "ck";  // small_config's checkpoint.dir
+  auto refused = [&](const std::string& set, const std::string& words) {
+    test::expect_error([&] { app::ConfigTrainer t(small_config(dir, {set}), kCPU); }, {words});
+  };
+  refused("logging.metrics=" + ck + "/curve.svg", "logging.metrics and logging.curve: both are");
+  refused("logging.curve=" + ck + "/../ck/metrics.jsonl", "logging.metrics and logging.curve: both are");
+  refused("logging.metrics=" + ck + "/step-000010.safetensors",
+          "logging.metrics: '" + ck + "/step-000010.safetensors' is a name checkpoint.dir's own files use");
+  refused("logging.curve=" + ck + "/.lock", "logging.curve: '" + ck + "/.lock' is a name");
+  EXPECT_FALSE(fs::exists(ck));
+  app::ConfigTrainer beside(small_config(dir, {"logging.metrics=" + (dir / "m.jsonl"),
+                                               "logging.curve=" + (dir / "c.svg")}), kCPU);
+}
+
 // A valid eval.batch_size of 2^31 was priced as a batch of 2^31 rows; a batch holds at most the
 // held-out set. And the host's memory is the smaller of the physical memory and ulimit -v.
 TEST(LateChecks, TheMemoryCheckCapsEvaluationBatchesAndHonoursTheAddressSpaceLimit) {
@@ -242,6 +260,19 @@ TEST(LateChecks, TheMemoryCheckCapsEvaluationBatchesAndHonoursTheAddressSpaceLim
     }
   });
   EXPECT_EQ(code, 2);
+}
+
+// --nproc priced every model as an MLP of model.input, model.hidden and model.classes: a GPT whose
+// config still held an MLP's huge hidden widths was refused, and a GPT was never priced at all.
+TEST(LateChecks, TheNprocMemoryCheckIsTheModelKindsOwn) {
+  const Config gpt = parse_config("model: {kind: gpt, n_layer: 1, n_head: 2, n_embd: 16, "
+                                  "block_size: 16, hidden: [16777216, 16777216]}\n"
+                                  "data: {kind: text, path: " MT_SOURCE_DIR "/assets/tinyshakespeare.txt}\n"
+                                  "optim: {batch_size: 8, microbatches: 1}\n", "gpt.yaml", {});
+  EXPECT_NO_THROW(app::check_job_fits(gpt, kCPU, 2));
+  TempDir dir;
+  const Config mlp = small_config(dir, {"model.hidden=[16777216, 16777216]"});
+  test::expect_error([&] { app::check_job_fits(mlp, kCPU, 2); }, {"needs at least"});
 }
 
 TEST(LateChecks, ConfigTextByteOrderMarkNulAndASecondDocumentInASet) {
@@ -307,7 +338,8 @@ TEST(LateChecks, TestImagesOfAnotherShapeThanTheTrainingImagesAreADataError) {
   }
 }
 
-// predict --output used to replace a symlink (not its target) or a FIFO by a rename.
+// predict --output used to replace a symlink (not its target) or a FIFO by a rename, and its own
+// input or the model file it read, with exit code 0.
 TEST(LateChecks, PredictOutputMustBeANewOrRegularFile) {
   TempDir dir;
   app::ConfigTrainer(small_config(dir, {"optim.steps=4"}), kCPU).run();
@@ -324,6 +356,13 @@ TEST(LateChecks, PredictOutputMustBeANewOrRegularFile) {
                      {"--output " + (dir / "pipe.csv") + " is a FIFO"});
   EXPECT_TRUE(fs::is_symlink(dir / "link.csv"));
   EXPECT_EQ(read_text(dir / "target.csv"), "keep me\n");
+  const std::string model_bytes = read_text(model);
+  test::expect_error([&] { app::predict_csv(model, dir / "in.csv", dir / "in.csv", {}); },
+                     {"--output " + (dir / "in.csv") + " is " + (dir / "in.csv") + ", which this command reads"});
+  test::expect_error([&] { app::predict_csv(dir / "ck", dir / "in.csv", model, {}); },
+                     {"--output " + model + " is " + model + ", which this command reads"});
+  EXPECT_EQ(read_text(dir / "in.csv"), row + "\n");
+  EXPECT_EQ(read_text(model), model_bytes);
   EXPECT_EQ(app::predict_csv(model, dir / "in.csv", dir / "out.csv", {}), 1);
 }
 

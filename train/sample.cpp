@@ -52,6 +52,9 @@ std::vector<int32_t> sample(nn::Module& model, const std::vector<int32_t>& promp
     const double m = *std::max_element(p.begin(), p.end());
     double total = 0;
     for (double& x : p) total += (x = std::exp(x - m));
+    // A non-finite logit (a damaged model, an overflow) leaves no distribution to draw from.
+    MT_CHECK(std::isfinite(total) && total > 0, "sample: the logits at token ", n, " after the "
+             "prompt are not finite (the largest is ", m, "): the model cannot be sampled");
     double u = g.uniform() * total;
     int32_t next = 0;
     for (int64_t v = 0; v < vocab_size; ++v) {

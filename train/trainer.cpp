@@ -99,11 +99,23 @@ void check_output_paths(const Options& o) {
   if (!o.logging.curve.empty())
     check_writable("logging.curve", std::filesystem::path(o.logging.curve).parent_path());
   // A folder where a file goes would fail only when first written: the curve, at the run's end.
+  // Two outputs at one path, or one named as a checkpoint file in checkpoint.dir, would write
+  // over each other.
+  namespace fs = std::filesystem;
+  auto normal = [](const std::string& p) { return fs::absolute(p).lexically_normal(); };
+  const fs::path dir = normal(o.checkpoint.dir);
   for (const auto& [key, path] : {std::pair{"logging.metrics", metrics_path(o)}, {"logging.curve", curve_path(o)}}) {
     std::error_code ec;
-    if (std::filesystem::is_directory(path, ec))
+    if (fs::is_directory(path, ec))
       throw ConfigError(detail::concat(key, ": '", path, "' is a directory; name a file"));
+    const fs::path p = normal(path);
+    if (p.parent_path() == dir && (p.extension() == ".safetensors" || p.filename() == ".lock"))
+      throw ConfigError(detail::concat(key, ": '", path, "' is a name checkpoint.dir's own files "
+                                       "use (checkpoints, the lock); name another file"));
   }
+  if (normal(metrics_path(o)) == normal(curve_path(o)))
+    throw ConfigError(detail::concat("logging.metrics and logging.curve: both are '",
+                                     metrics_path(o), "'; name two files"));
 }
 
 Trainer::Trainer(Options options, std::shared_ptr<nn::Module> model, std::shared_ptr<Task> task,
