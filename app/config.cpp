@@ -385,16 +385,6 @@ class Section {
   std::vector<std::string> known_;
 };
 
-bool exists(const std::string& path) {
-  std::error_code ec;  // an unreadable parent directory counts as "not there", not an exception
-  return std::filesystem::exists(path, ec);
-}
-
-bool regular_file(const std::string& path) {
-  std::error_code ec;
-  return std::filesystem::is_regular_file(path, ec);
-}
-
 // Merges the mapping `from` into the mapping `into`, key by key: a mapping into a mapping merges
 // further down, anything else (a scalar, a list) replaces. `leaves` collects the key path of
 // every value set, so that messages name the --set that gave each one.
@@ -1353,16 +1343,6 @@ std::vector<int64_t> Params::integers(const std::string& key) const {
 }
 
 std::string format_number(double v) { return format_double(v); }
-
-std::string metrics_path(const Config& c) {
-  if (!c.logging.metrics.empty()) return c.logging.metrics;
-  return (std::filesystem::path(c.checkpoint.dir) / "metrics.jsonl").string();
-}
-
-std::string curve_path(const Config& c) {
-  if (!c.logging.curve.empty()) return c.logging.curve;
-  return (std::filesystem::path(c.checkpoint.dir) / "curve.svg").string();
-}
 
 }  // namespace mt
 

@@ -131,8 +131,8 @@ struct CheckpointConfig {
 
 struct LoggingConfig {
   int64_t every = 25;
-  std::string metrics;  // empty = <checkpoint.dir>/metrics.jsonl; see metrics_path()
-  std::string curve;    // empty = <checkpoint.dir>/curve.svg; see curve_path()
+  std::string metrics;  // empty = <checkpoint.dir>/metrics.jsonl; see train::metrics_path()
+  std::string curve;    // empty = <checkpoint.dir>/curve.svg; see train::curve_path()
   bool operator==(const LoggingConfig&) const = default;
 };
 
@@ -174,9 +174,6 @@ std::string format_number(double v);
 // Whether `spec` names a device: auto, cpu, cuda or cuda:N.
 bool valid_device(const std::string& spec);
 
-// Where metrics and the loss curve go: the configured path, or the default inside checkpoint.dir.
-std::string metrics_path(const Config& c);
-std::string curve_path(const Config& c);
 
 }  // namespace mt
 

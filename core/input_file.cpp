@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 
 #include "core/error.h"
 
@@ -41,6 +42,16 @@ int open_regular_file(const std::string& path) {
              "wait for a writer, a device may never end): minitrain reads regular files only");
   }
   return fd;
+}
+
+bool exists(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::exists(path, ec);
+}
+
+bool regular_file(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::is_regular_file(path, ec);
 }
 
 }  // namespace mt

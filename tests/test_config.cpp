@@ -49,8 +49,8 @@ TEST(Config, DefaultsNeedNoFile) {
   EXPECT_EQ(c.precision.loss_scale, "dynamic");
   EXPECT_EQ(c.checkpoint.keep_last, 2);
   EXPECT_FALSE(c.cuda_graph);
-  EXPECT_EQ(metrics_path(c), "runs/mlp/metrics.jsonl");
-  EXPECT_EQ(curve_path(c), "runs/mlp/curve.svg");
+  EXPECT_EQ(train::metrics_path(app::options_from(c)), "runs/mlp/metrics.jsonl");
+  EXPECT_EQ(train::curve_path(app::options_from(c)), "runs/mlp/curve.svg");
 
   TempDir dir;
   EXPECT_EQ(load_config(dir.write("empty.yaml", "")), Config{});
@@ -131,8 +131,8 @@ cuda_graph: true
   EXPECT_EQ(c.eval.every, 5);
   EXPECT_EQ(c.checkpoint.dir, "out");
   EXPECT_EQ(c.logging.metrics, "m.jsonl");
-  EXPECT_EQ(metrics_path(c), "m.jsonl");
-  EXPECT_EQ(curve_path(c), "c.svg");
+  EXPECT_EQ(train::metrics_path(app::options_from(c)), "m.jsonl");
+  EXPECT_EQ(train::curve_path(app::options_from(c)), "c.svg");
   EXPECT_TRUE(c.cuda_graph);
 }
 

@@ -419,7 +419,7 @@ TEST(TrainerSchedule, StepSUpdatesWithTheScheduleAtSMinusOneAndLogsIt) {
   for (const auto& [step, lr] : applied) EXPECT_EQ(lr, schedule.lr_at(step - 1)) << "step " << step;
   EXPECT_EQ(applied.front().second, cfg.optim.lr / 4);  // the first warmup step: max / warmup
   int64_t logged = 0;
-  std::ifstream in(metrics_path(cfg));
+  std::ifstream in(train::metrics_path(app::options_from(cfg)));
   for (std::string line; std::getline(in, line);) {
     const auto r = nlohmann::json::parse(line);
     if (!r.contains("lr")) continue;

@@ -94,7 +94,9 @@ std::string curve_path(const Options& o);
 
 // Checkpoints, metrics and the curve are first written after training has run a while, so a
 // checkpoint.dir or logging path that can be neither created nor written is a ConfigError now.
-// Nothing is created: the nearest existing folder on the way must be a writable directory.
+// Nothing is created: the nearest existing folder on the way must be a writable directory. A
+// metrics or curve path that is a directory, that is the other one, or that names a file of
+// checkpoint.dir's own (a checkpoint, the lock) is a ConfigError too.
 void check_output_paths(const Options& o);
 
 // Throws ConfigError for the first value no run can use, naming its config key

@@ -1,23 +1,12 @@
 // The built-in data kinds, each read whole into a data::Dataset of features and class labels:
 // synthetic (generated, no download), mnist (IDX files) and csv. Their keys are the schema's own
 // (data.samples, noise, path, test_path, label_column, header; app/config.h).
-#include <filesystem>
-
 #include "app/registry.h"
+#include "core/input_file.h"
 #include "data/csv.h"
 
 namespace mt::app {
 namespace {
-
-bool exists(const std::string& path) {
-  std::error_code ec;  // an unreadable parent directory counts as "not there", not an exception
-  return std::filesystem::exists(path, ec);
-}
-
-bool regular_file(const std::string& path) {
-  std::error_code ec;
-  return std::filesystem::is_regular_file(path, ec);
-}
 
 std::string got(const std::string& v) { return ", got '" + v + "'"; }
 
