@@ -181,10 +181,17 @@ int mt::app::run_cli(int argc, char** argv, const std::string& version) {
   try {
     if (argc > 1 && (std::strcmp(argv[1], "eval") == 0 || std::strcmp(argv[1], "predict") == 0))
       return inference_command(argc, argv);
-    if (argc > 1 && std::strcmp(argv[1], "sample") == 0)
-      return sample_command({argv + 2, argv + argc});
-    if (argc > 1 && std::strcmp(argv[1], "tokenize") == 0)
-      return tokenize_command({argv + 2, argv + argc});
+    const bool lm_command =
+        argc > 1 && (std::strcmp(argv[1], "sample") == 0 || std::strcmp(argv[1], "tokenize") == 0);
+    if (lm_command) {
+      const std::vector<std::string> args(argv + 2, argv + argc);
+      for (size_t i = 0; i < args.size(); i += 2)  // names at even places, each with its value
+        if (args[i] == "--help" || args[i] == "-h") {
+          std::fputs(kUsage, stdout);
+          return 0;
+        }
+      return std::strcmp(argv[1], "sample") == 0 ? sample_command(args) : tokenize_command(args);
+    }
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
       auto value = [&]() -> std::string {

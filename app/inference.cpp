@@ -95,7 +95,8 @@ ModelFile read_model_file(const std::string& checkpoint) {
   // A model only the program that trained it can build: say so, and where that is written up.
   if (f.file.metadata.find("config") == f.file.metadata.end())
     throw InferenceError(f.path + ": has no 'config' in its metadata: not a model file `train` "
-                         "saved (a program's own run loads its model itself: " + kOwnInference + ")");
+                         "saved (a program's own run loads its model itself: " + kOwnInference +
+                         ")");
   if (auto own = f.file.metadata.find(kOwnModelKey); own != f.file.metadata.end())
     throw InferenceError(f.path + ": holds " + own->second + ", a model of the program that "
                          "trained it, not one its config's model section describes, so it cannot "
@@ -103,7 +104,8 @@ ModelFile read_model_file(const std::string& checkpoint) {
   for (const auto& [name, t] : f.file.tensors)  // a run never saves one: damage, as --resume says
     for (double v : t.to_vector())
       if (!std::isfinite(v))
-        throw InferenceError(detail::concat(f.path, ": parameter '", name, "' holds ", v, ": not a model to use"));
+        throw InferenceError(detail::concat(f.path, ": parameter '", name, "' holds ", v,
+                                            ": not a model to use"));
   return f;
 }
 

@@ -47,8 +47,9 @@ T number(const std::map<std::string, std::string>& o, const std::string& key, T 
   T v{};
   const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
   if (ec != std::errc() || end != s.data() + s.size())
-    throw ConfigError(key + ": expected " + (std::is_integral_v<T> ? "a whole number" : "a number") +
-                      " in range, got '" + s + "'");
+    throw ConfigError(key + ": expected " +
+                      (std::is_integral_v<T> ? "a whole number" : "a number") + " in range, got '" +
+                      s + "'");
   return v;
 }
 

@@ -200,7 +200,8 @@ TEST(DocNumbers, DropoutMaskAndLayerNormPricesAreTheCrossoverProgramsOwn) {
 // The guide and `train --help` say the same about CPU ranks under --nproc: processes joined
 // through Gloo (the guide once said threads, which only a build without Gloo uses).
 TEST(DocClaims, TheGuideSaysCpuRanksAreProcessesAsTheHelpDoes) {
-  const std::string guide = mt::test::read_text(std::filesystem::path(MT_SOURCE_DIR) / "docs/guide.md");
+  const std::string guide =
+      mt::test::read_text(std::filesystem::path(MT_SOURCE_DIR) / "docs/guide.md");
   const size_t begin = guide.find("## Several GPUs");
   ASSERT_NE(begin, std::string::npos);
   const std::string section = std::regex_replace(

@@ -57,13 +57,20 @@ TEST(SampleCli, SameSeedSameTextAndBadOptions) {
   expect_fails("sample --checkpoint " + ckpt + " --temperature 0", 2, "temperature must be a positive number, got 0");
   expect_fails("sample --checkpoint " + ckpt + " --temperature -1", 2, "temperature");
   expect_fails("sample --checkpoint " + ckpt + " --top-k 257", 2, "top_k must be in [0, 256]");
-  expect_fails("sample --checkpoint " + ckpt + " --tokens many", 2, "--tokens: expected a whole number in range, got 'many'");
+  expect_fails("sample --checkpoint " + ckpt + " --tokens many", 2,
+               "--tokens: expected a whole number in range, got 'many'");
   expect_fails("sample --checkpoint " + ckpt + " --bogus 1", 2, "unknown option '--bogus'");
   expect_fails("sample --prompt x", 2, "--checkpoint FILE|DIR is required");
+  for (const char* help : {"sample --help", "tokenize -h", "sample --prompt x --help"}) {
+    std::string usage;
+    EXPECT_EQ(test::run_train(help, &usage, false), 0) << help;
+    EXPECT_NE(usage.find("train sample --checkpoint CKPT"), std::string::npos) << help << usage;
+  }
   expect_fails("sample --checkpoint " + ckpt + " --device gpu", 2,
                "--device: expected auto, cpu, cuda or cuda:N, got 'gpu'");
   expect_fails("sample --checkpoint " + ckpt + " --seed -1", 2, "--seed: expected a whole number");
-  expect_fails("sample --checkpoint " + ckpt + " --tokens 1e3", 2, "--tokens: expected a whole number");
+  expect_fails("sample --checkpoint " + ckpt + " --tokens 1e3", 2,
+               "--tokens: expected a whole number");
   // Seeds are taken exactly: two next to each other past 2^53 (one double) draw other text.
   std::string d, e;
   ASSERT_EQ(test::run_train(base + " --seed 9007199254740992", &d, false), 0) << d;
@@ -72,12 +79,14 @@ TEST(SampleCli, SameSeedSameTextAndBadOptions) {
   // A model file holding a NaN (with its checksums intact) is damage, as eval and --resume say.
   {
     manual_seed(0);
-    nn::GPT nan_model({.n_layer = 1, .n_head = 2, .n_embd = 16, .block_size = 8, .vocab_size = 256});
+    nn::GPT nan_model(
+        {.n_layer = 1, .n_head = 2, .n_embd = 16, .block_size = 8, .vocab_size = 256});
     for (const auto& [name, p] : nan_model.named_parameters())
       if (name == "transformer.ln_f.weight") p.fill_(std::nan(""));
     const std::string nan_path = (t.path / "nan.safetensors").string();
-    nn::save(nan_model, nan_path, {{"config", "model: {kind: gpt, n_layer: 1, n_head: 2, n_embd: 16, "
-                                              "block_size: 8}\ndata: {kind: text, tokenizer: bytes}\n"}});
+    nn::save(nan_model, nan_path,
+             {{"config", "model: {kind: gpt, n_layer: 1, n_head: 2, n_embd: 16, block_size: 8}\n"
+                         "data: {kind: text, tokenizer: bytes}\n"}});
     expect_fails("sample --checkpoint " + nan_path, 2,
                  "parameter 'transformer.ln_f.weight' holds nan: not a model to use");
   }
