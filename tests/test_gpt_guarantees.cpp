@@ -281,8 +281,9 @@ TEST(GptTorch, CheckpointLoadsIntoPyTorchWithTheSameValLoss) {
   }
 }
 
-// The GPT's step as one CUDA graph replays what the eager step computes, bit for bit (dropout 0:
-// a graph would replay one step's dropout keys, and the config refuses that).
+// The GPT's step as one CUDA graph replays what the eager step computes, bit for bit (dropout 0
+// here; with dropout, each replay draws its own step's masks:
+// CudaGptTraining.AGraphedRunWithDropoutIsTheEagerRunBitForBit).
 TEST(CudaGptGraph, GraphRunEqualsTheEagerRunBitForBit) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device: CUDA tests skipped";
   for (const char* dt : {"f32", "bf16"}) {
