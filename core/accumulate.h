@@ -1,7 +1,7 @@
 #pragma once
 // The two additions autograd itself performs, outside the graph:
 //   add_into(dst, src)  dst += src in place (a leaf's .grad; src converted to dst's dtype)
-//   sum(a, b)           a new tensor a + b (a node receiving gradients from several uses)
+//   sum_of(a, b)        a new tensor a + b (a node receiving gradients from several uses)
 // On CUDA both run on the framework stream; neither records anything for autograd.
 #include "core/tensor.h"
 

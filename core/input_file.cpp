@@ -44,6 +44,25 @@ int open_regular_file(const std::string& path) {
   return fd;
 }
 
+std::string read_regular_file(const std::string& path) {
+  const int fd = open_regular_file(path);
+  std::string bytes;
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n == 0) break;
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      MT_THROW(path, ": read error: ", std::strerror(err));
+    }
+    bytes.append(buf, size_t(n));
+  }
+  ::close(fd);
+  return bytes;
+}
+
 bool exists(const std::string& path) {
   std::error_code ec;
   return std::filesystem::exists(path, ec);

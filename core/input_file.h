@@ -16,6 +16,10 @@ std::string special_file_kind(const std::string& path);
 // open. The open itself never blocks (O_NONBLOCK, cleared once the file is known to be regular).
 int open_regular_file(const std::string& path);
 
+// The whole of `path`, a regular file (opened as open_regular_file opens it), as bytes; a failed
+// read is an mt::Error naming the path.
+std::string read_regular_file(const std::string& path);
+
 // Whether `path` exists, and whether it is a regular file (links followed). A path that cannot be
 // stat'ed (an unreadable parent directory, say) counts as not there: no exception.
 bool exists(const std::string& path);

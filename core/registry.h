@@ -45,7 +45,7 @@ class OpRegistry {
  public:
   static OpRegistry& instance();
 
-  // A kernel signature: its type, and how to print it.
+  // A kernel signature: its type.
   struct Signature {
     const std::type_info* type = nullptr;  // null: the op has no kernel for this phase
     bool defined() const { return type != nullptr; }

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <numbers>
 
+#include "core/error.h"
+
 namespace mt {
 
 static uint64_t splitmix64(uint64_t& x) {
@@ -39,6 +41,7 @@ double Generator::normal() {
 }
 
 uint64_t Generator::below(uint64_t n) {
+  MT_CHECK(n > 0, "Generator::below: the range [0, n) is empty (n = 0)");
   // Rejection sampling: drop the top partial block of the 64-bit range so every value is
   // equally likely.
   const uint64_t limit = UINT64_MAX - UINT64_MAX % n;

@@ -185,7 +185,6 @@ StFile read_file(const std::string& path, bool with_data) {
   FILE* f = file.get();
   struct stat st {};
   MT_CHECK(::fstat(::fileno(f), &st) == 0, path, ": cannot stat: ", os_error());
-  MT_CHECK(S_ISREG(st.st_mode), path, ": not a regular file");
   const uint64_t file_size = uint64_t(st.st_size);
 
   MT_CHECK(file_size >= 8, path, ": truncated: ", file_size,
@@ -346,7 +345,7 @@ std::map<std::string, std::string> seal_metadata(std::map<std::string, std::stri
                                                  const std::vector<StEntry>& entries) {
   for (const auto& [key, _] : metadata)
     MT_CHECK(!is_checksum_key(key), "safetensors: metadata key '", key, "' is reserved (the '",
-             kChecksumPrefix, "' keys hold the file's checksums)");
+             kChecksumPrefix, "' keys and '", kChecksumRule, "' hold the file's checksums)");
   for (const StEntry& e : entries) metadata[kChecksumPrefix + e.name] = tensor_crc(e);
   metadata[kChecksumRule] = kChecksumRuleVersion;
   metadata[kMetadataCrc] = metadata_crc(metadata);

@@ -66,7 +66,8 @@ inline constexpr const char* kChecksumRule = "checksum_rule";
 inline constexpr const char* kChecksumRuleVersion = "2";
 
 // `metadata` plus the checksums of `entries` and then of the metadata itself: what to write the
-// entries with. `metadata` must not already use the prefix (mt::Error naming the key).
+// entries with. `metadata` must not already use the prefix or kChecksumRule (mt::Error naming
+// the key).
 std::map<std::string, std::string> seal_metadata(std::map<std::string, std::string> metadata,
                                                  const std::vector<StEntry>& entries);
 

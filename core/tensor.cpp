@@ -88,6 +88,7 @@ void store_from_double(void* base, DType t, int64_t i, double v) {
   }
 }
 
+
 // ---- Tensor basics ------------------------------------------------------------------------
 
 TensorImpl& Tensor::impl() const {
@@ -226,6 +227,13 @@ Tensor Tensor::view(const Shape& new_shape) const {
 }
 
 Tensor Tensor::reshape(const Shape& shape) const { return contiguous().view(shape); }
+
+void Tensor::set_grad(const Tensor& g) {
+  MT_CHECK(!g.defined() || (g.shape() == shape() && g.device() == device()), "set_grad: a gradient ",
+           "of shape ", shape_str(g.shape()), " on ", g.device().str(), " for a tensor of shape ",
+           shape_str(shape()), " on ", device().str());
+  impl().grad = g.impl_;
+}
 
 Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
   int64_t n = dim();

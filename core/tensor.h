@@ -102,7 +102,9 @@ class Tensor {
   Tensor& set_requires_grad(bool r = true);
   bool is_leaf() const { return impl().grad_fn == nullptr; }
   Tensor grad() const { return Tensor(impl().grad); }
-  void set_grad(const Tensor& g) { impl().grad = g.impl_; }
+  // g must have this tensor's shape and device (or be undefined: no gradient); the optimizers
+  // read .grad element by element against the parameter.
+  void set_grad(const Tensor& g);
   // Set to none (frees it; the default, as in PyTorch) or fill with zeros.
   void zero_grad(bool set_to_none = true);
   const std::shared_ptr<Node>& grad_fn() const { return impl().grad_fn; }

@@ -1,6 +1,7 @@
 // Views along any dimension: narrow, permute, split and chunk (declared in core/tensor.h), what
-// wiring attention heads needs. A GPT splits its [B, T, 3C] projection into q, k, v as
-// [B, H, T, d] and merges the heads back:
+// wiring attention heads by hand needs (minitrain's GPT does it in two kernels instead,
+// ops/heads and attention_packed). A model could split its [B, T, 3C] projection into q, k, v
+// as [B, H, T, d] and merge the heads back:
 //
 //   q, k, v = qkv.view({B, T, 3, H, d}).permute({2, 0, 3, 1, 4}).contiguous().chunk(3, 0)
 //             (each [1, B, H, T, d]: .view({B, H, T, d}))
@@ -162,8 +163,10 @@ std::vector<Tensor> Tensor::split(const std::vector<int64_t>& sizes, int64_t dim
   const int64_t d = wrap_dim("split", dim, *this);
   MT_CHECK(!sizes.empty(), "split: no sizes given for dim ", dim, " of shape ", shape_str(shape()));
   int64_t total = 0;
-  for (int64_t n : sizes) {
-    MT_CHECK(n >= 0, "split: negative size ", n, " in ", shape_str(sizes));
+  for (int64_t n : sizes) MT_CHECK(n >= 0, "split: negative size ", n, " in ", shape_str(sizes));
+  for (int64_t n : sizes) {  // checked before adding: huge sizes must not wrap around
+    MT_CHECK(n <= size(d) - total, "split: sizes ", shape_str(sizes), " add up to more than dim ",
+             dim, " of shape ", shape_str(shape()), " has (", size(d), ")");
     total += n;
   }
   MT_CHECK(total == size(d), "split: sizes ", shape_str(sizes), " add up to ", total, " but dim ",

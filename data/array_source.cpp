@@ -107,6 +107,7 @@ std::map<std::string, std::string> ArraySource::metadata() const {
 
 void for_each_batch(const Dataset& set, const std::vector<int64_t>& rows, int64_t batch_size,
                     Device device, const std::function<void(const Batch&)>& visit) {
+  MT_CHECK(batch_size > 0, "for_each_batch: batch_size must be positive, got ", batch_size);
   for (size_t begin = 0; begin < rows.size(); begin += size_t(batch_size)) {
     const std::vector<int64_t> part(
         rows.begin() + long(begin), rows.begin() + long(std::min(rows.size(), begin + size_t(batch_size))));

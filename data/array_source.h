@@ -45,9 +45,6 @@ class ArraySource : public Source {
                          const std::function<void(const Batch&)>& visit) const override;
   std::map<std::string, std::string> metadata() const override;
 
-  const Dataset& train() const { return train_; }
-  const Split& split() const { return split_; }
-
  private:
   Dataset train_, test_;
   ArrayOptions options_;

@@ -7,11 +7,11 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <queue>
 #include <sstream>
 
 #include "core/error.h"
+#include "core/input_file.h"
 #include "data/unicode_tables.h"
 
 namespace mt {
@@ -177,12 +177,11 @@ const std::array<char32_t, 256> kByteChar = [] {
 }();
 
 std::string read_file(const std::string& path, const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  MT_CHECK(in, path, ": cannot open GPT-2's ", what, ": ", std::strerror(errno));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  MT_CHECK(!in.bad(), path, ": read error");
-  return ss.str();
+  try {
+    return read_regular_file(path);  // a FIFO must not hang the tokenizer's construction
+  } catch (const Error& e) {
+    MT_THROW(path, ": cannot open GPT-2's ", what, " (", e.what(), ")");
+  }
 }
 
 // A token as the vocabulary spells it (byte alphabet) -> its bytes; throws naming the token.

@@ -230,6 +230,8 @@ Dataset take_rows(const Dataset& set, const std::vector<int64_t>& rows) {
 }
 
 Split split_indices(int64_t size, double val_fraction, uint64_t seed) {
+  MT_CHECK(size >= 0 && val_fraction >= 0 && val_fraction <= 1, "split_indices: val_fraction must "
+           "be in [0, 1] and size non-negative, got ", val_fraction, " of ", size);
   std::vector<int64_t> all(static_cast<size_t>(size));
   for (int64_t i = 0; i < size; ++i) all[size_t(i)] = i;
   Generator g(seed ^ 0x5eedu);

@@ -90,17 +90,20 @@ IdxArray read_idx(const std::string& path,
   MT_CHECK(ndims >= 1, path, ": byte offset 3: the magic says the array has no dimensions");
 
   IdxArray out;
-  uint64_t numel = 1;
+  uint64_t numel = 1, nonzero = 1;  // nonzero: the product of the dimensions other than 0
   for (int i = 0; i < ndims; ++i) {
     const uint64_t at = in.offset();
     uint8_t b[4];
     MT_CHECK(in.read(b, 4) == 4, path, ": truncated at byte offset ", in.offset(), in.offset_note(),
              ": the file ends inside dimension ", i + 1, " of ", ndims);
     const uint32_t d = be32(b);
-    MT_CHECK(d == 0 || numel <= uint64_t(std::numeric_limits<int64_t>::max()) / d, path,
+    // Checked on the non-zero dimensions: after a 0 the count stays 0, but the sizes are still
+    // multiplied later (a row's features, say), so they must not overflow either.
+    MT_CHECK(d == 0 || nonzero <= uint64_t(std::numeric_limits<int64_t>::max()) / d, path,
              ": byte offset ", at, ": dimension ", i + 1, " (", d,
              ") makes the element count overflow 64 bits");
     numel *= d;
+    if (d != 0) nonzero *= d;
     out.shape.push_back(d);
   }
   MT_CHECK(numel <= kMaxIdxBytes, path, ": shape ", shape_str(out.shape), " is ", numel,

@@ -1,5 +1,7 @@
 #include "data/token_shards.h"
 
+#include <unistd.h>
+
 #include <bit>
 #include <cerrno>
 #include <cstdio>
@@ -9,6 +11,7 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/input_file.h"
 
 namespace mt {
 namespace {
@@ -29,8 +32,14 @@ struct Shard {
 
 // Opens the shard and checks its header against its size; the file is left at the first token.
 Shard open_shard(const std::string& path) {
-  errno = 0;
-  File f(std::fopen(path.c_str(), "rb"));
+  int fd = -1;
+  try {
+    fd = open_regular_file(path);  // a FIFO named like a shard must not hang the run
+  } catch (const Error& e) {
+    MT_THROW(path, ": cannot open the token shard (", e.what(), ")");
+  }
+  File f(::fdopen(fd, "rb"));
+  if (!f) ::close(fd);
   MT_CHECK(f, path, ": cannot open the token shard: ", std::strerror(errno));
   MT_CHECK(std::fseek(f.get(), 0, SEEK_END) == 0, path, ": cannot seek: ", std::strerror(errno));
   const long size = std::ftell(f.get());

@@ -73,6 +73,7 @@ int64_t TokenSource::held_out_size(HeldOut which) const {
 
 void TokenSource::for_each_held_out(HeldOut which, int64_t batch_size, Device device,
                                     const std::function<void(const Batch&)>& visit) const {
+  MT_CHECK(batch_size > 0, "TokenSource: batch_size must be positive, got ", batch_size);
   const int64_t n = held_out_size(which);
   if (n == 0) return;
   const std::vector<int64_t> starts = val_->evenly_spaced(n);

@@ -51,7 +51,6 @@ class TokenSource : public Source {
                          const std::function<void(const Batch&)>& visit) const override;
   std::map<std::string, std::string> metadata() const override;
 
-  const TokenStream& stream() const { return stream_; }
   // tokens / bytes of the text (0 when unknown): the bits-per-byte factor.
   double tokens_per_byte() const;
   // The step of the last step_batches call (-1 before the first): the language-modelling task

@@ -1,7 +1,5 @@
 #include "data/token_windows.h"
 
-#include <unistd.h>
-
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -15,20 +13,7 @@ namespace mt::data {
 
 TokenStream tokenize_text_file(const std::string& path, const Tokenizer& tokenizer) {
   // A regular file only: a directory would read as no text, a FIFO wait for a writer.
-  const int fd = open_regular_file(path);
-  std::string text;
-  char buf[1 << 16];
-  ssize_t n;
-  while ((n = ::read(fd, buf, sizeof buf)) != 0) {
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int err = errno;
-      ::close(fd);
-      MT_THROW(path, ": read error (", std::strerror(err), ")");
-    }
-    text.append(buf, size_t(n));
-  }
-  ::close(fd);
+  const std::string text = read_regular_file(path);
   TokenStream s;
   s.vocab_size = tokenizer.vocab_size();
   s.text_bytes = int64_t(text.size());

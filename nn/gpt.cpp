@@ -182,7 +182,7 @@ void GPT::set_compute_dtype(DType dtype) {
   Module::set_compute_dtype(dtype);  // the Linears' copies
   NoGradGuard no_grad;              // and the head's: wte's weight in the compute dtype
   Tensor& w = transformer->wte->weight;
-  w.set_compute_copy(dtype == DType::f32 || dtype == DType::f64 ? Tensor() : w.to(dtype));
+  w.set_compute_copy(dtype == DType::f32 ? Tensor() : w.to(dtype));
 }
 
 int64_t GPT::num_parameters(bool non_embedding) const {

@@ -16,7 +16,7 @@
 // an mt::Error naming the file and the tensor, never a silently different model.
 //
 // Metadata is string -> string, for the caller (training checkpoints keep their config there);
-// the keys starting "crc32." are the checksums' and are reserved.
+// the keys starting "crc32." and the key "checksum_rule" are the checksums' and are reserved.
 #include <map>
 #include <string>
 

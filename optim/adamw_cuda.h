@@ -6,8 +6,9 @@
 // small tensors of a model. All state is fp32: param (the master weight), m, v; the grad is the
 // fp32 .grad. Everything that changes from step to step is read through device pointers: the
 // learning rate and bias corrections (written by the host before the step with write_floats, one
-// launch), the gradient scale that carries clipping and 1/loss_scale, the skip flag. So a step
-// never waits for the host, and a CUDA graph that recorded it once replays any later step.
+// launch) and the gradient scale that carries clipping (the loss scaler unscales .grad itself,
+// before). So a step never waits for the host, and a CUDA graph that recorded it once replays
+// any later step.
 #include <cstdint>
 
 #include <cuda_runtime.h>

@@ -2,6 +2,7 @@
 // encoder gives (the expected ids below are its output), round trips, the pre-tokenizer's pieces,
 // the merge order on a small vocabulary, and a clear mt::Error for bad text and bad files.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <nlohmann/json.hpp>
 
@@ -341,6 +342,12 @@ TEST(Gpt2Tokenizer, RefusesAVocabularyThatDoesNotParse) {
   expect_error(load(good, "#version: 0.2\na b\na b\n"), {"line 3: \"ab\" is made twice"});
   expect_error([&] { Gpt2Tokenizer(SmallFiles(good, kGoodMerges).encoder, "/nonexistent/vocab.bpe"); },
                {"/nonexistent/vocab.bpe: cannot open GPT-2's merges"});
+  // A FIFO for a vocabulary file is refused at once (reading it would wait for a writer).
+  TempDir fifo_dir;
+  const std::string fifo = fifo_dir / "encoder.json";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  expect_error([&] { Gpt2Tokenizer(fifo, "/nonexistent/vocab.bpe"); },
+               {"encoder.json: cannot open GPT-2's vocabulary", "FIFO"});
 }
 
 // ---- the byte tokenizer, and choosing one by name ----

@@ -485,6 +485,9 @@ TEST(Idx, MalformedFilesNameTheOffset) {
        "unexpected data at byte offset 11: shape 3 accounts for 3 bytes of data"},
       {idx_bytes(0x804, {0xffffffff, 0xffffffff, 0xffffffff, 1}, 0),
        "byte offset 8: dimension 2 (4294967295) makes the element count overflow 64 bits"},
+      // After a 0 the count stays 0, but a sample's size (the later dimensions) must not overflow.
+      {idx_bytes(0x803, {0, 0xffffffff, 0xffffffff}, 0),
+       "byte offset 12: dimension 3 (4294967295) makes the element count overflow 64 bits"},
       {idx_bytes(0x803, {60000, 28, 28}, 10),
        "truncated at byte offset 26: shape 60000x28x28 needs 47040000 bytes of data but the "
        "file has 10"},

@@ -7,6 +7,8 @@
 #include "core/arena.h"
 #include "core/rng.h"
 #include "core/tensor.h"
+#include "data/array_source.h"
+#include "data/data.h"
 #include "tests/expect_error.h"
 
 using namespace mt;
@@ -220,4 +222,22 @@ TEST(Arena, BestFitReusesFreedBytesAndMergesNeighbours) {
   EXPECT_EQ(*a.allocate(4096), 0u);
   EXPECT_FALSE(a.allocate(1).has_value());  // full: the caller falls back
   EXPECT_THROW(a.free(17), Error);          // never handed out
+}
+
+// Small public functions given what they cannot use: a clear error, where each once read out of
+// bounds (a .grad of another shape, read element by element by the optimizers), divided by zero
+// (a draw below 0), built iterators past the end (a validation share above 1) or looped forever
+// (batches of 0 rows).
+TEST(SmallApis, BadArgumentsAreClearErrors) {
+  Tensor p = zeros({4, 3});
+  expect_error([&] { p.set_grad(zeros({3})); }, {"set_grad: a gradient of shape [3]", "[4, 3]"});
+  p.set_grad(ones({4, 3}));
+  p.set_grad(Tensor());  // no gradient: always fine
+  EXPECT_FALSE(p.grad().defined());
+  Generator g(1);
+  expect_error([&] { g.below(0); }, {"below", "n = 0"});
+  expect_error([&] { data::split_indices(10, 1.5, 0); }, {"val_fraction must be in [0, 1]"});
+  const data::Dataset set = data::make_synthetic(20, 4, 3, 0.1, 0);
+  expect_error([&] { data::for_each_batch(set, {0, 1, 2}, 0, kCPU, [](const data::Batch&) {}); },
+               {"batch_size must be positive, got 0"});
 }

@@ -1,6 +1,7 @@
 // llm.c's token shards (data/token_shards.h): round trips, the exact bytes on disk, and a clear
 // mt::Error naming the file and the field for every header that lies and every cut-off file.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cstring>
 #include <filesystem>
@@ -117,6 +118,10 @@ TEST(TokenShards, RefusesATruncatedFile) {
   expect_error([&] { read_token_shard(path); }, {path, "has 0 bytes"});
   expect_error([&] { read_token_shard(dir / "missing.bin"); },
                {"missing.bin: cannot open the token shard"});
+  // A FIFO named like a shard is refused at once (reading it would wait for a writer).
+  const std::string fifo = dir / "fifo.bin";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  expect_error([&] { read_token_shard(fifo); }, {"fifo.bin: cannot open the token shard", "FIFO"});
 }
 
 // Random damage to a shard's first bytes and its length: every result is a clear mt::Error or

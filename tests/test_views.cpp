@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 #include "core/autograd.h"
 #include "ops/elementwise/elementwise.h"
@@ -217,6 +218,8 @@ TEST(Views, BadArgumentsAreClearErrors) {
   expect_error([&] { x.permute({0, 1, 3}); }, {"permute", "dim 3 out of range"});
   expect_error([&] { x.split({1, 1}, 1); }, {"split", "add up to 2", "has 3"});
   expect_error([&] { x.split({4, -1}, 1); }, {"split", "negative size -1"});
+  const int64_t huge = std::numeric_limits<int64_t>::max();  // sizes whose sum wraps around to 3
+  expect_error([&] { x.split({huge, huge, 5}, 1); }, {"split", "add up to more than dim 1"});
   expect_error([&] { x.chunk(3, 2); }, {"chunk", "3 chunks do not divide dim 2", "[2, 3, 4]"});
 }
 
