@@ -174,7 +174,6 @@ std::string format_number(double v);
 // Whether `spec` names a device: auto, cpu, cuda or cuda:N.
 bool valid_device(const std::string& spec);
 
-
 }  // namespace mt
 
 namespace mt::app {

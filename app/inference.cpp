@@ -112,7 +112,7 @@ ModelFile read_model_file(const std::string& checkpoint) {
 SavedModel load_saved_model(const std::string& checkpoint, const std::vector<std::string>& overrides) {
   check_overrides(overrides);
   SavedModel m;
-  ModelFile mf = read_model_file(checkpoint);
+  const ModelFile mf = read_model_file(checkpoint);
   m.path = mf.path;
   const nn::TensorFile& file = mf.file;
   const auto config = file.metadata.find("config");

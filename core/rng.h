@@ -4,7 +4,8 @@
 // words. No checkpoint saves it: what a resumed run draws (shuffles, token windows) comes from a
 // generator seeded afresh from the run's seed and the epoch or step.
 //
-// Uniform doubles take the top 53 bits; normals use Box-Muller on two uniforms. The sequence is part of the project's contract: tests and seeds depend on it.
+// Uniform doubles take the top 53 bits; normals use Box-Muller on two uniforms. The sequence is
+// part of the project's contract: tests and seeds depend on it.
 #include <array>
 #include <cstdint>
 

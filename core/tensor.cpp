@@ -88,7 +88,6 @@ void store_from_double(void* base, DType t, int64_t i, double v) {
   }
 }
 
-
 // ---- Tensor basics ------------------------------------------------------------------------
 
 TensorImpl& Tensor::impl() const {

@@ -6,11 +6,11 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <string_view>
 
 #include "core/error.h"
+#include "core/input_file.h"
 
 namespace mt {
 namespace {
@@ -39,17 +39,22 @@ bool blank(std::string_view line) {
   return line.find_first_not_of(" \t") == std::string_view::npos;
 }
 
+// The file, open for reading: a regular file only (a device or pipe may never end).
+std::ifstream open_csv(const std::string& path) {
+  MT_CHECK(regular_file(path) || !exists(path), path,
+           ": not a regular file; a device or pipe may never end, so it is not read");
+  std::ifstream in(path, std::ios::binary);
+  MT_CHECK(in, path, ": cannot open: ", std::strerror(errno));
+  return in;
+}
+
 }  // namespace
 
 CsvData read_csv(const std::string& path, int64_t label_column, bool header) {
   MT_CHECK(label_column >= kNoLabelColumn, path, ": label_column must be -1 (the last column) or ",
            "a column index from 0, got ", label_column);
   const bool labelled = label_column != kNoLabelColumn;
-  std::error_code ec;
-  MT_CHECK(std::filesystem::is_regular_file(path, ec) || !std::filesystem::exists(path, ec), path,
-           ": not a regular file; a device or pipe may never end, so it is not read");
-  std::ifstream in(path, std::ios::binary);
-  MT_CHECK(in, path, ": cannot open: ", std::strerror(errno));
+  std::ifstream in = open_csv(path);
 
   CsvData out;
   std::string line;
@@ -120,11 +125,7 @@ CsvData read_csv(const std::string& path, int64_t label_column, bool header) {
 
 bool csv_header(const std::string& setting, const std::string& path) {
   if (setting != "auto") return setting == "true";
-  std::error_code ec;
-  MT_CHECK(std::filesystem::is_regular_file(path, ec) || !std::filesystem::exists(path, ec), path,
-           ": not a regular file; a device or pipe may never end, so it is not read");
-  std::ifstream in(path, std::ios::binary);
-  MT_CHECK(in, path, ": cannot open: ", std::strerror(errno));
+  std::ifstream in = open_csv(path);
   std::string line;
   std::vector<Cell> cells;
   for (int64_t lineno = 1; std::getline(in, line); ++lineno) {

@@ -104,7 +104,8 @@ void check_output_paths(const Options& o) {
   namespace fs = std::filesystem;
   auto normal = [](const std::string& p) { return fs::absolute(p).lexically_normal(); };
   const fs::path dir = normal(o.checkpoint.dir);
-  for (const auto& [key, path] : {std::pair{"logging.metrics", metrics_path(o)}, {"logging.curve", curve_path(o)}}) {
+  const std::string metrics = metrics_path(o), curve = curve_path(o);
+  for (const auto& [key, path] : {std::pair{"logging.metrics", metrics}, {"logging.curve", curve}}) {
     std::error_code ec;
     if (fs::is_directory(path, ec))
       throw ConfigError(detail::concat(key, ": '", path, "' is a directory; name a file"));
@@ -113,9 +114,9 @@ void check_output_paths(const Options& o) {
       throw ConfigError(detail::concat(key, ": '", path, "' is a name checkpoint.dir's own files "
                                        "use (checkpoints, the lock); name another file"));
   }
-  if (normal(metrics_path(o)) == normal(curve_path(o)))
-    throw ConfigError(detail::concat("logging.metrics and logging.curve: both are '",
-                                     metrics_path(o), "'; name two files"));
+  if (normal(metrics) == normal(curve))
+    throw ConfigError(detail::concat("logging.metrics and logging.curve: both are '", metrics,
+                                     "'; name two files"));
 }
 
 Trainer::Trainer(Options options, std::shared_ptr<nn::Module> model, std::shared_ptr<Task> task,

@@ -1,11 +1,10 @@
 // Elementwise CUDA kernels: add, mul, scale (maps, core/cuda/map.cuh), relu, sum_to_f32 and
 // count_nonfinite.
 //
-// Grids. Every kernel is grid-stride with 256 threads a block. The maps launch four waves of the
-// blocks that fit on the GPU (map.cuh); sum_to_f32 and count_nonfinite at most 2048 blocks, each
-// thread moving one 16-byte pack (8 bf16/f16, 4 f32, 2 f64) per step when every pointer is
-// 16-byte aligned, else one element, the last n % pack elements a scalar tail; relu at most 4096
-// blocks, one element a step.
+// Grids. Every kernel is grid-stride with 256 threads a block: the maps four waves of the blocks
+// that fit on the GPU (map.cuh), sum_to_f32 and count_nonfinite at most 2048 blocks, relu at most
+// 4096. All but relu move 16-byte packs (8 bf16/f16, 4 f32, 2 f64) when every pointer is 16-byte
+// aligned, else one element, the last n % pack elements a scalar tail; relu one element a step.
 //
 // Precision. bf16/f16 values are widened to fp32, combined, and rounded once on store; f64 stays
 // f64. add/mul/scale store ('='); sum_to_f32 stores or adds one fp32 total into *out.
