@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "core/rng.h"
 #include "data/token_shards.h"
@@ -19,13 +20,15 @@ using namespace mt;
 
 namespace {
 
-// A small GPT saved as `train` saves a model file: its weights and its config (by default a
-// byte-level model of text).
+// A small GPT saved as `train` saves a model file: its weights (after `edit`, when given) and its
+// config (by default a byte-level model of text).
 std::string save_tiny_gpt(const std::filesystem::path& dir, int64_t vocab = 256,
                           const std::string& data = "{kind: text, tokenizer: bytes}",
-                          const std::string& name = "gpt") {
+                          const std::string& name = "gpt",
+                          const std::function<void(nn::GPT&)>& edit = {}) {
   manual_seed(0);
   nn::GPT model({.n_layer = 1, .n_head = 2, .n_embd = 16, .block_size = 8, .vocab_size = vocab});
+  if (edit) edit(model);
   const std::string path = (dir / (name + ".safetensors")).string();
   nn::save(model, path,
            {{"config", "model: {kind: gpt, n_layer: 1, n_head: 2, n_embd: 16, block_size: 8, "
@@ -77,19 +80,13 @@ TEST(SampleCli, SameSeedSameTextAndBadOptions) {
   ASSERT_EQ(test::run_train(base + " --seed 9007199254740993", &e, false), 0) << e;
   EXPECT_NE(d, e);
   // A model file holding a NaN (with its checksums intact) is damage, as eval and --resume say.
-  {
-    manual_seed(0);
-    nn::GPT nan_model(
-        {.n_layer = 1, .n_head = 2, .n_embd = 16, .block_size = 8, .vocab_size = 256});
-    for (const auto& [name, p] : nan_model.named_parameters())
-      if (name == "transformer.ln_f.weight") p.fill_(std::nan(""));
-    const std::string nan_path = (t.path / "nan.safetensors").string();
-    nn::save(nan_model, nan_path,
-             {{"config", "model: {kind: gpt, n_layer: 1, n_head: 2, n_embd: 16, block_size: 8}\n"
-                         "data: {kind: text, tokenizer: bytes}\n"}});
-    expect_fails("sample --checkpoint " + nan_path, 2,
-                 "parameter 'transformer.ln_f.weight' holds nan: not a model to use");
-  }
+  const std::string nan_path =
+      save_tiny_gpt(t.path, 256, "{kind: text, tokenizer: bytes}", "nan", [](nn::GPT& m) {
+        for (const auto& [name, p] : m.named_parameters())
+          if (name == "transformer.ln_f.weight") p.fill_(std::nan(""));
+      });
+  expect_fails("sample --checkpoint " + nan_path, 2,
+               "parameter 'transformer.ln_f.weight' holds nan: not a model to use");
   expect_fails("sample --checkpoint " + (t.path / "missing.safetensors").string(), 2, "missing.safetensors");
 }
 
