@@ -1261,13 +1261,18 @@ __global__ void __launch_bounds__(128 * wg_bwd_groups<D>())
     const float* Dr = sD + buf * BR;
 
     // Sᵀ and dPᵀ (this warp's 16 keys × BR queries) as two groups: P's exponentials run while
-    // dPᵀ's product does. The next tile's L and D load under both, before the exponentials (the
-    // stores to shared memory cannot pass the wait).
+    // dPᵀ's product does. The next tile's L and D are read into registers under both and stored
+    // to shared memory after dS (a store could not pass the wait, and would hold the thread on
+    // its global read before the exponentials).
     float s[1][BR / 8][4], dp[1][BR / 8][4];
     wg_fence();
     wg_product_nt<T, BR, D, kBK>(s[0], sK + wg * kWgRows * 64, Q);
     wg_product_nt<T, BR, D, kBK>(dp[0], sV + wg * kWgRows * 64, dO);
-    if (next) load_l_d(qi + 1, buf ^ 1);
+    static_assert(BR <= kBlock, "a row a thread at most");
+    const int i_next = (qi + 1) * BR + int(threadIdx.x);
+    const bool loads = next && threadIdx.x < BR && i_next < T_len;
+    const float l_next = loads ? lse_h[i_next] * kLog2e : 0.0f;
+    const float d_next = loads ? D_h[i_next] : 0.0f;
     const bool edge = i0 < kw0 + kWgRows || i0 + BR > T_len;  // the mask or T cut this tile
     wg_wait_one();  // Sᵀ
     wg_hold(s[0]);
@@ -1275,6 +1280,10 @@ __global__ void __launch_bounds__(128 * wg_bwd_groups<D>())
     wg_wait_all();  // dPᵀ
     wg_hold(dp[0]);
     key_tile_ds<BR>(s, dp, Dr, t);
+    if (next && threadIdx.x < BR) {  // tile qi − 1's L and D were read before this iteration
+      sL[(buf ^ 1) * BR + threadIdx.x] = l_next;
+      sD[(buf ^ 1) * BR + threadIdx.x] = d_next;
+    }
     uint32_t pa[1][BR / 16][4], dsa[1][BR / 16][4];
     to_a<1, BR, T>(s, pa);
     to_a<1, BR, T>(dp, dsa);
