@@ -385,7 +385,7 @@ bool bench_adamw(cudaStream_t s) {
     grads.push_back(g + o);
   }
   auto step = [&] {
-    mt::cuda::adamw_step(tensors.data(), int(tensors.size()), b1, b2, eps, scale, nullptr,
+    mt::cuda::adamw_step(tensors.data(), int(tensors.size()), b1, b2, eps, scale,
                          mt::DType::bf16, s);
   };
 

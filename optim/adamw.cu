@@ -98,9 +98,8 @@ __device__ __forceinline__ void adamw_update(float& p, float g, float& m, float&
 
 template <class Low>
 __global__ void __launch_bounds__(kThreads)
-    adamw_kernel(const __grid_constant__ AdamWBatch batch, const Betas betas, const float* grad_scale,
-                 const int* skip_step) {
-  if (skip_step != nullptr && *skip_step != 0) return;
+    adamw_kernel(const __grid_constant__ AdamWBatch batch, const Betas betas,
+                 const float* grad_scale) {
   const int ti = find_tensor(batch.first_block, batch.num, blockIdx.x);
   const AdamWTensor& t = batch.t[ti];
   const Hyper h{t.hyper[0], betas.b1, betas.b2, betas.eps, t.hyper[1], t.hyper[2]};
@@ -197,8 +196,8 @@ int add_blocks(int blocks, int64_t n, const char* op) {
 
 template <class Low>
 void launch_adamw(const AdamWBatch& batch, int blocks, const Betas& betas, const float* grad_scale,
-                  const int* skip_step, cudaStream_t s) {
-  adamw_kernel<Low><<<unsigned(blocks), kThreads, 0, s>>>(batch, betas, grad_scale, skip_step);
+                  cudaStream_t s) {
+  adamw_kernel<Low><<<unsigned(blocks), kThreads, 0, s>>>(batch, betas, grad_scale);
   MT_CUDA_CHECK_LAUNCH();
 }
 
@@ -209,7 +208,7 @@ __global__ void write_floats_kernel(float* dst, const __grid_constant__ Floats s
 }  // namespace
 
 void adamw_step(const AdamWTensor* tensors_host, int num_tensors, float b1, float b2, float eps,
-                const float* grad_scale, const int* skip_step, DType lowp_dt, cudaStream_t s) {
+                const float* grad_scale, DType lowp_dt, cudaStream_t s) {
   bool any_lowp = false;
   for (int i = 0; i < num_tensors; ++i) any_lowp |= tensors_host[i].lowp != nullptr;
   MT_CHECK(!any_lowp || lowp_dt == DType::bf16 || lowp_dt == DType::f16,
@@ -220,8 +219,8 @@ void adamw_step(const AdamWTensor* tensors_host, int num_tensors, float b1, floa
   int blocks = 0;
   auto flush = [&] {
     if (batch.num == 0) return;
-    if (lowp_dt == DType::f16) launch_adamw<__half>(batch, blocks, betas, grad_scale, skip_step, s);
-    else launch_adamw<__nv_bfloat16>(batch, blocks, betas, grad_scale, skip_step, s);
+    if (lowp_dt == DType::f16) launch_adamw<__half>(batch, blocks, betas, grad_scale, s);
+    else launch_adamw<__nv_bfloat16>(batch, blocks, betas, grad_scale, s);
     batch.num = 0;
     blocks = 0;
   };
@@ -325,7 +324,7 @@ void adamw_step_cuda(const std::vector<AdamWParam>& params, double b1, double b2
     }
     for (const auto& [lowp_dt, tensors] : by_dtype)
       cuda::adamw_step(tensors.data(), int(tensors.size()), float(b1), float(b2), float(eps), scale,
-                       /*skip_step=*/nullptr, lowp_dt, cuda::stream(device));
+                       lowp_dt, cuda::stream(device));
   }
 }
 

@@ -35,12 +35,11 @@ struct AdamWTensor {
 //   p = p - lr * (m / bc1) / (sqrt(v / bc2) + eps)
 //   lowp = p rounded to lowp_dt (bf16 or f16), where lowp is given
 // lr, bc1 = 1 - b1^step and bc2 = 1 - b2^step are read from each tensor's `hyper` (computed on the
-// host in double, rounded once). If skip_step (device int, nullable) is nonzero the step does
-// nothing (an f16 loss-scale overflow). tensors_host is a host array; tensors with
-// grad == nullptr must not be in it. Tensors with and without lowp share the launch: lowp_dt is
-// the dtype of every lowp given (f32 when none is).
+// host in double, rounded once). tensors_host is a host array; tensors with grad == nullptr must
+// not be in it. Tensors with and without lowp share the launch: lowp_dt is the dtype of every
+// lowp given (f32 when none is).
 void adamw_step(const AdamWTensor* tensors_host, int num_tensors, float b1, float b2, float eps,
-                const float* grad_scale, const int* skip_step, DType lowp_dt, cudaStream_t s);
+                const float* grad_scale, DType lowp_dt, cudaStream_t s);
 
 // dst[0, n) ('=') = src_host[0, n): the values travel as kernel parameters (up to 4096 floats a
 // launch), so the host buffer is free when this returns, nothing waits, and, recorded outside a
