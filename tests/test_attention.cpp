@@ -24,6 +24,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -1046,7 +1047,9 @@ TEST(AttentionCuda, ManyItemsABlockMatchTheReferenceAndReplay) {
 // on an H200 a mutant that shared it passed, at this size and at 96 heads × T = 2000 (0.15 ms a
 // launch). A grid fills every SM, so the second's blocks start only as the first's leave their
 // SMs, and a block leaves after its producer has counted past the end: by then the counter has
-// most likely been zeroed already.
+// most likely been zeroed already. (Two grids of half the SMs each, at once, let that mutant pass
+// too: with as many items as blocks the counts can end anywhere and O is still whole.) The next
+// test shows it without a race.
 TEST(AttentionCuda, TheForwardsCounterIsZeroAgainAfterEachLaunchAndPerStreamElsewhere) {
   MT_REQUIRE_CUDA();
   if (!cuda::attention_uses_wgmma(DType::bf16, 64))
@@ -1122,5 +1125,49 @@ TEST(AttentionCuda, TheForwardsCounterIsZeroAgainAfterEachLaunchAndPerStreamElse
   }
   cuda::synchronize(0);
   EXPECT_EQ(o2.to_vector(), want) << "the framework's stream, after the replays";
+}
+
+// A launch on another stream never touches the framework stream's counters. They are set to
+// where a framework-stream launch in flight would have them (the item counter at 400, no block
+// done); a launch on the test's stream must still write all of O and L and leave them as set.
+// Had it counted on them, its blocks would go on from item 400 + blocks after their first, and
+// the items between would stay unwritten.
+TEST(AttentionCuda, ALaunchOnAnotherStreamLeavesTheFrameworkStreamsCountersAlone) {
+  MT_REQUIRE_CUDA();
+  if (!cuda::attention_uses_wgmma(DType::bf16, 64))
+    GTEST_SKIP() << "the persistent forward runs on an sm_90a build on a compute 9.0 GPU only";
+  manual_seed(15);
+  const Device gpu = cuda_device(0);
+  const int64_t heads = 200, T = 300, d = 64, n = heads * T * d;  // 600 items
+  const cuda::HeadsLayout layout = cuda::contiguous_heads(T, d);
+  const Tensor q = randn({n}, DType::bf16, gpu), k = randn({n}, DType::bf16, gpu),
+               v = randn({n}, DType::bf16, gpu);
+  const Tensor o = empty({n}, DType::bf16, gpu), lse = empty({heads * T}, DType::f32, gpu);
+  auto forward = [&](cudaStream_t st) {
+    o.fill_(0.0), lse.fill_(0.0);
+    cuda::synchronize(0);
+    cuda::attention_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), layout, o.data_ptr(),
+                            layout, lse.data<float>(), heads, T, d, DType::bf16, st);
+    ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+  };
+  cudaStream_t own = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking), cudaSuccess);
+  const std::unique_ptr<CUstream_st, void (*)(cudaStream_t)> own_guard(
+      own, [](cudaStream_t st) { (void)cudaStreamDestroy(st); });
+  forward(cuda::stream(0));
+  const std::vector<double> want = o.to_vector(), want_lse = lse.to_vector();
+  EXPECT_EQ(cuda::attention_forward_counters(), (std::array<int, 2>{0, 0}));
+  const std::array<int, 2> in_flight{400, 0};
+  cuda::set_attention_forward_counters(in_flight);
+  struct PutBack {  // however the test ends, the next launch on the framework's stream finds zero
+    ~PutBack() { cuda::set_attention_forward_counters({0, 0}); }
+  } put_back;
+  for (int run = 0; run < 2; ++run) {
+    SCOPED_TRACE("run " + std::to_string(run));
+    forward(own);
+    EXPECT_EQ(o.to_vector(), want);
+    EXPECT_EQ(lse.to_vector(), want_lse);
+    EXPECT_EQ(cuda::attention_forward_counters(), in_flight);
+  }
 }
 #endif

@@ -65,6 +65,7 @@
 #include "ops/attention/attention_cuda.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
@@ -1949,6 +1950,22 @@ bool attention_uses_wgmma(DType dt, int64_t d) {
   (void)dt, (void)d;
   return false;
 #endif
+}
+
+std::array<int, 2> attention_forward_counters() {
+  std::array<int, 2> values{};
+  const cudaStream_t s = stream(current_device());
+  MT_CUDA_CHECK(cudaMemcpyFromSymbolAsync(values.data(), forward_wg_counters, sizeof(values), 0,
+                                          cudaMemcpyDeviceToHost, s));
+  MT_CUDA_CHECK(cudaStreamSynchronize(s));
+  return values;
+}
+
+void set_attention_forward_counters(const std::array<int, 2>& values) {
+  const cudaStream_t s = stream(current_device());
+  MT_CUDA_CHECK(cudaMemcpyToSymbolAsync(forward_wg_counters, values.data(), sizeof(values), 0,
+                                        cudaMemcpyHostToDevice, s));
+  MT_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
 void attention_forward(const void* q, const void* k, const void* v, const HeadsLayout& in, void* o,
