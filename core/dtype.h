@@ -7,6 +7,7 @@
 // subnormals are produced and read exactly.
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 
 #include "core/error.h"
@@ -99,5 +100,25 @@ inline float f16_to_float(f16 h) {
   }
   return bits_float(sign | ((exp + 112u) << 23) | (mant << 13));
 }
+
+#if defined(__CUDACC__)
+#define MT_DTYPE_HD __host__ __device__ inline
+#else
+#define MT_DTYPE_HD inline
+#endif
+
+// A real value into an integer type as the GPU's conversion instruction does it (and XLA defines
+// it): toward zero, clamped to the type's range, NaN to 0. C++'s plain cast is undefined outside
+// the range, so the CPU and CUDA copies between dtypes both go through this.
+template <class I>
+MT_DTYPE_HD I saturate_to(double v) {
+  constexpr I lo = std::numeric_limits<I>::min(), hi = std::numeric_limits<I>::max();
+  if (v != v) return 0;
+  if (v <= double(lo)) return lo;
+  if (v >= double(hi)) return hi;  // double(hi) of int64 is 2^63, itself out of range
+  return I(v);
+}
+
+#undef MT_DTYPE_HD
 
 }  // namespace mt

@@ -83,8 +83,8 @@ void store_from_double(void* base, DType t, int64_t i, double v) {
     // reach here from float (every kernel's output) round exactly once.
     case DType::bf16: static_cast<bf16*>(base)[i] = float_to_bf16(float(v)); break;
     case DType::f16: static_cast<f16*>(base)[i] = float_to_f16(float(v)); break;
-    case DType::i32: static_cast<int32_t*>(base)[i] = int32_t(v); break;
-    case DType::i64: static_cast<int64_t*>(base)[i] = int64_t(v); break;
+    case DType::i32: static_cast<int32_t*>(base)[i] = saturate_to<int32_t>(v); break;
+    case DType::i64: static_cast<int64_t*>(base)[i] = saturate_to<int64_t>(v); break;
   }
 }
 

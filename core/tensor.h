@@ -154,7 +154,8 @@ Tensor from_vector(const std::vector<int64_t>& values, const Shape& shape,
 
 // ---- element access on the CPU -----------------------------------------------------------
 // Reads/writes element i of a contiguous CPU buffer of dtype t, as double (exact for every dtype
-// but i64 beyond 2^53, which labels never reach).
+// but i64 beyond 2^53, which labels never reach). Into i32 and i64 through saturate_to
+// (core/dtype.h): toward zero, clamped, NaN to 0, as on the GPU.
 double load_as_double(const void* base, DType t, int64_t i);
 void store_from_double(void* base, DType t, int64_t i, double v);
 

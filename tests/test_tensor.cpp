@@ -92,6 +92,51 @@ TEST(Tensor, CloneCopyAndItem) {
   EXPECT_EQ(full({1, 1}, 3.25).item(), 3.25);
 }
 
+// A real value into an integer dtype: toward zero, clamped to the type's range, NaN to 0 (the GPU's
+// conversion; a plain C++ cast would be undefined past the range). The i64 values are read as
+// integers: a double cannot hold INT64_MAX.
+namespace {
+std::vector<double> saturation_inputs() {
+  const double inf = std::numeric_limits<double>::infinity();
+  return {std::nan(""), inf, -inf, 3e9, -3e9, 2.7, -2.7, 1e19, -1e19, 2147483647.5};
+}
+template <class I>
+std::vector<I> integers_of(const Tensor& t) {
+  const Tensor c = t.to(kCPU);
+  return std::vector<I>(c.data<I>(), c.data<I>() + c.numel());
+}
+void expect_saturated(const Tensor& i32, const Tensor& i64) {
+  using L32 = std::numeric_limits<int32_t>;
+  using L64 = std::numeric_limits<int64_t>;
+  constexpr int32_t lo32 = L32::min(), hi32 = L32::max();
+  constexpr int64_t lo64 = L64::min(), hi64 = L64::max();
+  EXPECT_EQ(integers_of<int32_t>(i32),
+            (std::vector<int32_t>{0, hi32, lo32, hi32, lo32, 2, -2, hi32, lo32, hi32}));
+  EXPECT_EQ(integers_of<int64_t>(i64), (std::vector<int64_t>{0, hi64, lo64, 3000000000,
+                                                             -3000000000, 2, -2, hi64, lo64,
+                                                             2147483647}));
+}
+}  // namespace
+
+TEST(Tensor, RealToIntegerSaturatesAndTakesNaNToZero) {
+  const Tensor x = from_vector(saturation_inputs(), {10}, DType::f64);
+  expect_saturated(x.to(DType::i32), x.to(DType::i64));
+  const Tensor nan_fill = full({3}, 1.0, DType::i32);
+  nan_fill.fill_(std::nan(""));
+  EXPECT_EQ(integers_of<int32_t>(nan_fill), (std::vector<int32_t>{0, 0, 0}));
+}
+
+#ifdef MT_WITH_CUDA
+TEST(CudaTensor, RealToIntegerSaturatesAsOnTheCpu) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device: CUDA tests skipped";
+  const Tensor x = from_vector(saturation_inputs(), {10}, DType::f64, cuda_device(0));
+  expect_saturated(x.to(DType::i32), x.to(DType::i64));
+  const Tensor nan_fill = full({3}, 1.0, DType::i64, cuda_device(0));
+  nan_fill.fill_(std::nan(""));
+  EXPECT_EQ(integers_of<int64_t>(nan_fill), (std::vector<int64_t>{0, 0, 0}));
+}
+#endif
+
 TEST(Tensor, VersionCounterIsSharedByViewsAndBumpedByInPlaceWrites) {
   Tensor a = zeros({4});
   Tensor v = a.view({2, 2});

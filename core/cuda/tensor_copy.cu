@@ -41,8 +41,8 @@ __device__ inline void store(void* p, DType t, int64_t i, double v) {
     // Through float, so the rounding matches the CPU's float_to_bf16 / float_to_f16.
     case DType::bf16: static_cast<__nv_bfloat16*>(p)[i] = from_float<__nv_bfloat16>(float(v)); break;
     case DType::f16: static_cast<__half*>(p)[i] = from_float<__half>(float(v)); break;
-    case DType::i32: static_cast<int32_t*>(p)[i] = int32_t(v); break;
-    case DType::i64: static_cast<int64_t*>(p)[i] = int64_t(v); break;
+    case DType::i32: static_cast<int32_t*>(p)[i] = saturate_to<int32_t>(v); break;
+    case DType::i64: static_cast<int64_t*>(p)[i] = saturate_to<int64_t>(v); break;
   }
 }
 
