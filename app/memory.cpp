@@ -80,29 +80,35 @@ std::string format_bytes(double bytes) {
 namespace {
 
 [[noreturn]] void refuse(double need, const std::string& where, const std::string& parts,
-                         double have, const char* what) {
+                         double have, const char* what, const std::string& smaller) {
   throw ConfigError("the run needs at least " + format_bytes(need) + " on " + where + " (" +
                     parts + "), but " + where + " has " + format_bytes(have) + " of " + what +
-                    "; make model.hidden, model.input, optim.batch_size or data.samples smaller");
+                    "; make " + smaller + " smaller");
 }
 
 }  // namespace
 
 void check_memory(const Config& c, Device device, int world) {
-  const MemoryEstimate e = estimate_memory(c, world);
+  check_estimate(estimate_memory(c, world), c.optim.name, device, world,
+                 "model.hidden, model.input, optim.batch_size or data.samples");
+}
+
+void check_estimate(const MemoryEstimate& e, const std::string& optimizer, Device device,
+                    int world, const std::string& smaller) {
   // What the host can give this process: its physical memory, or less under `ulimit -v`, where an
   // allocation past the limit fails however much memory is free.
   const double physical = physical_memory_bytes(), limit = address_space_limit_bytes();
   const double host = std::min(physical, limit);
   const char* host_what = limit < physical ? "address space (ulimit -v)" : "physical memory";
-  const std::string model = "parameters, gradients and " + c.optim.name + " state " +
+  const std::string model = "parameters, gradients and " + optimizer + " state " +
                             format_bytes(e.state) + ", activations " + format_bytes(e.activations);
   const std::string data = "synthetic data " + format_bytes(e.data);
   if (device.is_cpu()) {
     const double need = double(world) * (e.state + e.activations + e.data);
     const std::string ranks = world > 1 ? ", for each of " + std::to_string(world) + " ranks" : "";
     if (need > host)
-      refuse(need, "cpu", model + (e.data > 0 ? ", " + data : "") + ranks, host, host_what);
+      refuse(need, "cpu", model + (e.data > 0 ? ", " + data : "") + ranks, host, host_what,
+             smaller);
     return;
   }
 #ifdef MT_WITH_CUDA
@@ -110,9 +116,10 @@ void check_memory(const Config& c, Device device, int world) {
   cuda::set_device(device.index);
   MT_CUDA_CHECK(cudaMemGetInfo(&free, &total));
   const double need = e.state + e.activations;
-  if (need > double(free)) refuse(need, device.str(), model, double(free), "free memory");
+  if (need > double(free))
+    refuse(need, device.str(), model, double(free), "free memory", smaller);
 #endif
-  if (e.data > host) refuse(e.data, "the host", data, host, host_what);
+  if (e.data > host) refuse(e.data, "the host", data, host, host_what, smaller);
 }
 
 void check_job_fits(const Config& c, Device device, int world) {

@@ -7,8 +7,9 @@
 // dtype (plus the compute-dtype copy of the weights under bf16 / f16), every layer's output for
 // one microbatch (all are kept for the backward pass) or one evaluation batch (at most the
 // held-out set, where that is known before loading), whichever is larger, and the generated data
-// of data.kind synthetic (data files are bounded by their readers and counted by no one here). A run refused by it could not have run; one it lets through may
-// still need more (the allocator's slack, temporaries of the backward pass).
+// of data.kind synthetic (data files are bounded by their readers and counted by no one here).
+// A run refused by it could not have run; one it lets through may still need more (the
+// allocator's slack, temporaries of the backward pass).
 #include <cstdint>
 #include <string>
 
@@ -25,6 +26,8 @@ struct MemoryEstimate {
 
 // For one rank of a job of `world` ranks (each holds the whole model and the whole data).
 MemoryEstimate estimate_memory(const Config& c, int world = 1);
+// model.kind gpt's: a lower bound, its state and a microbatch's activations (app/models/gpt.cpp).
+MemoryEstimate estimate_gpt_memory(const Config& c, int world = 1);
 
 // The host's physical memory: sysconf(_SC_PHYS_PAGES) pages of sysconf(_SC_PAGESIZE) bytes.
 double physical_memory_bytes();
@@ -36,6 +39,11 @@ double address_space_limit_bytes();
 // physical memory or the address-space limit, whichever is smaller; on a GPU the state and
 // activations against its free memory (cudaMemGetInfo), and the data against the host's.
 void check_memory(const Config& c, Device device, int world = 1);
+
+// The same check of any model kind's estimate: `optimizer` names the state in the message, and
+// `smaller` lists the keys that would make the run smaller ("model.n_layer or optim.batch_size").
+void check_estimate(const MemoryEstimate& e, const std::string& optimizer, Device device,
+                    int world, const std::string& smaller);
 
 // What a job of `world` ranks on this machine must pass before its workers are started (train
 // --nproc), so that a job that cannot run starts nothing: the global batch gives every rank its

@@ -263,7 +263,7 @@ TEST(LateChecks, TheMemoryCheckCapsEvaluationBatchesAndHonoursTheAddressSpaceLim
 }
 
 // --nproc priced every model as an MLP of model.input, model.hidden and model.classes: a GPT whose
-// config still held an MLP's huge hidden widths was refused, and a GPT was never priced at all.
+// config still held an MLP's huge hidden widths was refused.
 TEST(LateChecks, TheNprocMemoryCheckIsTheModelKindsOwn) {
   const Config gpt = parse_config("model: {kind: gpt, n_layer: 1, n_head: 2, n_embd: 16, "
                                   "block_size: 16, hidden: [16777216, 16777216]}\n"
@@ -273,6 +273,32 @@ TEST(LateChecks, TheNprocMemoryCheckIsTheModelKindsOwn) {
   TempDir dir;
   const Config mlp = small_config(dir, {"model.hidden=[16777216, 16777216]"});
   test::expect_error([&] { app::check_job_fits(mlp, kCPU, 2); }, {"needs at least"});
+}
+
+// A GPT is priced by a lower bound of its own (app/models/gpt.cpp). One too large for any host
+// used to be killed by the system mid-allocation (exit 137, no message); GPT-2 124M at B = 64 ×
+// 1024 in bf16 must be priced under the 32.14 GiB it peaked at on an H200 (docs/perf.md).
+TEST(LateChecks, AGptIsPricedByALowerBoundOfItsOwn) {
+  const std::string text = "data: {kind: text, path: " MT_SOURCE_DIR "/assets/tinyshakespeare.txt}\n";
+  const Config huge = parse_config("model: {kind: gpt, n_layer: 48, n_head: 16, n_embd: 16384}\n" +
+                                   text, "huge.yaml", {});
+  test::expect_error([&] { app::check_job_fits(huge, kCPU, 1); },
+                     {"needs at least", "make model.n_layer, model.n_embd"});
+  TempDir dir;
+  test::expect_error([&] {
+    app::ConfigTrainer t(parse_config("model: {kind: gpt, n_layer: 48, n_head: 16, n_embd: 16384}\n" +
+                                      text + "checkpoint: {dir: " + (dir / "ck") + "}\n", "huge.yaml", {}),
+                         kCPU);
+  }, {"needs at least", "on cpu"});
+  EXPECT_FALSE(std::filesystem::exists(dir / "ck"));
+  const Config gpt2 = parse_config("model: {kind: gpt, n_layer: 12, n_head: 12, n_embd: 768, "
+                                   "block_size: 1024, vocab_size: 50257}\n" + text +
+                                   "optim: {batch_size: 64, microbatches: 1}\n"
+                                   "precision: {compute_dtype: bf16}\n", "gpt2.yaml", {});
+  const app::MemoryEstimate e = app::estimate_gpt_memory(gpt2);
+  const double gib = 1024.0 * 1024 * 1024;
+  EXPECT_LT(e.state + e.activations, 32.14 * gib);
+  EXPECT_GT(e.state + e.activations, 16 * gib);
 }
 
 TEST(LateChecks, ConfigTextByteOrderMarkNulAndASecondDocumentInASet) {

@@ -1,5 +1,6 @@
 // model.kind: gpt (nn/gpt.h), trained on token data (data.kind text or tokens, app/datasets/
 // tokens.cpp) with the language-modelling task (train/lm_task.h). model.bias is the schema's.
+#include "app/memory.h"
 #include "app/registry.h"
 #include "data/token_source.h"
 #include "nn/gpt.h"
@@ -13,6 +14,31 @@ nn::GPTConfig gpt_config(const Config& c) {
           .n_embd = p.integer("n_embd"), .block_size = p.integer("block_size"),
           .vocab_size = p.integer("vocab_size"), .padded_vocab_size = p.integer("padded_vocab_size"),
           .dropout = p.number("dropout"), .bias = c.model.bias};
+}
+
+// A lower bound of one rank's memory: what a GPT run certainly holds, so that one that cannot fit
+// is refused before its first allocation instead of being killed by the system. The state: every
+// weight's fp32 value and gradient, the optimizer's moments and the compute-dtype copies (only
+// the matrices counted). The activations: a microbatch's logits over the padded vocabulary and,
+// per block and token, ten C-wide rows its backward reads at least (the block's input, ln_1's
+// output, q, k, v, the attention's output, the MLP's 4C hidden).
+MemoryEstimate estimate_gpt_memory(const Config& c, int world) {
+  const nn::GPTConfig g = gpt_config(c);
+  const double C = double(g.n_embd), L = double(g.n_layer), V = double(g.padded_vocab());
+  const double weights = V * C + double(g.block_size) * C + 12 * L * C * C;
+  const DType compute = c.precision.compute_dtype;
+  const double master = compute == DType::f64 ? 8 : 4;
+  const double moments = c.optim.name == "adamw" ? 2 : c.optim.momentum > 0 ? 1 : 0;
+  const bool low_precision = compute == DType::bf16 || compute == DType::f16;
+  const bool windows = c.data.kind == "text" || c.data.kind == "tokens";
+  const int64_t data_T = windows ? c.data.params.integer("block_size") : 0;
+  const double T = double(data_T > 0 ? data_T : g.block_size);
+  const int64_t shard = (c.optim.batch_size + world - 1) / world;
+  const double tokens = double((shard + c.optim.microbatches - 1) / c.optim.microbatches) * T;
+  MemoryEstimate e;
+  e.state = weights * master * (2 + moments) + (low_precision ? weights * 2 : 0);
+  e.activations = tokens * (V + 10 * L * C) * double(dtype_size(compute));
+  return e;
 }
 
 namespace {
@@ -59,6 +85,10 @@ const RegisterModel gpt({
               }}},
     .build = [](const Config& c) -> std::shared_ptr<nn::Module> {
       return std::make_shared<nn::GPT>(gpt_config(c));
+    },
+    .check_memory = [](const Config& c, Device device, int world) {
+      check_estimate(estimate_gpt_memory(c, world), c.optim.name, device, world,
+                     "model.n_layer, model.n_embd, model.block_size or optim.batch_size");
     },
     .task = [](const Config& c, data::Source& source) -> std::shared_ptr<train::Task> {
       auto* tokens = dynamic_cast<data::TokenSource*>(&source);
