@@ -33,7 +33,9 @@ MemoryEstimate estimate_memory(const Config& c, int world) {
   }
   const DType compute = c.precision.compute_dtype;
   const double master = compute == DType::f64 ? 8 : 4;
-  const double state_copies = c.optim.name == "adamw" ? 2 : c.optim.momentum > 0 ? 1 : 0;
+  // AdamW's two moments, this rank's share of them under optim.shard_state (ZeRO-1).
+  const double state_copies = c.optim.name == "adamw" ? (c.optim.shard_state ? 2.0 / world : 2)
+                              : c.optim.momentum > 0  ? 1 : 0;
   const bool low_precision = compute == DType::bf16 || compute == DType::f16;
 
   MemoryEstimate e;
@@ -80,21 +82,21 @@ std::string format_bytes(double bytes) {
 namespace {
 
 [[noreturn]] void refuse(double need, const std::string& where, const std::string& parts,
-                         double have, const char* what, const std::string& smaller) {
+                         double have, const char* what, const std::string& advice) {
   throw ConfigError("the run needs at least " + format_bytes(need) + " on " + where + " (" +
                     parts + "), but " + where + " has " + format_bytes(have) + " of " + what +
-                    "; make " + smaller + " smaller");
+                    "; " + advice);
 }
 
 }  // namespace
 
 void check_memory(const Config& c, Device device, int world) {
   check_estimate(estimate_memory(c, world), c.optim.name, device, world,
-                 "model.hidden, model.input, optim.batch_size or data.samples");
+                 "make model.hidden, model.input, optim.batch_size or data.samples smaller");
 }
 
 void check_estimate(const MemoryEstimate& e, const std::string& optimizer, Device device,
-                    int world, const std::string& smaller) {
+                    int world, const std::string& advice) {
   // What the host can give this process: its physical memory, or less under `ulimit -v`, where an
   // allocation past the limit fails however much memory is free.
   const double physical = physical_memory_bytes(), limit = address_space_limit_bytes();
@@ -108,7 +110,7 @@ void check_estimate(const MemoryEstimate& e, const std::string& optimizer, Devic
     const std::string ranks = world > 1 ? ", for each of " + std::to_string(world) + " ranks" : "";
     if (need > host)
       refuse(need, "cpu", model + (e.data > 0 ? ", " + data : "") + ranks, host, host_what,
-             smaller);
+             advice);
     return;
   }
 #ifdef MT_WITH_CUDA
@@ -117,9 +119,9 @@ void check_estimate(const MemoryEstimate& e, const std::string& optimizer, Devic
   MT_CUDA_CHECK(cudaMemGetInfo(&free, &total));
   const double need = e.state + e.activations;
   if (need > double(free))
-    refuse(need, device.str(), model, double(free), "free memory", smaller);
+    refuse(need, device.str(), model, double(free), "free memory", advice);
 #endif
-  if (e.data > host) refuse(e.data, "the host", data, host, host_what, smaller);
+  if (e.data > host) refuse(e.data, "the host", data, host, host_what, advice);
 }
 
 void check_job_fits(const Config& c, Device device, int world) {

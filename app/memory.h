@@ -41,9 +41,9 @@ double address_space_limit_bytes();
 void check_memory(const Config& c, Device device, int world = 1);
 
 // The same check of any model kind's estimate: `optimizer` names the state in the message, and
-// `smaller` lists the keys that would make the run smaller ("model.n_layer or optim.batch_size").
+// `advice` ends it ("make model.n_layer or optim.batch_size smaller").
 void check_estimate(const MemoryEstimate& e, const std::string& optimizer, Device device,
-                    int world, const std::string& smaller);
+                    int world, const std::string& advice);
 
 // What a job of `world` ranks on this machine must pass before its workers are started (train
 // --nproc), so that a job that cannot run starts nothing: the global batch gives every rank its

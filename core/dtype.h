@@ -112,6 +112,7 @@ inline float f16_to_float(f16 h) {
 // the range, so the CPU and CUDA copies between dtypes both go through this.
 template <class I>
 MT_DTYPE_HD I saturate_to(double v) {
+  static_assert(std::numeric_limits<I>::is_integer, "saturate_to converts into integer types");
   constexpr I lo = std::numeric_limits<I>::min(), hi = std::numeric_limits<I>::max();
   if (v != v) return 0;
   if (v <= double(lo)) return lo;

@@ -119,10 +119,10 @@ class GPT : public Module {
  public:
   explicit GPT(const GPTConfig& c);
   // ids [B, T] int64 in [0, vocab_size), 1 <= T <= block_size → logits [B, T, padded_vocab].
-  // An id past padded_vocab is an error (the embedding's check); one in [vocab_size,
-  // padded_vocab) is not, as in llm.c: it reads a padding row, zero at initialization, and its
-  // gradient trains that row. The trainer's data and `train sample` refuse such ids before they
-  // get here (checking them here would cost a reduction over the ids on the device).
+  // An id past padded_vocab is an error (the embedding checks ids against its table's rows); one
+  // in [vocab_size, padded_vocab) is not, as in llm.c: it reads a padding row, zero at
+  // initialization, and its gradient trains that row. The trainer's data and `train sample`
+  // refuse such ids before they get here.
   Tensor forward(const Tensor& ids) override;
   std::string repr() const override;
   // The Linears' compute copies (Module's), and one of wte's weight for the tied head.

@@ -51,6 +51,7 @@
 #include "core/cuda/graph.h"
 #include "core/cuda/runtime.h"
 #include "ops/attention/attention_cuda.h"
+#include "ops/attention/attention_testing.h"
 #endif
 
 using namespace mt;
@@ -1128,17 +1129,19 @@ TEST(AttentionCuda, TheForwardsCounterIsZeroAgainAfterEachLaunchAndPerStreamElse
 }
 
 // A launch on another stream never touches the framework stream's counters. They are set to
-// where a framework-stream launch in flight would have them (the item counter at 400, no block
-// done); a launch on the test's stream must still write all of O and L and leave them as set.
-// Had it counted on them, its blocks would go on from item 400 + blocks after their first, and
-// the items between would stay unwritten.
+// where a framework-stream launch in flight would have them (the item counter at two thirds of
+// the items, no block done); a launch on the test's stream must still write all of O and L and
+// leave them as set. Had it counted on them, its blocks would go on from there (plus the grid)
+// after their first item, and the items between would stay unwritten.
 TEST(AttentionCuda, ALaunchOnAnotherStreamLeavesTheFrameworkStreamsCountersAlone) {
   MT_REQUIRE_CUDA();
   if (!cuda::attention_uses_wgmma(DType::bf16, 64))
     GTEST_SKIP() << "the persistent forward runs on an sm_90a build on a compute 9.0 GPU only";
   manual_seed(15);
   const Device gpu = cuda_device(0);
-  const int64_t heads = 200, T = 300, d = 64, n = heads * T * d;  // 600 items
+  const int64_t heads = 200, T = 300, d = 64, n = heads * T * d;
+  const int items = int(heads * ((T + 127) / 128));  // Q tiles of 128 rows: 600, past any grid
+  ASSERT_GT(items, 2 * cuda::sm_count(0));
   const cuda::HeadsLayout layout = cuda::contiguous_heads(T, d);
   const Tensor q = randn({n}, DType::bf16, gpu), k = randn({n}, DType::bf16, gpu),
                v = randn({n}, DType::bf16, gpu);
@@ -1148,7 +1151,7 @@ TEST(AttentionCuda, ALaunchOnAnotherStreamLeavesTheFrameworkStreamsCountersAlone
     cuda::synchronize(0);
     cuda::attention_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), layout, o.data_ptr(),
                             layout, lse.data<float>(), heads, T, d, DType::bf16, st);
-    ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(st), cudaSuccess);  // the outputs' checks follow
   };
   cudaStream_t own = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking), cudaSuccess);
@@ -1156,18 +1159,24 @@ TEST(AttentionCuda, ALaunchOnAnotherStreamLeavesTheFrameworkStreamsCountersAlone
       own, [](cudaStream_t st) { (void)cudaStreamDestroy(st); });
   forward(cuda::stream(0));
   const std::vector<double> want = o.to_vector(), want_lse = lse.to_vector();
-  EXPECT_EQ(cuda::attention_forward_counters(), (std::array<int, 2>{0, 0}));
-  const std::array<int, 2> in_flight{400, 0};
-  cuda::set_attention_forward_counters(in_flight);
+  EXPECT_EQ(cuda::testing::attention_forward_counters(), (std::array<int, 2>{0, 0}));
+  const std::array<int, 2> in_flight{items * 2 / 3, 0};
+  cuda::testing::set_attention_forward_counters(in_flight);
   struct PutBack {  // however the test ends, the next launch on the framework's stream finds zero
-    ~PutBack() { cuda::set_attention_forward_counters({0, 0}); }
+    ~PutBack() {
+      try {
+        cuda::testing::set_attention_forward_counters({0, 0});
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "the counters could not be put back: " << e.what();
+      }
+    }
   } put_back;
   for (int run = 0; run < 2; ++run) {
     SCOPED_TRACE("run " + std::to_string(run));
     forward(own);
     EXPECT_EQ(o.to_vector(), want);
     EXPECT_EQ(lse.to_vector(), want_lse);
-    EXPECT_EQ(cuda::attention_forward_counters(), in_flight);
+    EXPECT_EQ(cuda::testing::attention_forward_counters(), in_flight);
   }
 }
 #endif

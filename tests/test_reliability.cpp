@@ -279,26 +279,37 @@ TEST(LateChecks, TheNprocMemoryCheckIsTheModelKindsOwn) {
 // used to be killed by the system mid-allocation (exit 137, no message); GPT-2 124M at B = 64 ×
 // 1024 in bf16 must be priced under the 32.14 GiB it peaked at on an H200 (docs/perf.md).
 TEST(LateChecks, AGptIsPricedByALowerBoundOfItsOwn) {
-  const std::string text = "data: {kind: text, path: " MT_SOURCE_DIR "/assets/tinyshakespeare.txt}\n";
-  const Config huge = parse_config("model: {kind: gpt, n_layer: 48, n_head: 16, n_embd: 16384}\n" +
-                                   text, "huge.yaml", {});
+  const std::string text =
+      "data: {kind: text, path: " MT_SOURCE_DIR "/assets/tinyshakespeare.txt}\n";
+  const std::string wide = "model: {kind: gpt, n_layer: 48, n_head: 16, n_embd: 16384}\n";
+  const Config huge = parse_config(wide + text, "huge.yaml", {});
   test::expect_error([&] { app::check_job_fits(huge, kCPU, 1); },
                      {"needs at least", "make model.n_layer, model.n_embd"});
   TempDir dir;
   test::expect_error([&] {
-    app::ConfigTrainer t(parse_config("model: {kind: gpt, n_layer: 48, n_head: 16, n_embd: 16384}\n" +
-                                      text + "checkpoint: {dir: " + (dir / "ck") + "}\n", "huge.yaml", {}),
-                         kCPU);
+    app::ConfigTrainer t(
+        parse_config(wide + text + "checkpoint: {dir: " + (dir / "ck") + "}\n", "huge.yaml", {}),
+        kCPU);
   }, {"needs at least", "on cpu"});
   EXPECT_FALSE(std::filesystem::exists(dir / "ck"));
   const Config gpt2 = parse_config("model: {kind: gpt, n_layer: 12, n_head: 12, n_embd: 768, "
                                    "block_size: 1024, vocab_size: 50257}\n" + text +
                                    "optim: {batch_size: 64, microbatches: 1}\n"
-                                   "precision: {compute_dtype: bf16}\n", "gpt2.yaml", {});
+                                   "precision: {compute_dtype: bf16}\neval: {batch_size: 64}\n",
+                                   "gpt2.yaml", {});
   const app::MemoryEstimate e = app::estimate_gpt_memory(gpt2);
   const double gib = 1024.0 * 1024 * 1024;
   EXPECT_LT(e.state + e.activations, 32.14 * gib);
   EXPECT_GT(e.state + e.activations, 16 * gib);
+  // A rank holds its share of AdamW's moments under ZeRO-1 (8 bytes a weight over 8 ranks), and
+  // an evaluation batch of 256 windows holds more logits than a training microbatch of 64.
+  Config sharded = gpt2, wide_eval = gpt2;
+  sharded.optim.shard_state = true;
+  const double matrices = (50304.0 + 1024) * 768 + 12 * 12 * 768.0 * 768;  // wte, wpe, 12 C²s
+  EXPECT_NEAR(app::estimate_gpt_memory(gpt2, 8).state - app::estimate_gpt_memory(sharded, 8).state,
+              matrices * 8 * 7 / 8, 1.0);
+  wide_eval.eval.batch_size = 256;
+  EXPECT_DOUBLE_EQ(app::estimate_gpt_memory(wide_eval).activations, 256.0 * 1024 * 50304 * 2);
 }
 
 TEST(LateChecks, ConfigTextByteOrderMarkNulAndASecondDocumentInASet) {

@@ -94,11 +94,15 @@ TEST(Tensor, CloneCopyAndItem) {
 
 // A real value into an integer dtype: toward zero, clamped to the type's range, NaN to 0 (the GPU's
 // conversion; a plain C++ cast would be undefined past the range). The i64 values are read as
-// integers: a double cannot hold INT64_MAX.
+// integers: a double cannot hold INT64_MAX. The edges: 2^63 (the first double past INT64_MAX)
+// and the double below it, -2^63 (INT64_MIN itself), and i32's limits and just past them. (The
+// GPU's and AArch64's conversions saturate by themselves, so there only the CPU test on x86
+// fails without saturate_to.)
 namespace {
 std::vector<double> saturation_inputs() {
   const double inf = std::numeric_limits<double>::infinity();
-  return {std::nan(""), inf, -inf, 3e9, -3e9, 2.7, -2.7, 1e19, -1e19, 2147483647.5};
+  return {std::nan(""), inf, -inf, 3e9, -3e9, 2.7, -2.7, 1e19, -1e19, 2147483647.5,
+          0x1p63, std::nextafter(0x1p63, 0.0), -0x1p63, -2147483648.5, -2147483649.0, -0.0};
 }
 template <class I>
 std::vector<I> integers_of(const Tensor& t) {
@@ -111,15 +115,17 @@ void expect_saturated(const Tensor& i32, const Tensor& i64) {
   constexpr int32_t lo32 = L32::min(), hi32 = L32::max();
   constexpr int64_t lo64 = L64::min(), hi64 = L64::max();
   EXPECT_EQ(integers_of<int32_t>(i32),
-            (std::vector<int32_t>{0, hi32, lo32, hi32, lo32, 2, -2, hi32, lo32, hi32}));
-  EXPECT_EQ(integers_of<int64_t>(i64), (std::vector<int64_t>{0, hi64, lo64, 3000000000,
-                                                             -3000000000, 2, -2, hi64, lo64,
-                                                             2147483647}));
+            (std::vector<int32_t>{0, hi32, lo32, hi32, lo32, 2, -2, hi32, lo32, hi32, hi32, hi32,
+                                  lo32, lo32, lo32, 0}));
+  EXPECT_EQ(integers_of<int64_t>(i64),
+            (std::vector<int64_t>{0, hi64, lo64, 3000000000, -3000000000, 2, -2, hi64, lo64,
+                                  2147483647, hi64, hi64 - 1023, lo64, -2147483648, -2147483649,
+                                  0}));
 }
 }  // namespace
 
 TEST(Tensor, RealToIntegerSaturatesAndTakesNaNToZero) {
-  const Tensor x = from_vector(saturation_inputs(), {10}, DType::f64);
+  const Tensor x = from_vector(saturation_inputs(), {16}, DType::f64);
   expect_saturated(x.to(DType::i32), x.to(DType::i64));
   const Tensor nan_fill = full({3}, 1.0, DType::i32);
   nan_fill.fill_(std::nan(""));
@@ -129,7 +135,7 @@ TEST(Tensor, RealToIntegerSaturatesAndTakesNaNToZero) {
 #ifdef MT_WITH_CUDA
 TEST(CudaTensor, RealToIntegerSaturatesAsOnTheCpu) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device: CUDA tests skipped";
-  const Tensor x = from_vector(saturation_inputs(), {10}, DType::f64, cuda_device(0));
+  const Tensor x = from_vector(saturation_inputs(), {16}, DType::f64, cuda_device(0));
   expect_saturated(x.to(DType::i32), x.to(DType::i64));
   const Tensor nan_fill = full({3}, 1.0, DType::i64, cuda_device(0));
   nan_fill.fill_(std::nan(""));

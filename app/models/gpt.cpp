@@ -1,5 +1,7 @@
 // model.kind: gpt (nn/gpt.h), trained on token data (data.kind text or tokens, app/datasets/
 // tokens.cpp) with the language-modelling task (train/lm_task.h). model.bias is the schema's.
+#include <algorithm>
+
 #include "app/memory.h"
 #include "app/registry.h"
 #include "data/token_source.h"
@@ -18,26 +20,36 @@ nn::GPTConfig gpt_config(const Config& c) {
 
 // A lower bound of one rank's memory: what a GPT run certainly holds, so that one that cannot fit
 // is refused before its first allocation instead of being killed by the system. The state: every
-// weight's fp32 value and gradient, the optimizer's moments and the compute-dtype copies (only
-// the matrices counted). The activations: a microbatch's logits over the padded vocabulary and,
-// per block and token, ten C-wide rows its backward reads at least (the block's input, ln_1's
-// output, q, k, v, the attention's output, the MLP's 4C hidden).
+// weight's fp32 value and gradient, the optimizer's moments (this rank's share under
+// optim.shard_state) and the compute-dtype copies of the matrices but wpe (only the matrices
+// counted). The activations: the larger of a training microbatch (its logits over the padded
+// vocabulary and, per block and token, ten C-wide rows its backward reads at least: the block's
+// input, ln_1's output, q, k, v, the attention's output, the MLP's 4C hidden) and an evaluation
+// batch's logits.
 MemoryEstimate estimate_gpt_memory(const Config& c, int world) {
   const nn::GPTConfig g = gpt_config(c);
   const double C = double(g.n_embd), L = double(g.n_layer), V = double(g.padded_vocab());
   const double weights = V * C + double(g.block_size) * C + 12 * L * C * C;
+  const double copied = weights - double(g.block_size) * C;  // wpe is added in fp32
   const DType compute = c.precision.compute_dtype;
   const double master = compute == DType::f64 ? 8 : 4;
-  const double moments = c.optim.name == "adamw" ? 2 : c.optim.momentum > 0 ? 1 : 0;
+  const double moments = c.optim.name == "adamw" ? (c.optim.shard_state ? 2.0 / world : 2)
+                         : c.optim.momentum > 0  ? 1 : 0;
   const bool low_precision = compute == DType::bf16 || compute == DType::f16;
+  // text and tokens, the kinds a GPT trains on, both have these keys.
   const bool windows = c.data.kind == "text" || c.data.kind == "tokens";
   const int64_t data_T = windows ? c.data.params.integer("block_size") : 0;
   const double T = double(data_T > 0 ? data_T : g.block_size);
   const int64_t shard = (c.optim.batch_size + world - 1) / world;
   const double tokens = double((shard + c.optim.microbatches - 1) / c.optim.microbatches) * T;
+  const int64_t eval_windows = windows ? c.data.params.integer("eval_windows") : 0;
+  const int64_t eval_batch =
+      eval_windows > 0 ? std::min(c.eval.batch_size, eval_windows) : c.eval.batch_size;
+  const double eval_tokens = c.data.val_fraction > 0 ? double(eval_batch) * T : 0;
   MemoryEstimate e;
-  e.state = weights * master * (2 + moments) + (low_precision ? weights * 2 : 0);
-  e.activations = tokens * (V + 10 * L * C) * double(dtype_size(compute));
+  e.state = weights * master * (2 + moments) + (low_precision ? copied * 2 : 0);
+  e.activations =
+      std::max(tokens * (V + 10 * L * C), eval_tokens * V) * double(dtype_size(compute));
   return e;
 }
 
@@ -88,7 +100,9 @@ const RegisterModel gpt({
     },
     .check_memory = [](const Config& c, Device device, int world) {
       check_estimate(estimate_gpt_memory(c, world), c.optim.name, device, world,
-                     "model.n_layer, model.n_embd, model.block_size or optim.batch_size");
+                     "make model.n_layer, model.n_embd, data.block_size (model.block_size when it "
+                     "is 0), optim.batch_size or eval.batch_size smaller, or optim.microbatches "
+                     "larger");
     },
     .task = [](const Config& c, data::Source& source) -> std::shared_ptr<train::Task> {
       auto* tokens = dynamic_cast<data::TokenSource*>(&source);

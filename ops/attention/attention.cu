@@ -63,6 +63,7 @@
 // variant does not. The Hopper forward's 128-key tiles give O and L other last bits than
 // forward_tc's.
 #include "ops/attention/attention_cuda.h"
+#include "ops/attention/attention_testing.h"
 
 #include <algorithm>
 #include <array>
@@ -1165,7 +1166,7 @@ __global__ void __launch_bounds__(256, 1)
 // or 64 query rows (dQ). The products add the same terms in the same order as the mma.sync
 // kernels', so dQ, dK and dV have the same bits.
 //   dK/dV  grid (B·H, T/64·G K tiles), G warpgroups a block; Q tiles of R rows (G = 1, R = 128
-//          at d = 64: 240 registers, 2 blocks an SM; G = 2, R = 64 at d = 128).
+//          at d = 64: 255 registers, 2 blocks an SM; G = 2, R = 64 at d = 128).
 //   dQ     grid (B·H, T/64·G Q tiles), the last first; K/V tiles of 64 keys (G = 1 at d = 64:
 //          122 registers; G = 2 at d = 128).
 template <int D>
@@ -1219,9 +1220,9 @@ __global__ void __launch_bounds__(128 * wg_bwd_groups<D>())
     tma_tile_pair<D, BR>(sQ + buf * BR * D, map_q, hi, bi, sdO + buf * BR * D, map_do, ho, bo,
                          qi * BR, &full[buf]);
   };
-  // L and D from global memory, a row a thread: called after a tile's products are issued, so
-  // they run while the loads wait (the next iteration's __syncthreads makes them visible). Every
-  // thread calls it for every tile, a skipped one included, whether or not it owns a row.
+  // L and D from global memory, a row a thread, for the first tile and after a skipped one (a
+  // computed tile reads the next tile's into registers under its products and stores them after
+  // dS, below). The next iteration's __syncthreads makes them visible.
   auto load_l_d = [&](int qi, int buf) {
     for (int r = threadIdx.x; r < BR; r += kBlock) {
       const int i = qi * BR + r;
@@ -1952,6 +1953,8 @@ bool attention_uses_wgmma(DType dt, int64_t d) {
 #endif
 }
 
+namespace testing {
+
 std::array<int, 2> attention_forward_counters() {
   std::array<int, 2> values{};
   const cudaStream_t s = stream(current_device());
@@ -1967,6 +1970,8 @@ void set_attention_forward_counters(const std::array<int, 2>& values) {
                                         cudaMemcpyHostToDevice, s));
   MT_CUDA_CHECK(cudaStreamSynchronize(s));
 }
+
+}  // namespace testing
 
 void attention_forward(const void* q, const void* k, const void* v, const HeadsLayout& in, void* o,
                        const HeadsLayout& out, float* lse, int64_t heads, int64_t T, int64_t d,

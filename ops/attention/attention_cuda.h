@@ -5,7 +5,6 @@
 // attention.h, the grids at the top of attention.cu. bf16 and f16 at d = 32, 64 and 128 run on
 // the tensor cores; f32, and other d up to kAttentionMaxD, on a plain CUDA-core path
 // (correctness first).
-#include <array>
 #include <cstdint>
 
 #include <cuda_runtime.h>
@@ -66,12 +65,5 @@ bool attention_uses_tensor_cores(DType dt, int64_t d);
 // its bits), and so does the deterministic backward without dropout (the same bits as the
 // mma.sync passes). Elsewhere the mma.sync kernels run.
 bool attention_uses_wgmma(DType dt, int64_t d);
-
-// The Hopper forward's counters for launches on the framework's stream on the current device
-// (the next work item, the blocks done), read and written after that stream's work. For the test
-// that puts them where a launch in flight there would have them and shows that a launch on
-// another stream leaves them alone.
-std::array<int, 2> attention_forward_counters();
-void set_attention_forward_counters(const std::array<int, 2>& values);
 
 }  // namespace mt::cuda
