@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Checks minitrain as a library (docs/library.md):
 #  1. install: installs BUILD_DIR (already built; default $MT_BUILD_DIR, else build) into a temp
-#     prefix, checks every header of every area and bin/train are there, then builds examples/consumer against
-#     it with find_package and runs it: a tiny model trained through "minitrain.h", and the op
+#     prefix, checks every header of every area (but the tests' *_testing.h, which must be
+#     absent) and bin/train are there, then builds examples/consumer against it with
+#     find_package and runs it: a tiny model trained through "minitrain.h", and the op
 #     registry asked for every kernel the sources register (MT_REGISTER_KERNEL), CUDA ones too
 #     when the build has CUDA.
 #  2. subproject: tests/subproject pulls the source tree in with add_subdirectory (CPU only,
@@ -31,6 +32,10 @@ with_cuda=$(sed -n 's/^set(minitrain_WITH_CUDA \(.*\))$/\1/p' "$config")
 missing=0
 while IFS= read -r h; do
   [[ $with_cuda != ON && ( $h == */cuda/* || $h == *_cuda.h || $h == *.cuh ) ]] && continue
+  if [[ $h == *_testing.h ]]; then  # the tests' hooks: never installed
+    [[ ! -e $prefix/include/minitrain/$h ]] || { echo "check-package: installed: $h" >&2; missing=1; }
+    continue
+  fi
   [[ -f $prefix/include/minitrain/$h ]] || { echo "check-package: not installed: $h" >&2; missing=1; }
 done < <(find core ops check nn optim parallel data train app \( -name '*.h' -o -name '*.cuh' \) | sort)
 [[ -f $prefix/include/minitrain/minitrain.h ]] || { echo "check-package: not installed: minitrain.h" >&2; missing=1; }
