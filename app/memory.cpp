@@ -17,6 +17,22 @@
 
 namespace mt::app {
 
+double state_bytes(const Config& c, double params, double copied, int world) {
+  const DType compute = c.precision.compute_dtype;
+  const double master = compute == DType::f64 ? 8 : 4;
+  // AdamW's two moments, this rank's share of them under optim.shard_state (ZeRO-1).
+  const double moments = c.optim.name == "adamw" ? (c.optim.shard_state ? 2.0 / world : 2)
+                         : c.optim.momentum > 0  ? 1 : 0;
+  const bool low_precision = compute == DType::bf16 || compute == DType::f16;
+  return params * master * (2 + moments) + (low_precision ? copied * 2 : 0);
+}
+
+int64_t largest_microbatch(const Config& c, int world) {
+  // The microbatch_sizes rule twice (data/data.h): the first shard, then its first microbatch.
+  const int64_t shard = (c.optim.batch_size + world - 1) / world;
+  return (shard + c.optim.microbatches - 1) / c.optim.microbatches;
+}
+
 MemoryEstimate estimate_memory(const Config& c, int world) {
   const ModelConfig& m = c.model;
   std::vector<double> widths{double(m.input)};
@@ -31,18 +47,10 @@ MemoryEstimate estimate_memory(const Config& c, int world) {
     params += widths[i] * widths[i + 1] + (m.bias ? widths[i + 1] : 0);
     if (i + 2 < widths.size() && m.norm == "rms_norm") params += widths[i + 1];
   }
-  const DType compute = c.precision.compute_dtype;
-  const double master = compute == DType::f64 ? 8 : 4;
-  // AdamW's two moments, this rank's share of them under optim.shard_state (ZeRO-1).
-  const double state_copies = c.optim.name == "adamw" ? (c.optim.shard_state ? 2.0 / world : 2)
-                              : c.optim.momentum > 0  ? 1 : 0;
-  const bool low_precision = compute == DType::bf16 || compute == DType::f16;
-
   MemoryEstimate e;
-  e.state = params * master * (2 + state_copies) + (low_precision ? weights * 2 : 0);
-  const double elem = double(dtype_size(compute));
-  const int64_t shard = (c.optim.batch_size + world - 1) / world;
-  const int64_t micro = (shard + c.optim.microbatches - 1) / c.optim.microbatches;
+  e.state = state_bytes(c, params, weights, world);
+  const double elem = double(dtype_size(c.precision.compute_dtype));
+  const int64_t micro = largest_microbatch(c, world);
   double sum_widths = 0, max_width = 0;
   for (double w : widths) sum_widths += w, max_width = std::max(max_width, w);
   // An evaluation batch holds at most the held-out set: eval.batch_size 2^31 over 4,000 test

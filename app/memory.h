@@ -29,6 +29,13 @@ MemoryEstimate estimate_memory(const Config& c, int world = 1);
 // model.kind gpt's: a lower bound, its state and a microbatch's activations (app/models/gpt.cpp).
 MemoryEstimate estimate_gpt_memory(const Config& c, int world = 1);
 
+// What every kind's estimate shares. The state of `params` parameters: value and gradient in the
+// parameters' dtype, the optimizer's moments (this rank's share under optim.shard_state), and
+// the compute-dtype copies of `copied` of them under bf16 / f16. And the samples of the largest
+// microbatch a rank of `world` gets.
+double state_bytes(const Config& c, double params, double copied, int world);
+int64_t largest_microbatch(const Config& c, int world);
+
 // The host's physical memory: sysconf(_SC_PHYS_PAGES) pages of sysconf(_SC_PAGESIZE) bytes.
 double physical_memory_bytes();
 // This process's address-space limit (ulimit -v, RLIMIT_AS), or infinity when there is none.

@@ -31,25 +31,19 @@ MemoryEstimate estimate_gpt_memory(const Config& c, int world) {
   const double C = double(g.n_embd), L = double(g.n_layer), V = double(g.padded_vocab());
   const double weights = V * C + double(g.block_size) * C + 12 * L * C * C;
   const double copied = weights - double(g.block_size) * C;  // wpe is added in fp32
-  const DType compute = c.precision.compute_dtype;
-  const double master = compute == DType::f64 ? 8 : 4;
-  const double moments = c.optim.name == "adamw" ? (c.optim.shard_state ? 2.0 / world : 2)
-                         : c.optim.momentum > 0  ? 1 : 0;
-  const bool low_precision = compute == DType::bf16 || compute == DType::f16;
   // text and tokens, the kinds a GPT trains on, both have these keys.
   const bool windows = c.data.kind == "text" || c.data.kind == "tokens";
   const int64_t data_T = windows ? c.data.params.integer("block_size") : 0;
   const double T = double(data_T > 0 ? data_T : g.block_size);
-  const int64_t shard = (c.optim.batch_size + world - 1) / world;
-  const double tokens = double((shard + c.optim.microbatches - 1) / c.optim.microbatches) * T;
+  const double tokens = double(largest_microbatch(c, world)) * T;
   const int64_t eval_windows = windows ? c.data.params.integer("eval_windows") : 0;
   const int64_t eval_batch =
       eval_windows > 0 ? std::min(c.eval.batch_size, eval_windows) : c.eval.batch_size;
   const double eval_tokens = c.data.val_fraction > 0 ? double(eval_batch) * T : 0;
   MemoryEstimate e;
-  e.state = weights * master * (2 + moments) + (low_precision ? copied * 2 : 0);
-  e.activations =
-      std::max(tokens * (V + 10 * L * C), eval_tokens * V) * double(dtype_size(compute));
+  e.state = state_bytes(c, weights, copied, world);
+  e.activations = std::max(tokens * (V + 10 * L * C), eval_tokens * V) *
+                  double(dtype_size(c.precision.compute_dtype));
   return e;
 }
 
