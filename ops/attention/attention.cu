@@ -1220,15 +1220,17 @@ __global__ void __launch_bounds__(128 * wg_bwd_groups<D>())
     tma_tile_pair<D, BR>(sQ + buf * BR * D, map_q, hi, bi, sdO + buf * BR * D, map_do, ho, bo,
                          qi * BR, &full[buf]);
   };
-  // L and D from global memory, a row a thread, for the first tile and after a skipped one (a
-  // computed tile reads the next tile's into registers under its products and stores them after
-  // dS, below). The next iteration's __syncthreads makes them visible.
+  // Query row i's L (log2 units) and D from global memory, 0 past T.
+  auto read_l_d = [&](int i, float& l_i, float& d_i) {
+    l_i = i < T_len ? lse_h[i] * kLog2e : 0.0f;
+    d_i = i < T_len ? D_h[i] : 0.0f;
+  };
+  // Tile qi's L and D into buffer buf, a row a thread, for the first tile and after a skipped
+  // one (a computed tile reads the next tile's into registers under its products and stores them
+  // after dS, below). The next iteration's __syncthreads makes them visible.
   auto load_l_d = [&](int qi, int buf) {
-    for (int r = threadIdx.x; r < BR; r += kBlock) {
-      const int i = qi * BR + r;
-      sL[buf * BR + r] = i < T_len ? lse_h[i] * kLog2e : 0.0f;
-      sD[buf * BR + r] = i < T_len ? D_h[i] : 0.0f;
-    }
+    for (int r = threadIdx.x; r < BR; r += kBlock)
+      read_l_d(qi * BR + r, sL[buf * BR + r], sD[buf * BR + r]);
   };
   init_buffer_barriers(full);
   if (threadIdx.x == 0) {
@@ -1271,10 +1273,8 @@ __global__ void __launch_bounds__(128 * wg_bwd_groups<D>())
     wg_product_nt<T, BR, D, kBK>(s[0], sK + wg * kWgRows * 64, Q);
     wg_product_nt<T, BR, D, kBK>(dp[0], sV + wg * kWgRows * 64, dO);
     static_assert(BR <= kBlock, "a row a thread at most");
-    const int i_next = (qi + 1) * BR + int(threadIdx.x);
-    const bool loads = next && threadIdx.x < BR && i_next < T_len;
-    const float l_next = loads ? lse_h[i_next] * kLog2e : 0.0f;
-    const float d_next = loads ? D_h[i_next] : 0.0f;
+    float l_next = 0.0f, d_next = 0.0f;
+    if (next && threadIdx.x < BR) read_l_d((qi + 1) * BR + int(threadIdx.x), l_next, d_next);
     const bool edge = i0 < kw0 + kWgRows || i0 + BR > T_len;  // the mask or T cut this tile
     wg_wait_one();  // Sᵀ
     wg_hold(s[0]);
