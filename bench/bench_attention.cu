@@ -11,6 +11,8 @@
 // Shakespeare recipe's p), credited with the same FLOPs: the mask's Philox draws are extra work.
 // Rows marked "packed" read q, k, v in place from one [B, T, 3·C] buffer and write O into
 // [B, T, C] (attention_packed, as the GPT runs it); the others use contiguous [B, H, T, d] heads.
+// Each row ends with a hash of O, L and the deterministic backward's dQ, dK, dV (FNV-1a of their
+// bytes), so that two builds of the kernels can be seen to give the same bits on the same inputs.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -46,6 +48,14 @@ __global__ void fill_kernel(__nv_bfloat16* out, int64_t n, uint32_t seed) {
     z ^= z >> 31;
     out[i] = __float2bfloat16(float(uint32_t(z >> 40)) / float(1 << 24) * 2.0f - 1.0f);
   }
+}
+
+// FNV-1a over the bytes of device buffers, continuing from h.
+uint64_t fnv1a(uint64_t h, const void* device_ptr, size_t bytes) {
+  std::vector<unsigned char> host(bytes);
+  MT_CUDA_CHECK(cudaMemcpy(host.data(), device_ptr, bytes, cudaMemcpyDeviceToHost));
+  for (unsigned char c : host) h = (h ^ c) * 0x100000001b3ull;
+  return h;
 }
 
 template <class F>
@@ -109,18 +119,24 @@ void bench(const Shape& sh, bool dropout, bool packed, int device, cudaStream_t 
   const double f_ms = median_ms(s, fwd);
   fwd();  // O and L for the backward
   const double b_ms = median_ms(s, bwd(true));
+  MT_CUDA_CHECK(cudaStreamSynchronize(s));
+  uint64_t bits = fnv1a(0xcbf29ce484222325ull, bufs[3], bytes);  // O
+  bits = fnv1a(bits, lse, size_t(heads * sh.T) * sizeof(float));
+  if (packed) bits = fnv1a(bits, owned[3], 3 * bytes);  // dq, dk, dv interleaved
+  else
+    for (int i = 5; i < 8; ++i) bits = fnv1a(bits, bufs[size_t(i)], bytes);
   const double a_ms = median_ms(s, bwd(false));
   const double ff = sh.fwd_flops(), bf = 2.5 * ff;
   // Which kernels ran: the atomic-dQ backward is always the mma.sync one.
   const bool wgmma = mt::cuda::attention_uses_wgmma(mt::DType::bf16, sh.d);
   const char* kernels = !wgmma ? "mma.sync" : dropout ? "wgmma fwd" : "wgmma fwd, bwd";
   std::printf("[%lld, %lld, %lld, %lld] bf16 causal%s   (%s) fwd %7.3f ms %6.1f TFLOP/s   "
-              "bwd %7.3f ms %6.1f TFLOP/s   bwd atomic-dQ %7.3f ms %6.1f TFLOP/s\n",
+              "bwd %7.3f ms %6.1f TFLOP/s   bwd atomic-dQ %7.3f ms %6.1f TFLOP/s   bits %016llx\n",
               (long long)sh.B, (long long)sh.H, (long long)sh.T, (long long)sh.d,
               dropout ? ", dropout 0.2" : packed ? ", packed" : "",
               kernels, f_ms,
               ff / (f_ms * 1e-3) / 1e12, b_ms, bf / (b_ms * 1e-3) / 1e12, a_ms,
-              bf / (a_ms * 1e-3) / 1e12);
+              bf / (a_ms * 1e-3) / 1e12, (unsigned long long)bits);
   for (void* p : owned) mt::cuda::free(p, device);
   mt::cuda::free(lse, device);
 }
