@@ -198,15 +198,9 @@ CheckpointEvaluation evaluate_checkpoint(const std::string& checkpoint, const st
       throw ConfigError(detail::concat("data.val_fraction: ", c.data.val_fraction,
                                        " holds out none of the ", set.size, " samples"));
   }
-  if (set.dim != c.model.input)
-    throw ConfigError(detail::concat("model.input: the checkpoint's model takes ", c.model.input,
-                                     " features but the ", split, " data (", set.name, ") has ",
-                                     set.dim));
+  // The data must fit the model as the trainer requires it to (its kind's check_data).
+  if (const ModelKind& kind = model_kind(c.model.kind); kind.check_data) kind.check_data(c, set);
   data::standardize(set.features, m.standardization);  // the run's statistics, not this data's
-  for (int64_t y : set.labels)
-    if (y < 0 || y >= c.model.classes)
-      throw ConfigError(detail::concat("model.classes: the checkpoint's model has ", c.model.classes,
-                                       " classes but the ", split, " data has label ", y));
 
   CheckpointEvaluation e;
   static_cast<Evaluation&>(e) = train::evaluate(*m.model, *train::classification(), set, rows, c.eval.batch_size,
