@@ -101,8 +101,12 @@ TEST(Inference, EvaluateTakesOtherDataAndRefusesWhatDoesNotFit) {
                      {"model.input: is 8 but the", "has 2 features per sample"});
   const std::string wide = dir / "wide.csv";  // 8 features and a label past model.classes = 4
   std::ofstream(wide) << "1,2,3,4,5,6,7,8,0\n1,2,3,4,5,6,7,8,9\n";
-  test::expect_error([&] { app::evaluate_checkpoint(ckpt, {"data.kind=csv", "data.path=" + wide, "data.test_path=" + wide}); },
-                     {"model.classes: is 4 but the", "has label 9 (sample 1)"});
+  test::expect_error(
+      [&] {
+        app::evaluate_checkpoint(ckpt,
+                                 {"data.kind=csv", "data.path=" + wide, "data.test_path=" + wide});
+      },
+      {"model.classes: is 4 but the", "has label 9 (sample 1)"});
   test::expect_error([&] { app::evaluate_checkpoint(ckpt, {"model.hidden=[8]"}); },
                      {"--set model.hidden=[8]", "data.*, eval.* and device only"});
   test::expect_error([&] { app::evaluate_checkpoint(ckpt, {}, "train"); }, {"--split", "'train'"});
