@@ -1166,7 +1166,7 @@ __global__ void __launch_bounds__(256, 1)
 // or 64 query rows (dQ). The products add the same terms in the same order as the mma.sync
 // kernels', so dQ, dK and dV have the same bits.
 //   dK/dV  grid (B·H, T/64·G K tiles), G warpgroups a block; Q tiles of R rows (G = 1, R = 128
-//          at d = 64: 255 registers, 2 blocks an SM; G = 2, R = 64 at d = 128).
+//          at d = 64: 254 registers, 2 blocks an SM; G = 2, R = 64 at d = 128).
 //   dQ     grid (B·H, T/64·G Q tiles), the last first; K/V tiles of 64 keys (G = 1 at d = 64:
 //          122 registers; G = 2 at d = 128).
 template <int D>
