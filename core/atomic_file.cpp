@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -31,17 +32,37 @@ void sync_parent_dir(const std::string& path) {
            ": saved, but syncing its directory failed: ", std::strerror(err));
 }
 
-thread_local DirSyncBatch* current_batch = nullptr;
+thread_local CommitGroup* current_group = nullptr;
+
+void rename_over(const std::string& temp, const std::string& target) {
+  MT_CHECK(std::rename(temp.c_str(), target.c_str()) == 0, target, ": cannot rename ", temp,
+           " over it: ", os_error());
+}
 
 }  // namespace
 
-DirSyncBatch::DirSyncBatch() : outer_(current_batch) { current_batch = this; }
-DirSyncBatch::~DirSyncBatch() { current_batch = outer_; }
+CommitGroup::CommitGroup() : outer_(current_group) { current_group = this; }
 
-void DirSyncBatch::finish() {
-  current_batch = outer_;
-  for (const std::string& target : targets_) sync_parent_dir(target);
-  targets_.clear();
+CommitGroup::~CommitGroup() {
+  current_group = outer_;
+  for (const Pending& p : pending_)
+    if (!p.temp.empty()) std::remove(p.temp.c_str());
+}
+
+void CommitGroup::finish() {
+  current_group = outer_;
+  std::vector<std::string> synced_dirs;
+  for (Pending& p : pending_) {
+    rename_over(p.temp, p.target);
+    p.temp.clear();  // renamed: nothing for the destructor to remove
+  }
+  for (const Pending& p : pending_) {
+    const std::string dir = std::filesystem::path(p.target).parent_path().string();
+    if (std::find(synced_dirs.begin(), synced_dirs.end(), dir) != synced_dirs.end()) continue;
+    sync_parent_dir(p.target);
+    synced_dirs.push_back(dir);
+  }
+  pending_.clear();
 }
 
 AtomicFile::AtomicFile(std::string target)
@@ -52,7 +73,7 @@ AtomicFile::AtomicFile(std::string target)
 
 AtomicFile::~AtomicFile() {
   if (f_) std::fclose(f_);
-  if (!renamed_) std::remove(temp_.c_str());
+  if (!committed_) std::remove(temp_.c_str());
 }
 
 void AtomicFile::write(const void* p, size_t n) {
@@ -67,14 +88,14 @@ void AtomicFile::commit() {
   FILE* f = f_;
   f_ = nullptr;
   MT_CHECK(std::fclose(f) == 0, target_, ": cannot close ", temp_, ": ", os_error());
-  MT_CHECK(std::rename(temp_.c_str(), target_.c_str()) == 0, target_, ": cannot rename ", temp_,
-           " over it: ", os_error());
-  renamed_ = true;
-  if (current_batch == nullptr) return sync_parent_dir(target_);
-  const auto dir = std::filesystem::path(target_).parent_path();
-  for (const std::string& t : current_batch->targets_)
-    if (std::filesystem::path(t).parent_path() == dir) return;
-  current_batch->targets_.push_back(target_);
+  if (current_group != nullptr) {
+    current_group->pending_.push_back({temp_, target_});
+    committed_ = true;  // the group renames the temp file, or removes it
+    return;
+  }
+  rename_over(temp_, target_);
+  committed_ = true;
+  sync_parent_dir(target_);
 }
 
 SyncCounts sync_counts() { return {file_syncs.load(), directory_syncs.load()}; }

@@ -24,33 +24,40 @@ class AtomicFile {
   AtomicFile& operator=(const AtomicFile&) = delete;
 
   void write(const void* p, size_t n);
-  // Flush to the disk, close, rename over the target, sync the directory.
+  // Flush to the disk, close, rename over the target, sync the directory (in a CommitGroup: flush
+  // and close; the group does the rest).
   void commit();
 
  private:
   std::string target_, temp_;
   FILE* f_;
-  bool renamed_ = false;
+  bool committed_ = false;  // renamed over the target, or handed to a CommitGroup
 };
 
-// Several files that are one unit (a checkpoint's model and optimizer files): while a DirSyncBatch
-// is alive on this thread, AtomicFile::commit still syncs each file's bytes and renames it, but
-// leaves the directory sync to finish(), which syncs each directory once. One checkpoint then
-// costs three fsyncs instead of four. Until finish() returns no rename is known to be durable, so
-// the caller must not rely on one before that (the trainer prunes older checkpoints after it).
-// Without finish() (an exception on the way) nothing more is synced.
-class DirSyncBatch {
+// Several files that are one unit (a checkpoint's model and optimizer files): while a CommitGroup
+// is alive on this thread, AtomicFile::commit syncs each file's bytes but leaves the rename to
+// finish(), which renames the files in commit order and then syncs each directory once. So a file
+// that cannot be written (a full disk) fails before any target changes: the destructor removes
+// the temp files, and every target keeps what it held, the old pair still a pair. Only a crash
+// between finish()'s renames, which do no I/O of their own, can leave one file new and the other
+// old. One checkpoint costs three fsyncs instead of four. Until finish() returns no rename is
+// known to be durable, so the caller must not rely on one before that (the trainer prunes older
+// checkpoints after it).
+class CommitGroup {
  public:
-  DirSyncBatch();
-  ~DirSyncBatch();
-  DirSyncBatch(const DirSyncBatch&) = delete;
-  DirSyncBatch& operator=(const DirSyncBatch&) = delete;
+  CommitGroup();
+  ~CommitGroup();
+  CommitGroup(const CommitGroup&) = delete;
+  CommitGroup& operator=(const CommitGroup&) = delete;
   void finish();
 
  private:
   friend class AtomicFile;
-  std::vector<std::string> targets_;  // one committed file per directory still to sync
-  DirSyncBatch* outer_;
+  struct Pending {
+    std::string temp, target;
+  };
+  std::vector<Pending> pending_;  // synced temp files, in commit order, not yet renamed
+  CommitGroup* outer_;
 };
 
 // The fsyncs of files and of directories this process has made through AtomicFile, for tests and

@@ -729,6 +729,29 @@ TEST(WriteFailures, AFailedCheckpointStopsTheRunAndKeepsTheEarlierOnes) {
     EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
 }
 
+// best.safetensors reuses its names, so a save that fails after writing one of its two files must
+// leave the previous best pair alone. Here the model file's temp name is taken by a folder: its
+// write fails after the optimizer file's. The old pair loads, whole; no temp file is left. (The
+// optimizer file used to be renamed into place first: the pair no longer matched, and the only
+// best checkpoint of the run could not be resumed.)
+TEST(WriteFailures, AFailedSaveOfTheBestCheckpointKeepsThePreviousBest) {
+  TempDir dir;
+  const std::string ckpt = dir / "ckpt", best = train::best_checkpoint_path(ckpt);
+  const nn::StateDict first = {{"w", randn({3, 4})}}, second = {{"w", randn({3, 4})}};
+  train::save_best_checkpoint(ckpt, "run", 4, 1.5, first, first, {});
+  const std::string blocker = best + ".tmp." + std::to_string(::getpid());
+  fs::create_directory(blocker);
+  mt::test::expect_error([&] { train::save_best_checkpoint(ckpt, "run", 8, 1.25, second, second, {}); },
+                         {best + ": cannot create temp file"});
+  fs::remove(blocker);
+  const train::Checkpoint kept = train::load_checkpoint(best);
+  EXPECT_EQ(kept.step, 4);
+  EXPECT_EQ(kept.model[0].second.to_vector(), first[0].second.to_vector());
+  EXPECT_EQ(kept.optimizer[0].second.to_vector(), first[0].second.to_vector());
+  for (const auto& e : fs::directory_iterator(ckpt))
+    EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
+}
+
 // ---- checkpoint integrity -----------------------------------------------------------------
 
 uint64_t header_end(const std::string& path) {
@@ -954,6 +977,25 @@ TEST(CheckpointIntegrity, ResumeFallsBackToTheNewestIntactCheckpoint) {
   app::ConfigTrainer none(fault_config(dir), kCPU);
   mt::test::expect_error([&] { none.resume(ckpt); },
                          {"no intact checkpoint in '" + ckpt + "'", "step-000004.safetensors: damaged"});
+}
+
+// A resume that fell back past a damaged newer checkpoint leaves it on disk; pruning must not count
+// it. With keep_last = 1 it used to take the one kept place: each save of the resumed run deleted
+// the one before and then itself, and the next --resume found no intact checkpoint.
+TEST(CheckpointIntegrity, PruningAfterAFallbackKeepsWhatTheResumedRunSaved) {
+  TempDir dir;
+  const std::string ckpt = dir / "ckpt";
+  app::ConfigTrainer(fault_config(dir), kCPU).run();
+  fs::remove(ckpt + "/step-000024.optim.safetensors");
+  app::ConfigTrainer r(fault_config(dir, {"optim.steps=23", "checkpoint.every=1",
+                                          "checkpoint.keep_last=1"}), kCPU);
+  r.resume(ckpt);
+  ASSERT_EQ(r.step(), 20);
+  r.run();
+  EXPECT_EQ(train::load_checkpoint(ckpt).step, 23);
+  std::vector<std::string> names;
+  for (const std::string& f : train::list_checkpoints(ckpt)) names.push_back(fs::path(f).filename());
+  EXPECT_EQ(names, (std::vector<std::string>{"step-000023.safetensors", "step-000024.safetensors"}));
 }
 
 // A checkpoint is two files but one directory sync (docs/robustness.md, "The cost of a save"). A

@@ -213,14 +213,16 @@ void write_checkpoint(const std::string& model_path, const std::string& run_id, 
               {"checkpoint_id", random_id()}});
   std::map<std::string, std::string> model_meta = metadata;
   model_meta.insert(ids.begin(), ids.end());
-  // Each file's bytes are synced before its rename; the directory once, after both renames and
+  // Both files are written and synced before either is renamed (CommitGroup), so a save that
+  // fails, a full disk say, leaves the old files as they were: for best.safetensors, whose names
+  // are reused, the previous best pair. The directory is synced once, after both renames and
   // before older checkpoints are pruned. A crash before that sync may lose either rename: a model
-  // file without its optimizer file fails to load and resume falls back to the previous
+  // file without its optimizer file fails to load, and resume falls back to the previous
   // checkpoint, which is still there.
-  DirSyncBatch dir_sync;
+  CommitGroup files;
   nn::save_tensors(optim_path_for(model_path), optimizer, ids);
   nn::save_tensors(model_path, model, model_meta);
-  dir_sync.finish();
+  files.finish();
 }
 
 }  // namespace
@@ -248,10 +250,13 @@ std::string save_checkpoint(const std::string& dir, const std::string& run_id, i
   write_checkpoint(model_path, run_id, step, model, optimizer, {}, metadata);
 
   // Newest first, this run's beyond the newest keep_last go (reading headers only when some may).
+  // One of a later step can only be a damaged checkpoint that the resume skipped over (RunDir::
+  // claim refuses any other): it is not one of the kept, and it is left for a look.
   const std::vector<std::string> all = list_checkpoints(dir);
   if (all.size() > size_t(keep_last)) {
     int64_t kept = 0;
     for (auto it = all.rbegin(); it != all.rend(); ++it) {
+      if (checkpoint_name_step(*it) > step) continue;
       std::string owner;
       try {
         owner = checkpoint_run_id(*it);

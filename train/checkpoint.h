@@ -22,10 +22,12 @@
 // cover 0-d tensors' names, dtypes and shapes (core/safetensors.h). A file that says format 1 but
 // carries checksums is damaged (a relabelled newer one), whatever the variable says.
 //
-// Both are written atomically (temp file, fsync, rename, directory fsync), the optimizer file
-// first: a model file exists only once its optimizer file does, so the newest model file always
-// names a complete checkpoint, even if the process is killed mid-write. Older checkpoints of the
-// run beyond keep_last are deleted only after the new one is on disk, model file first; temp and
+// Both are written atomically (temp file, fsync, rename, directory fsync): both temp files are
+// whole on disk before either is renamed, the optimizer file first, so a save that fails changes
+// no file, and a model file exists only once its optimizer file does: the newest model file
+// always names a complete checkpoint, even if the process is killed mid-write. Older checkpoints
+// of the run beyond keep_last are deleted only after the new one is on disk, model file first
+// (a later step's checkpoint, damaged and skipped by a resume, neither counts nor goes); temp and
 // orphaned optimizer files left by a killed run are removed after each save. The folder is the
 // run's alone while it runs (train/run_dir.h), so no other process writes there meanwhile.
 //
