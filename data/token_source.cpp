@@ -42,6 +42,7 @@ void TokenSource::shard(int rank, int world) {
            " over ", world, " ranks leaves fewer than microbatches = ", o_.microbatches,
            " windows per rank; need batch_size >= world * microbatches");
   const std::vector<int64_t> shards = microbatch_sizes(o_.batch_size, world);
+  rank_ = rank;
   shard_begin_ = 0;
   for (int r = 0; r < rank; ++r) shard_begin_ += shards[size_t(r)];
   shard_size_ = shards[size_t(rank)];

@@ -56,13 +56,16 @@ class TokenSource : public Source {
   // The step of the last step_batches call (-1 before the first): the language-modelling task
   // keys dropout by it, so masks are a pure function of the step too.
   int64_t last_step() const { return last_step_; }
+  // This rank's first microbatch in the step's numbering over all ranks, rank · microbatches:
+  // the task keys dropout by it too, so no two ranks draw the same masks.
+  int64_t first_microbatch() const { return rank_ * o_.microbatches; }
 
  private:
   TokenStream stream_;
   std::string tokenizer_;
   TokenSourceOptions o_;
   std::unique_ptr<TokenWindows> train_, val_;
-  int64_t shard_begin_ = 0, shard_size_ = 0;
+  int64_t rank_ = 0, shard_begin_ = 0, shard_size_ = 0;
   mutable int64_t last_step_ = -1;
 };
 

@@ -9,7 +9,9 @@
 //   - perplexity beside loss and bits per byte;
 //   - on a GPU: a CUDA graph run equals the eager run bit for bit.
 // Dropout is 0 where runs are compared across microbatch or rank layouts: a mask is keyed by the
-// microbatch and the element's place in it, so another layout draws other masks.
+// microbatch and the element's place in it, so another layout draws other masks. The exception:
+// N ranks of one microbatch draw what one rank of N microbatches draws (microbatches are
+// numbered over all ranks), and train like it with dropout on.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -102,6 +104,25 @@ TEST(GptGuarantees, CpuRanksAndZero1TrainLikeOneRankInF64) {
       EXPECT_NEAR(run.summary.val_loss, ref.val_loss, 1e-10 * ref.val_loss);
       EXPECT_TRUE(fs::exists(d.path / "ckpt/best.safetensors"));
     }
+  }
+}
+
+// Rank r's microbatch is microbatch r of the step: with dropout on, N ranks of one microbatch
+// train like one rank of N microbatches. (Ranks that numbered their own microbatches from 0 all
+// drew one mask, unlike the single rank.)
+TEST(GptGuarantees, RanksWithDropoutDrawTheMasksOfOneRankWithAsManyMicrobatches) {
+  for (int n : {2, 3}) {
+    SCOPED_TRACE(testing::Message() << n << " ranks");
+    TempDir d0, d;
+    Config single_cfg = gpt_config(d0, {"precision.compute_dtype=f64", "model.dropout=0.3"});
+    single_cfg.optim.microbatches = n;
+    app::ConfigTrainer single(single_cfg, kCPU);
+    single.run();
+    Config cfg = single_cfg;
+    cfg.checkpoint.dir = (d.path / "ckpt").string();
+    cfg.optim.microbatches = 1;
+    const train::LocalRun run = app::run_local_ranks(cfg, n);
+    for (const auto& t : run.ranks) EXPECT_LT(max_diff(*t, single), 1e-10);
   }
 }
 

@@ -31,21 +31,26 @@ class LanguageModeling : public Task {
     const int64_t T = batch.x.size(1);
     auto* gpt = dynamic_cast<nn::GPT*>(&model);
     if (gpt != nullptr && key_.step && model.is_training()) {
-      // Microbatch m of step s draws its masks from call s · 2^20 + m: a pure function of the
-      // step, so a resumed run draws what an uninterrupted one did. The step's part, s · 2^20
-      // calls, is a device word the first microbatch moves: set from the host when run eagerly,
-      // advanced by one step on the device when recorded in a CUDA graph, so every replay draws
-      // the next step's masks, the ones an eager step would (ops/dropout/dropout.h).
+      // Microbatch m of step s draws its masks from call s · 2^20 + m, m numbered over all
+      // ranks (rank r's first is r · microbatches): a pure function of the step, so a resumed
+      // run draws what an uninterrupted one did, and N ranks of k microbatches draw what one
+      // rank of N · k draws when the batch splits evenly. The step's part, s · 2^20 calls, is a
+      // device word the first microbatch moves: set from the host when run eagerly, advanced by
+      // one step on the device when recorded in a CUDA graph, so every replay draws the next
+      // step's masks, the ones an eager step would (ops/dropout/dropout.h).
       const int64_t step = key_.step();
       microbatch_ = step == step_ ? microbatch_ + 1 : 0;
       step_ = step;
+      const int64_t call = (key_.first_microbatch ? key_.first_microbatch() : 0) + microbatch_;
+      MT_CHECK(call < (int64_t(1) << 20), "dropout: microbatch ", call, " of a step is past the ",
+               "2^20 a step's masks are keyed for");
       const uint64_t per_step = (uint64_t(1) << 20) * gpt->num_dropouts();  // offsets a step
       if (microbatch_ == 0) {
         if (!base_.defined() || base_.device() != batch.x.device())
           base_ = zeros({1}, DType::i64, batch.x.device());
         advance_dropout_base(base_, uint64_t(step) * per_step, per_step);
       }
-      gpt->set_dropout_key(key_.seed, uint64_t(microbatch_), base_);
+      gpt->set_dropout_key(key_.seed, uint64_t(call), base_);
     }
     Tensor loss = next_token_loss(model(batch.x), batch.y, vocab_size_, normalizer * double(T));
     if (metrics != nullptr && tokens_per_byte_ > 0) {

@@ -22,11 +22,14 @@
 namespace mt::train {
 
 // How a GPT's dropout masks are keyed in training (nn::GPT::set_dropout_key): `step` returns the
-// optimizer step whose microbatches are being run (data::TokenSource::last_step); no `step`: the
-// model's dropouts keep whatever key they have.
+// optimizer step whose microbatches are being run (data::TokenSource::last_step), and
+// `first_microbatch` this rank's first microbatch in the step's numbering over all ranks
+// (data::TokenSource::first_microbatch; none: 0). No `step`: the model's dropouts keep whatever
+// key they have.
 struct DropoutKey {
   uint64_t seed = 0;
   std::function<int64_t()> step;
+  std::function<int64_t()> first_microbatch;
 };
 
 // vocab_size: the number of real token ids V; tokens_per_byte: tokens / bytes of the text

@@ -104,7 +104,8 @@ const RegisterModel gpt({
         throw ConfigError("model.kind: gpt trains on token data (data.kind text or tokens), not "
                           "data.kind " + c.data.kind);
       return train::language_modeling(c.model.params.integer("vocab_size"), tokens->tokens_per_byte(),
-                                      {c.seed, [tokens] { return tokens->last_step(); }});
+                                      {c.seed, [tokens] { return tokens->last_step(); },
+                                       [tokens] { return tokens->first_microbatch(); }});
     },
 });
 
