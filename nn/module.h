@@ -131,6 +131,20 @@ class Module {
   bool training_ = true;
 };
 
+// Eval mode for a scope (a validation pass mid-training, sampling): the module and its children
+// go back to the mode the module had when the scope ends, also when an exception ends it.
+class EvalModeGuard {
+ public:
+  explicit EvalModeGuard(Module& m) : m_(m), was_training_(m.is_training()) { m.eval(); }
+  ~EvalModeGuard() { m_.train(was_training_); }
+  EvalModeGuard(const EvalModeGuard&) = delete;
+  EvalModeGuard& operator=(const EvalModeGuard&) = delete;
+
+ private:
+  Module& m_;
+  bool was_training_;
+};
+
 // A function called with each module and its output after every Module::operator() on this
 // thread while a ForwardHookGuard holds it (the innermost module finishes, and is seen, first).
 // The trainer's non-finite forensics uses it to name the first module whose output is NaN or inf.

@@ -85,6 +85,11 @@ TEST(Sample, SameSeedSameTokens) {
   auto g1 = train::sample(model, {1}, 20, 8, o, kCPU);
   o.seed = 99;
   EXPECT_EQ(g1, train::sample(model, {1}, 20, 8, o, kCPU));
+  // So is a tiny temperature: the largest logit is taken off before the division, which would
+  // overflow on its own.
+  o.top_k = 0;
+  o.temperature = 1e-320;
+  EXPECT_EQ(g1, train::sample(model, {1}, 20, 8, o, kCPU));
   EXPECT_TRUE(model.is_training());  // the mode is restored
 }
 
@@ -103,6 +108,7 @@ TEST(Sample, BadOptions) {
   for (const auto& [name, p] : model.named_parameters())
     if (name == "transformer.ln_f.weight") p.fill_(std::nan(""));
   test::expect_error(run({1}, {}), {"logits at token 0 after the prompt are not finite"});
+  EXPECT_TRUE(model.is_training());  // restored on the error's way out too
 }
 
 }  // namespace

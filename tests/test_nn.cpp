@@ -1,5 +1,6 @@
 // nn: registration and dotted names, state_dict round trips and every load error, train/eval
-// leaving gradients alone, Linear's init, in-place dtype moves, Sequential and MLP.
+// leaving gradients alone and an evaluation handing the mode back, Linear's init, in-place dtype
+// moves, Sequential and MLP.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -17,6 +18,7 @@
 #include "tests/gradcheck.h"
 #include "tests/expect_error.h"
 #include "tests/max_rel_diff.h"
+#include "train/evaluate.h"
 
 using namespace mt;
 using mt::test::expect_error;
@@ -165,6 +167,31 @@ TEST(Module, TrainEvalFlipsAFlagEverywhereAndNothingElse) {
   EXPECT_EQ(net.fc->weight.grad().to_vector(), g);
   net.train();
   EXPECT_TRUE((*net.body)[0]->is_training());
+}
+
+// An evaluation (or sampling) pass hands the model back in the mode it found it in: a model in
+// eval mode, as `train eval` loads it, stays there, and an error on the way out restores the mode
+// too. evaluate() used to switch every model to training mode at its end.
+TEST(Module, AnEvaluationHandsTheModelBackInTheModeItFound) {
+  Net net;
+  try {
+    nn::EvalModeGuard eval_mode(net);
+    EXPECT_FALSE((*net.body)[1]->is_training());
+    throw Error("a failed pass");
+  } catch (const Error&) {
+  }
+  EXPECT_TRUE((*net.body)[1]->is_training());
+
+  manual_seed(4);
+  nn::Sequential model = small_model();
+  const Tensor x = randn({4, 5}), y = from_vector(std::vector<int64_t>{0, 1, 2, 1}, {4});
+  auto one_batch = [&](const train::BatchVisitor& visit) { visit({x, y}); };
+  for (bool training : {false, true}) {
+    model.train(training);
+    train::evaluate(model, *train::classification(), one_batch, 4, DType::f32);
+    EXPECT_EQ(model.is_training(), training);
+    EXPECT_EQ(model[0]->is_training(), training);
+  }
 }
 
 // Microbatch A, an evaluation pass, microbatch B: .grad holds exactly A + B.

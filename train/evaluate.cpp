@@ -13,12 +13,11 @@ Evaluation evaluate(nn::Module& model, Task& task,
                     const std::function<void(const BatchVisitor&)>& for_each, int64_t samples,
                     DType compute_dtype) {
   NoGradGuard no_grad;
-  model.eval();  // a flag only: accumulated gradients are left alone
+  nn::EvalModeGuard eval_mode(model);  // a flag only: accumulated gradients are left alone
   Evaluation e;
   for_each([&](const data::Batch& b) {
     e.loss += task.loss(model, to_compute_dtype(b, compute_dtype), 1.0, &e.metrics).item();
   });
-  model.train();
   const double n = double(std::max<int64_t>(samples, 1));
   e.loss /= n;
   for (auto& [name, sum] : e.metrics) sum /= n;

@@ -23,8 +23,7 @@ std::vector<int32_t> sample(nn::Module& model, const std::vector<int32_t>& promp
     MT_CHECK(t >= 0 && t < vocab_size, "sample: prompt token ", t, " is outside the vocabulary [0, ",
              vocab_size, ")");
   NoGradGuard no_grad;
-  const bool was_training = model.is_training();
-  model.eval();
+  nn::EvalModeGuard eval_mode(model);
   Generator g(o.seed);
   std::vector<int32_t> context = prompt, out;
   std::vector<double> p(static_cast<size_t>(vocab_size));
@@ -35,9 +34,11 @@ std::vector<int32_t> sample(nn::Module& model, const std::vector<int32_t>& promp
     Tensor logits = model(from_vector(ids, {1, T}, DType::i64, device));
     const int64_t Vp = logits.size(-1);
     std::vector<double> last = logits.reshape({T, Vp}).slice_rows(T - 1, T).to_vector();
-    // Softmax over the first V logits at this temperature, in double; top_k keeps the k largest
-    // (ties broken by the lower id, so the choice does not depend on the sort).
-    for (int64_t v = 0; v < vocab_size; ++v) p[size_t(v)] = last[size_t(v)] / o.temperature;
+    // Softmax over the first V logits at this temperature, in double, the largest logit taken
+    // off before the division so that a tiny temperature cannot overflow; top_k keeps the k
+    // largest (ties broken by the lower id, so the choice does not depend on the sort).
+    const double top = *std::max_element(last.begin(), last.begin() + vocab_size);
+    for (int64_t v = 0; v < vocab_size; ++v) p[size_t(v)] = (last[size_t(v)] - top) / o.temperature;
     if (o.top_k > 0 && o.top_k < vocab_size) {
       for (int64_t v = 0; v < vocab_size; ++v) order[size_t(v)] = v;
       std::nth_element(order.begin(), order.begin() + (o.top_k - 1), order.end(),
@@ -49,12 +50,11 @@ std::vector<int32_t> sample(nn::Module& model, const std::vector<int32_t>& promp
       for (int64_t v = 0; v < vocab_size; ++v)
         if (p[size_t(v)] < cut || (p[size_t(v)] == cut && v > kth)) p[size_t(v)] = -INFINITY;
     }
-    const double m = *std::max_element(p.begin(), p.end());
     double total = 0;
-    for (double& x : p) total += (x = std::exp(x - m));
+    for (double& x : p) total += (x = std::exp(x));  // the largest is exp(0) = 1
     // A non-finite logit (a damaged model, an overflow) leaves no distribution to draw from.
     MT_CHECK(std::isfinite(total) && total > 0, "sample: the logits at token ", n, " after the "
-             "prompt are not finite (the largest is ", m, "): the model cannot be sampled");
+             "prompt are not finite (the largest is ", top, "): the model cannot be sampled");
     double u = g.uniform() * total;
     int32_t next = 0;
     for (int64_t v = 0; v < vocab_size; ++v) {
@@ -65,7 +65,6 @@ std::vector<int32_t> sample(nn::Module& model, const std::vector<int32_t>& promp
     context.push_back(next);
     out.push_back(next);
   }
-  model.train(was_training);
   return out;
 }
 
