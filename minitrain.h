@@ -14,15 +14,23 @@
 #include "core/tensor.h"
 
 // ops: the differentiable operations.
+#include "ops/attention/attention.h"
 #include "ops/cross_entropy/cross_entropy.h"
+#include "ops/dropout/dropout.h"
 #include "ops/elementwise/elementwise.h"
+#include "ops/embedding/embedding.h"
+#include "ops/gelu/gelu.h"
+#include "ops/gelu_mlp/gelu_mlp.h"
+#include "ops/heads/heads.h"
+#include "ops/layer_norm/layer_norm.h"
 #include "ops/linear/linear.h"
 #include "ops/rms_norm/rms_norm.h"
 #include "ops/rms_norm/rms_norm_scaled_silu.h"
 #include "ops/scaled_silu/scaled_silu.h"
 #include "check/op_check.h"
 
-// nn: modules and initialization.
+// nn: modules (the GPT among them) and initialization.
+#include "nn/gpt.h"
 #include "nn/init.h"
 #include "nn/module.h"
 #include "nn/modules.h"
@@ -41,14 +49,21 @@
 #include "parallel/launch.h"
 #include "parallel/reducer.h"
 
-// data: datasets, their file formats, data sources and the batch loader.
+// data: datasets, their file formats (CSV, token shards), data sources and the tokenizers.
 #include "data/array_source.h"
+#include "data/csv.h"
 #include "data/data.h"
 #include "data/source.h"
+#include "data/token_shards.h"
+#include "data/token_source.h"
+#include "data/tokenizer.h"
 
-// train: the trainer, its options, tasks and checkpoints.
+// train: the trainer, its options, tasks, evaluation, sampling and checkpoints.
 #include "train/checkpoint.h"
+#include "train/evaluate.h"
+#include "train/lm_task.h"
 #include "train/options.h"
+#include "train/sample.h"
 #include "train/task.h"
 #include "train/trainer.h"
 
