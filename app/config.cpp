@@ -706,8 +706,8 @@ const std::vector<Row>& rows() {
      },
      [](const Config& c) -> std::string { return format_number(c.data.noise); }},
     {"data", "path", "string",
-     "mnist / csv: the training data; text: the text file; tokens: the llm.c token shard",
-     "must exist for `mnist` and `csv`; a regular file for `csv`, `text` and `tokens`",
+     "mnist / csv: the training data; text: the text file; tokens: the llm.c token shard, or a glob pattern of shards (`fineweb_train_*.bin`) read in name order as one stream",
+     "must exist for `mnist` and `csv`; a regular file for `csv`, `text` and `tokens` (a pattern: every match, and at least one)",
      [](Section& s, Config& c) {
       s.get("path", c.data.path);
      },

@@ -163,14 +163,27 @@ int sample_command(const std::vector<std::string>& args) {
 }
 
 int tokenize_command(const std::vector<std::string>& args) {
-  const auto o = parse_options(args, "tokenize", {"--input", "--output", "--tokenizer", "--gpt2-dir"});
+  const auto o = parse_options(args, "tokenize",
+                               {"--input", "--output", "--tokenizer", "--gpt2-dir", "--special"});
   if (!o.contains("--input") || !o.contains("--output"))
     throw ConfigError("train tokenize: --input TEXT_FILE and --output SHARD.bin are required");
-  check_output_file("tokenize: --output", o.at("--output"), {o.at("--input")});
-  const auto tokenizer = load_tokenizer(text_of(o, "--tokenizer", "gpt2"), text_of(o, "--gpt2-dir", "assets/gpt2"));
+  const std::string name = text_of(o, "--tokenizer", "gpt2");
+  const std::string gpt2_dir = text_of(o, "--gpt2-dir", "assets/gpt2");
+  // The shard must not replace a file this command reads: the text, or GPT-2's vocabulary.
+  std::vector<std::string> reads = {o.at("--input")};
+  if (name == "gpt2") reads.insert(reads.end(), {gpt2_dir + "/encoder.json", gpt2_dir + "/vocab.bpe"});
+  check_output_file("tokenize: --output", o.at("--output"), reads);
+  const std::string special = text_of(o, "--special", "as-text");
+  if (special != "as-text" && special != "allow")
+    throw ConfigError("--special: expected as-text or allow, got '" + special + "'");
+  const auto tokenizer = load_tokenizer(name, gpt2_dir);
+  if (special == "allow" && !tokenizer->end_of_text())
+    throw ConfigError("--special allow: the " + tokenizer->name() + " tokenizer has no special "
+                      "tokens");
   data::TokenStream s;
   try {
-    s = data::tokenize_text_file(o.at("--input"), *tokenizer);
+    s = data::tokenize_text_file(o.at("--input"), *tokenizer,
+                                 special == "allow" ? Special::allow : Special::as_text);
   } catch (const Error& e) {
     throw data::DataError(e.what());
   }

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <queue>
 #include <sstream>
 
@@ -300,6 +301,9 @@ Gpt2Tokenizer::Gpt2Tokenizer(const std::string& encoder_json, const std::string&
 void Gpt2Tokenizer::merge_piece(std::string_view piece, std::vector<int32_t>& out) const {
   // The piece's symbols as a linked list over their first byte's index; a merge keeps the left
   // symbol and unlinks the right one.
+  MT_CHECK(piece.size() < size_t(std::numeric_limits<int32_t>::max()), "gpt2: one piece of ",
+           piece.size(), " bytes (an unbroken run of letters, digits, symbols or spaces) is more "
+           "than the 2^31 - 1 bytes a piece may have");
   const auto n = int32_t(piece.size());
   struct Symbol {
     int32_t id, prev, next;  // next == n: the last symbol; id == -1: merged away

@@ -51,11 +51,13 @@ Shard open_shard(const std::string& path) {
            " bytes, fewer than the ", kShardHeaderBytes, "-byte header (256 int32)");
   MT_CHECK(std::fread(header, sizeof header, 1, f.get()) == 1, path, ": read error in the header: ",
            std::strerror(errno));
+  MT_CHECK(header[0] != kLlama3ShardMagic, path, ": an llm.c shard of LLaMA 3 tokens (magic ",
+           kLlama3ShardMagic, ", uint32 tokens); only GPT-2 shards (magic ", kShardMagic,
+           ", version ", kShardVersion, ", uint16 tokens) are read");
   MT_CHECK(header[0] == kShardMagic, path, ": not a token shard: header field 'magic' (int 0) is ",
            header[0], ", expected ", kShardMagic);
   MT_CHECK(header[1] == kShardVersion, path, ": header field 'version' (int 1) is ", header[1],
-           "; only version ", kShardVersion, " (uint16 tokens) is read",
-           header[1] == 2 ? " (version 2 holds the uint32 tokens of larger vocabularies)" : "");
+           "; only version ", kShardVersion, " (uint16 tokens) is read");
   const int64_t count = header[2];
   MT_CHECK(count >= 0, path, ": header field 'count' (int 2) is negative: ", count);
   const int64_t expected = kShardHeaderBytes + 2 * count;

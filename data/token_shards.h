@@ -18,6 +18,7 @@
 namespace mt {
 
 inline constexpr int32_t kShardMagic = 20240520;
+inline constexpr int32_t kLlama3ShardMagic = 20240801;  // llm.c's uint32 shards: refused by name
 inline constexpr int32_t kShardVersion = 1;
 inline constexpr int64_t kShardHeaderInts = 256;
 inline constexpr int64_t kShardHeaderBytes = kShardHeaderInts * 4;

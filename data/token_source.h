@@ -35,6 +35,9 @@ class TokenSource : public Source {
   // Errors (mt::Error naming the value): a split shorter than T + 1 tokens, batch_size < 1,
   // microbatches outside [1, batch_size].
   TokenSource(TokenStream stream, std::string tokenizer, const TokenSourceOptions& options);
+  // Its windows refer to its own stream: a copy or a move would leave them on the old one.
+  TokenSource(const TokenSource&) = delete;
+  TokenSource& operator=(const TokenSource&) = delete;
 
   std::string name() const override;
   std::vector<std::string> describe() const override;

@@ -11,7 +11,8 @@
 
 namespace mt::data {
 
-TokenStream tokenize_text_file(const std::string& path, const Tokenizer& tokenizer) {
+TokenStream tokenize_text_file(const std::string& path, const Tokenizer& tokenizer,
+                               Special special) {
   // A regular file only: a directory would read as no text, a FIFO wait for a writer.
   const std::string text = read_regular_file(path);
   TokenStream s;
@@ -19,7 +20,7 @@ TokenStream tokenize_text_file(const std::string& path, const Tokenizer& tokeniz
   s.text_bytes = int64_t(text.size());
   s.source = path;
   try {
-    s.tokens = tokenizer.encode(text);
+    s.tokens = tokenizer.encode(text, special);
   } catch (const Error& e) {
     MT_THROW(path, ": the ", tokenizer.name(), " tokenizer refused it: ", e.what());
   }
@@ -30,12 +31,17 @@ TokenStream read_token_shards(const std::vector<std::string>& paths, int64_t voc
   MT_CHECK(!paths.empty(), "read_token_shards: no shard files given");
   TokenStream s;
   s.vocab_size = vocab_size;
+  int64_t total = 0;
+  for (const std::string& path : paths) total += read_token_shard_header(path);
+  s.tokens.reserve(size_t(total));  // the headers first: one allocation, not a doubling vector's
   for (const std::string& path : paths) {
     std::vector<uint16_t> t = read_token_shard(path);
     check_token_ids(t, vocab_size, path);
     s.tokens.insert(s.tokens.end(), t.begin(), t.end());
-    s.source += (s.source.empty() ? "" : ", ") + path;
   }
+  s.source = paths.size() == 1 ? paths[0]
+                               : paths.front() + " … " + paths.back() + " (" +
+                                     std::to_string(paths.size()) + " shards)";
   return s;
 }
 

@@ -33,13 +33,16 @@ struct TokenStream {
   std::string source;      // the file(s) it came from, for messages
 };
 
-// The tokens of the text file at `path` by `tokenizer`, with its byte count. A file that cannot
-// be read is an mt::Error naming it; so is text the tokenizer refuses (the message names the file
-// and the tokenizer's reason: GPT-2's BPE takes only valid UTF-8 and names the byte offset).
-TokenStream tokenize_text_file(const std::string& path, const Tokenizer& tokenizer);
+// The tokens of the text file at `path` by `tokenizer`, with its byte count; `special` says what
+// "<|endoftext|>" in the text becomes (data/tokenizer.h). A file that cannot be read is an
+// mt::Error naming it; so is text the tokenizer refuses (the message names the file and the
+// tokenizer's reason: GPT-2's BPE takes only valid UTF-8 and names the byte offset).
+TokenStream tokenize_text_file(const std::string& path, const Tokenizer& tokenizer,
+                               Special special = Special::as_text);
 
 // The tokens of llm.c shards (data/token_shards.h), concatenated in order, each id checked against
-// vocab_size (an mt::Error naming the file, the position and the id).
+// vocab_size (an mt::Error naming the file, the position and the id). The source says
+// "first … last (N shards)" for more than one.
 TokenStream read_token_shards(const std::vector<std::string>& paths, int64_t vocab_size);
 
 // The positions [begin, end) of a token stream (a split) as windows of T + 1 tokens.
@@ -65,7 +68,7 @@ class TokenWindows {
 // The B window starts of optimizer step `step` for a split of `windows` windows.
 std::vector<int64_t> step_window_starts(int64_t windows, int64_t batch, uint64_t seed, int64_t step);
 
-// The first position of the validation part: round((1 − val_fraction) · size).
+// The first position of the validation part: size − round(val_fraction · size).
 int64_t validation_begin(int64_t size, double val_fraction);
 
 }  // namespace mt::data

@@ -4,6 +4,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -133,6 +134,22 @@ TEST(TokenizeCli, WritesAShardTheReaderTakesAndRefusesBadInput) {
   ASSERT_EQ(test::run_train("tokenize --tokenizer bytes --input " + text.string() + " --output " +
                             shard.string(), &out), 0) << out;
   EXPECT_EQ(read_token_shard(shard.string()).size(), 11u);
+  // <|endoftext|> is text unless --special allow makes it the end-of-text token, as llm.c puts
+  // between documents; the bytes tokenizer has none.
+  const std::filesystem::path docs = t.path / "docs.txt";
+  std::ofstream(docs) << "a<|endoftext|>b";
+  ASSERT_EQ(test::run_train("tokenize --input " + docs.string() + " --output " + shard.string() +
+                            " --special allow --gpt2-dir " MT_SOURCE_DIR "/assets/gpt2", &out), 0) << out;
+  EXPECT_EQ(read_token_shard(shard.string()), (std::vector<uint16_t>{64, 50256, 65}));
+  ASSERT_EQ(test::run_train("tokenize --input " + docs.string() + " --output " + shard.string() +
+                            " --gpt2-dir " MT_SOURCE_DIR "/assets/gpt2", &out), 0) << out;
+  const std::vector<uint16_t> plain = read_token_shard(shard.string());
+  EXPECT_EQ(std::count(plain.begin(), plain.end(), 50256), 0);
+  EXPECT_GT(plain.size(), 3u);
+  expect_fails("tokenize --input " + docs.string() + " --output " + shard.string() +
+                   " --tokenizer bytes --special allow", 2, "the bytes tokenizer has no special tokens");
+  expect_fails("tokenize --input " + docs.string() + " --output " + shard.string() +
+                   " --special yes", 2, "--special: expected as-text or allow, got 'yes'");
 
   // Text that is not UTF-8 is refused by the GPT-2 tokenizer, naming the file and the offset.
   const std::filesystem::path bad = t.path / "bad.txt";
@@ -159,6 +176,14 @@ TEST(TokenizeCli, WritesAShardTheReaderTakesAndRefusesBadInput) {
                "which this command reads");
   std::ifstream kept(text);
   EXPECT_EQ(std::string(std::istreambuf_iterator<char>(kept), {}), "Hello world");
+  // Nor GPT-2's vocabulary files, which it reads too (it used to write the shard over them).
+  const std::filesystem::path assets = t.path / "gpt2";
+  std::filesystem::copy(MT_SOURCE_DIR "/assets/gpt2", assets);
+  const auto merges_size = std::filesystem::file_size(assets / "vocab.bpe");
+  for (const char* file : {"vocab.bpe", "encoder.json"})
+    expect_fails("tokenize --input " + text.string() + " --output " + (assets / file).string() +
+                     " --gpt2-dir " + assets.string(), 2, "which this command reads");
+  EXPECT_EQ(std::filesystem::file_size(assets / "vocab.bpe"), merges_size);
   const std::filesystem::path link = t.path / "link.bin";
   std::filesystem::create_symlink(shard, link);
   expect_fails("tokenize --input " + text.string() + " --output " + link.string() + bytes, 2,

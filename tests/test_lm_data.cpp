@@ -1,15 +1,20 @@
-// Language-model data (train/token_windows.h) and sampling (train/sample.h): windows of T + 1
-// tokens, batches as a pure function of (seed, step), the split by position, bad input.
+// Language-model data (data/token_windows.h, data.kind tokens) and sampling (train/sample.h):
+// windows of T + 1 tokens, batches as a pure function of (seed, step), the split by position,
+// several shards as one stream, bad input.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <set>
 
+#include "app/config.h"
+#include "app/registry.h"
 #include "core/rng.h"
+#include "data/token_shards.h"
+#include "data/token_windows.h"
 #include "nn/gpt.h"
 #include "tests/expect_error.h"
+#include "tests/temp_dir.h"
 #include "train/sample.h"
-#include "data/token_windows.h"
 
 using namespace mt;
 
@@ -68,6 +73,50 @@ TEST(TokenWindows, BadInput) {
   data::TokenStream s = counting(10);
   test::expect_error([&] { data::TokenWindows(s, 0, 10, 10, "train"); },
                      {"train", "counting", "10 tokens", "T + 1 = 11"});
+}
+
+// data.path of `data.kind: tokens` may be a glob pattern, as llm.c's -i is: the matching shards,
+// in name order (not the order they were written in), are one stream: the batches and held-out
+// windows of one shard that holds them all, joined.
+TEST(TokenData, AGlobPatternOfShardsIsOneStreamInNameOrder) {
+  test::TempDir t;
+  std::vector<std::vector<uint16_t>> parts(3);
+  std::vector<uint16_t> joined;
+  for (size_t k = 0; k < parts.size(); ++k) {
+    for (int i = 0; i < 300 + 50 * int(k); ++i) parts[k].push_back(uint16_t((37 * i + 11 * k) % 256));
+    joined.insert(joined.end(), parts[k].begin(), parts[k].end());
+  }
+  for (size_t k : {2, 0, 1}) write_token_shard(t / ("part_" + std::to_string(k) + ".bin"), parts[k]);
+  write_token_shard(t / "other.bin", std::vector<uint16_t>{1, 2, 3});  // does not match
+  write_token_shard(t / "joined.bin", joined);
+  auto source = [&](const std::string& path) {
+    const Config c = load_config("", {"model.kind=gpt", "model.block_size=16",
+                                      "model.vocab_size=256", "data.kind=tokens",
+                                      "data.path=" + path, "optim.batch_size=6", "device=cpu"});
+    return app::data_kind("tokens").source(c);
+  };
+  const auto globbed = source(t / "part_*.bin"), one = source(t / "joined.bin");
+  EXPECT_NE(globbed->describe()[0].find("part_0.bin … " + (t / "part_2.bin") + " (3 shards)"),
+            std::string::npos) << globbed->describe()[0];
+  for (int64_t step : {0, 1, 7}) {
+    const std::vector<data::Batch> a = globbed->step_batches(step, kCPU), b = one->step_batches(step, kCPU);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_EQ(a[i].x.to_vector(), b[i].x.to_vector()) << "step " << step;
+      EXPECT_EQ(a[i].y.to_vector(), b[i].y.to_vector()) << "step " << step;
+    }
+  }
+  auto held_out = [](const data::Source& s) {
+    std::vector<double> x;
+    s.for_each_held_out(data::HeldOut::validation, 8, kCPU, [&](const data::Batch& b) {
+      for (double v : b.x.to_vector()) x.push_back(v);
+    });
+    return x;
+  };
+  EXPECT_EQ(held_out(*globbed), held_out(*one));
+  EXPECT_FALSE(held_out(*one).empty());
+  test::expect_error([&] { source(t / "none_*.bin"); },
+                     {"data.path", "no file matches the pattern '" + (t / "none_*.bin") + "'"});
 }
 
 TEST(Sample, SameSeedSameTokens) {

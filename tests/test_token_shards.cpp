@@ -88,7 +88,10 @@ TEST(TokenShards, RefusesAHeaderThatLies) {
   with(0, 20240521);
   refused({path, "not a token shard", "field 'magic' (int 0) is 20240521, expected 20240520"});
   with(1, 2);
-  refused({path, "field 'version' (int 1) is 2", "only version 1", "uint32 tokens"});
+  refused({path, "field 'version' (int 1) is 2", "only version 1 (uint16 tokens)"});
+  with(0, 20240801);  // llm.c's LLaMA 3 shards (version 7, uint32 tokens)
+  refused({path, "an llm.c shard of LLaMA 3 tokens (magic 20240801, uint32 tokens)",
+           "only GPT-2 shards (magic 20240520, version 1, uint16 tokens) are read"});
   with(1, 0);
   refused({path, "field 'version' (int 1) is 0"});
   with(2, -5);

@@ -1,6 +1,8 @@
 // data::TokenSource (data/token_source.h): token windows as the trainer's data source.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "data/token_source.h"
 #include "tests/expect_error.h"
 
@@ -49,6 +51,10 @@ TEST(TokenSource, RanksTogetherSeeTheOneRankBatch) {
     seen += b.x.size(0);
   });
   EXPECT_EQ(seen, 10);
+  // Nor does any training window, its target included: tokens 400 .. 499 are held out.
+  for (int64_t step = 0; step < 200; ++step)
+    for (const data::Batch& b : one.step_batches(step, kCPU))
+      for (double v : b.y.to_vector()) ASSERT_LT(v, 400) << "step " << step;
   data::TokenSource three(counting(500), "bytes", {.block_size = 8, .batch_size = 4, .microbatches = 2});
   test::expect_error([&] { three.shard(0, 3); }, {"batch_size 4", "3 ranks", "microbatches = 2"});
 }

@@ -1,5 +1,7 @@
-// data.kind: text (a text file through a tokenizer) and tokens (an llm.c shard): token windows
+// data.kind: text (a text file through a tokenizer) and tokens (llm.c shards): token windows
 // for a GPT (data/token_source.h). data.path, val_fraction and seed are the schema's.
+#include <glob.h>
+
 #include <filesystem>
 
 #include "app/registry.h"
@@ -8,6 +10,17 @@
 
 namespace mt::app {
 namespace {
+
+// The files data.path names: for llm.c shards it may be a glob pattern, as llm.c's -i is
+// ("fineweb_train_*.bin"), matched in name order and read as one stream; none match: empty.
+std::vector<std::string> data_files(const DataConfig& d) {
+  if (d.kind != "tokens" || d.path.find_first_of("*?[") == std::string::npos) return {d.path};
+  glob_t g{};
+  std::vector<std::string> files;
+  if (::glob(d.path.c_str(), 0, nullptr, &g) == 0) files.assign(g.gl_pathv, g.gl_pathv + g.gl_pathc);
+  ::globfree(&g);
+  return files;
+}
 
 // The token data a config names; a file that cannot be read or tokenized is a data::DataError,
 // a tokenizer with more ids than model.vocab_size or too little text for the windows a ConfigError.
@@ -25,7 +38,7 @@ std::shared_ptr<data::Source> token_source(const Config& c) {
                                          " tokenizer has ", t->vocab_size(), " ids"));
       stream = data::tokenize_text_file(d.path, *t);
     } else {
-      stream = data::read_token_shards({d.path}, vocab);
+      stream = data::read_token_shards(data_files(d), vocab);
     }
   } catch (const ConfigError&) {
     throw;
@@ -44,13 +57,16 @@ std::shared_ptr<data::Source> token_source(const Config& c) {
   }
 }
 
-// A GPT trains on token data, whose windows fit its position table; the file must be there.
+// A GPT trains on token data, whose windows fit its position table; the files must be there.
 void check_tokens(const Config& c, const Reject& reject) {
   if (c.model.kind != "gpt")
     reject("kind", "is token data, for model.kind gpt, but model.kind is " + c.model.kind);
+  const std::vector<std::string> files = data_files(c.data);
+  if (files.empty()) reject("path", "no file matches the pattern '" + c.data.path + "'");
   std::error_code ec;
-  if (!std::filesystem::is_regular_file(c.data.path, ec))
-    reject("path", "no such file (needed for data.kind " + c.data.kind + "), got '" + c.data.path + "'");
+  for (const std::string& f : files)
+    if (!std::filesystem::is_regular_file(f, ec))
+      reject("path", "no such file (needed for data.kind " + c.data.kind + "), got '" + f + "'");
   if (c.model.kind == "gpt" &&
       c.data.params.integer("block_size") > c.model.params.integer("block_size"))
     reject("block_size", "is larger than the model's block_size " +
@@ -90,7 +106,7 @@ const RegisterData text({
 
 const RegisterData tokens({
     .name = "tokens",
-    .meaning = "an llm.c token shard (data.path), for model.kind gpt",
+    .meaning = "llm.c token shards (data.path: a file or a glob pattern), for model.kind gpt",
     .keys = token_keys(false),
     .source = token_source,
     .check = check_tokens,
