@@ -257,10 +257,34 @@ mt::check::OpSpec attention_spec(int64_t d) {
   return s;
 }
 
+// The same op cut along the batch: B's sequences are independent, so k microbatches of them add
+// up to the whole batch's gradient (the microbatch check), here with n = B and T = 5. Its kernels
+// are attention_spec's, whose CUDA lines cover them: this one runs on the CPU.
+mt::check::OpSpec attention_batch_spec(int64_t d) {
+  mt::check::OpSpec s = attention_spec(d);
+  s.name = "attention, microbatches of sequences (d = " + std::to_string(d) + ")";
+  for (mt::check::Input& in : s.inputs) in.batched = true;
+  s.row_separable = true;
+  s.make = [d](Generator& g, int64_t n) {
+    using mt::check::normal;
+    return std::vector<Tensor>{normal(g, {n, 2, 5, d}), normal(g, {n, 2, 5, d}),
+                               normal(g, {n, 2, 5, d})};
+  };
+  s.sizes = {1, 7, 33};
+  s.gradcheck_size = 2;
+  return s;
+}
+
 }  // namespace
 
 TEST(AttentionOpCheck, PassesTheOpCheck) {
   for (int64_t d : {16, 64}) MT_EXPECT_OP_CHECK(attention_spec(d));
+}
+
+TEST(AttentionOpCheck, MicrobatchesOfSequencesAddUpToTheBatch) {
+  mt::check::Options cpu_only;
+  cpu_only.cuda = false;
+  MT_EXPECT_OP_CHECK(attention_batch_spec(16), cpu_only);
 }
 
 // ---- dropout on P -------------------------------------------------------------------------

@@ -143,10 +143,31 @@ mt::check::OpSpec packed_spec(int64_t d) {
   return s;
 }
 
+// Cut along the batch instead (n = B, T = 5): sequences are independent, so the microbatch check
+// applies. On the CPU: the kernels are packed_spec's, whose CUDA lines cover them.
+mt::check::OpSpec packed_batch_spec(int64_t d) {
+  mt::check::OpSpec s = packed_spec(d);
+  s.name = "attention_packed, microbatches of sequences";
+  s.inputs[0].batched = true;
+  s.row_separable = true;
+  s.make = [d](Generator& g, int64_t n) {
+    return std::vector<Tensor>{mt::check::normal(g, {n, 5, 3 * 2 * d})};
+  };
+  s.sizes = {1, 7, 33};
+  s.gradcheck_size = 2;
+  return s;
+}
+
 }  // namespace
 
 TEST(AttentionPackedOpCheck, PassesTheOpCheck) {
   for (int64_t d : {16, 64}) MT_EXPECT_OP_CHECK(packed_spec(d));
+}
+
+TEST(AttentionPackedOpCheck, MicrobatchesOfSequencesAddUpToTheBatch) {
+  mt::check::Options cpu_only;
+  cpu_only.cuda = false;
+  MT_EXPECT_OP_CHECK(packed_batch_spec(16), cpu_only);
 }
 
 // ---- CUDA ---------------------------------------------------------------------------------

@@ -95,6 +95,7 @@ TEST(Embedding, NonLeafWGetsItsGradientInItsDtype) {
   leaf.set_requires_grad();
   Tensor ids = ids_of({2, 2, 0}, {3});
   sum(embedding(ids, mt::scale(leaf, 1.0))).backward();
+  EXPECT_EQ(leaf.grad().dtype(), DType::f32);
   const auto g = leaf.grad().to_vector();
   EXPECT_EQ(g[2 * 5], 2.0);
   EXPECT_EQ(g[0], 1.0);

@@ -32,6 +32,20 @@ Tensor random_ids(int64_t B, int64_t T, int64_t V, uint64_t seed) {
   return from_vector(ids, {B, T});
 }
 
+// GPT-2's init leaves every LayerNorm at gain 1 and bias 0 and the weights at std 0.02: attention
+// nearly uniform, GELU nearly linear, the LayerNorms' parameters interchangeable, where a wrong
+// term can hide. Every parameter drawn anew, of order one: std 0.3, LayerNorm gains about 1.
+void randomize(nn::Module& model, uint64_t seed) {
+  Generator g(seed);
+  NoGradGuard no_grad;
+  for (const auto& [name, p] : model.named_parameters()) {
+    const bool gain = p.dim() == 1 && name.ends_with(".weight");
+    std::vector<double> v(size_t(p.numel()));
+    for (double& x : v) x = (gain ? 1.0 : 0.0) + 0.3 * g.normal();
+    p.copy_(from_vector(v, p.shape(), DType::f64));
+  }
+}
+
 TEST(Gpt, ParameterNamesAreNanoGptStateDictKeys) {
   manual_seed(0);
   nn::GPT model(tiny());
@@ -112,13 +126,14 @@ TEST(Gpt, IsCausal) {
 }
 
 // Every parameter's gradient of the next-token loss, by central differences in f64, through the
-// embeddings, both blocks, the final LayerNorm and the tied head.
+// embeddings, both blocks, the final LayerNorm and the tied head, at random parameters.
 TEST(Gpt, GradientsMatchFiniteDifferences) {
   manual_seed(3);
   nn::GPTConfig c = tiny();
   c.n_layer = 1;
   nn::GPT model(c);
   model.to(DType::f64);
+  randomize(model, 7);
   Tensor ids = random_ids(2, 5, 11, 4), targets = random_ids(2, 5, 11, 5);
   std::vector<Tensor> params = model.parameters();
   test::expect_gradcheck(
@@ -132,11 +147,12 @@ TEST(Gpt, GradientsMatchFiniteDifferences) {
 
 // The trunk fuses each residual add into the LayerNorm after it (add_layer_norm) and runs each MLP
 // as one gelu_mlp node; with a forward hook set it runs module by module instead, so the hook sees
-// every output. In f32 on the CPU the two give the same bits: the logits and every parameter's
-// gradient.
+// every output. In f32 on the CPU, at random parameters, the two give the same bits: the logits
+// and every parameter's gradient.
 TEST(Gpt, TheFusedResidualStreamEqualsTheModuleByModuleForward) {
   manual_seed(6);
   nn::GPT model(tiny());
+  randomize(model, 8);
   Tensor ids = random_ids(2, 6, 11, 4), targets = random_ids(2, 6, 11, 5);
   // Counts the fused ops' forwards, to know which path ran.
   struct Counter : OpObserver {
