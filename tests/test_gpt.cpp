@@ -145,6 +145,29 @@ TEST(Gpt, GradientsMatchFiniteDifferences) {
   for (double v : params[0].grad().slice_rows(11, 16).to_vector()) ASSERT_EQ(v, 0.0);
 }
 
+// A step's microbatches run again, as the trainer's forensics replays a step that went non-finite,
+// draw the masks they drew the first time: the task numbers a step's microbatches modulo their
+// count. (The replay used to go on counting, drawing other masks than the failed step's.)
+TEST(Gpt, AStepRunAgainDrawsItsMasksAgain) {
+  manual_seed(2);
+  nn::GPTConfig c = tiny();
+  c.dropout = 0.3;
+  nn::GPT model(c);
+  int64_t step = 4;
+  const auto task = train::language_modeling(
+      c.vocab_size, 0, {.seed = 9, .step = [&] { return step; }, .first_microbatch = {},
+                        .microbatches = [] { return int64_t(2); }});
+  const data::Batch a{random_ids(2, 6, 11, 1), random_ids(2, 6, 11, 2)},
+      b{random_ids(2, 6, 11, 3), random_ids(2, 6, 11, 4)};
+  NoGradGuard no_grad;
+  auto loss = [&](const data::Batch& x) { return task->loss(model, x, 1.0, nullptr).item(); };
+  const double la = loss(a), lb = loss(b);
+  EXPECT_EQ(loss(a), la);
+  EXPECT_EQ(loss(b), lb);
+  step = 5;  // another step's masks
+  EXPECT_NE(loss(a), la);
+}
+
 // The trunk fuses each residual add into the LayerNorm after it (add_layer_norm) and runs each MLP
 // as one gelu_mlp node; with a forward hook set it runs module by module instead, so the hook sees
 // every output. In f32 on the CPU, at random parameters, the two give the same bits: the logits

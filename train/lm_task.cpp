@@ -32,14 +32,15 @@ class LanguageModeling : public Task {
     auto* gpt = dynamic_cast<nn::GPT*>(&model);
     if (gpt != nullptr && key_.step && model.is_training()) {
       // Microbatch m of step s draws its masks from call s · 2^20 + m, m numbered over all
-      // ranks (rank r's first is r · microbatches): a pure function of the step, so a resumed
+      // ranks (rank r's first is r · microbatches) and counted modulo the step's microbatches (a
+      // step run again draws its masks again): a pure function of the step, so a resumed
       // run draws what an uninterrupted one did, and N ranks of k microbatches draw what one
       // rank of N · k draws when the batch splits evenly. The step's part, s · 2^20 calls, is a
       // device word the first microbatch moves: set from the host when run eagerly, advanced by
       // one step on the device when recorded in a CUDA graph, so every replay draws the next
       // step's masks, the ones an eager step would (ops/dropout/dropout.h).
-      const int64_t step = key_.step();
-      microbatch_ = step == step_ ? microbatch_ + 1 : 0;
+      const int64_t step = key_.step(), k = key_.microbatches ? key_.microbatches() : 0;
+      microbatch_ = step == step_ && (k == 0 || microbatch_ + 1 < k) ? microbatch_ + 1 : 0;
       step_ = step;
       const int64_t call = (key_.first_microbatch ? key_.first_microbatch() : 0) + microbatch_;
       MT_CHECK(call < (int64_t(1) << 20), "dropout: microbatch ", call, " of a step is past the ",

@@ -22,14 +22,17 @@
 namespace mt::train {
 
 // How a GPT's dropout masks are keyed in training (nn::GPT::set_dropout_key): `step` returns the
-// optimizer step whose microbatches are being run (data::TokenSource::last_step), and
+// optimizer step whose microbatches are being run (data::TokenSource::last_step),
 // `first_microbatch` this rank's first microbatch in the step's numbering over all ranks
-// (data::TokenSource::first_microbatch; none: 0). No `step`: the model's dropouts keep whatever
-// key they have.
+// (data::TokenSource::first_microbatch; none: 0), and `microbatches` how many the step has on
+// this rank (none: no limit), so that a step run again (the trainer's replay of a step that went
+// non-finite, train/forensics.h) draws its masks again. No `step`: the model's dropouts keep
+// whatever key they have.
 struct DropoutKey {
   uint64_t seed = 0;
   std::function<int64_t()> step;
   std::function<int64_t()> first_microbatch;
+  std::function<int64_t()> microbatches;
 };
 
 // vocab_size: the number of real token ids V; tokens_per_byte: tokens / bytes of the text

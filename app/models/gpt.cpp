@@ -105,7 +105,8 @@ const RegisterModel gpt({
                           "data.kind " + c.data.kind);
       return train::language_modeling(c.model.params.integer("vocab_size"), tokens->tokens_per_byte(),
                                       {c.seed, [tokens] { return tokens->last_step(); },
-                                       [tokens] { return tokens->first_microbatch(); }});
+                                       [tokens] { return tokens->first_microbatch(); },
+                                       [tokens] { return tokens->microbatches(); }});
     },
 });
 
