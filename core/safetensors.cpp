@@ -203,9 +203,29 @@ StFile read_file(const std::string& path, bool with_data) {
   // The JSON parser would stop quietly at a NUL byte; the header is text, so a NUL is corruption.
   MT_CHECK(text.find('\0') == std::string::npos, path, ": header contains a NUL byte at offset ",
            8 + text.find('\0'));
+  // A header nests three deep (header, tensor, shape); anything deeper is refused as it is met,
+  // before printing it for an error (dump() recurses once per level: 100,000 levels overflowed
+  // the stack). A key given twice in one object is refused too: the parser would keep the last
+  // silently, a second dtype, say, or a second tensor of the same name.
+  std::vector<std::set<std::string>> keys;  // of each open object
+  const Json::parser_callback_t check = [&](int depth, Json::parse_event_t event, Json& parsed) {
+    using E = Json::parse_event_t;
+    if (event == E::object_start || event == E::array_start) {
+      MT_CHECK(depth <= 2, path, ": header nests deeper than a safetensors header does (",
+               "objects or arrays ", depth + 1, " levels deep)");
+      if (event == E::object_start) keys.emplace_back();
+    } else if (event == E::object_end) {
+      keys.pop_back();
+    } else if (event == E::key) {
+      const std::string& key = parsed.get_ref<const std::string&>();
+      MT_CHECK(keys.back().insert(key).second, path, ": header gives '", key, "' twice in one ",
+               "object");
+    }
+    return true;
+  };
   Json h;
   try {
-    h = Json::parse(text);
+    h = Json::parse(text, check);
   } catch (const nlohmann::json::exception& ex) {
     MT_THROW(path, ": header is not valid JSON: ", ex.what());
   }

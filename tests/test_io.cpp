@@ -369,6 +369,18 @@ TEST(Safetensors, CorruptHeadersNameTheProblem) {
       {R"({"__metadata__":{"step":3}})", 0, "__metadata__ value of 'step' must be a string"},
       {R"({"__metadata__":[]})", 0, "__metadata__ must be an object"},
       {std::string("{}\0garbage", 10), 0, "header contains a NUL byte at offset 10"},
+      // Deeper than a header nests: refused as met (100,000 levels used to overflow the stack
+      // when the error message printed them), at the first level too many.
+      {R"({"x":{"dtype":"F32","shape":[[2]],"data_offsets":[0,8]}})", 8,
+       "header nests deeper than a safetensors header does (objects or arrays 4 levels deep)"},
+      {R"({"a":)" + std::string(100000, '[') + std::string(100000, ']') + "}", 0,
+       "header nests deeper than a safetensors header does"},
+      // A key twice in one object: the parser kept the last one silently.
+      {"{" + x + "," + x + "}", 8, "header gives 'x' twice in one object"},
+      {R"({"x":{"dtype":"F32","shape":[2],"dtype":"I32","data_offsets":[0,8]}})", 8,
+       "header gives 'dtype' twice in one object"},
+      {R"({"__metadata__":{"a":"1"},"__metadata__":{"b":"2"}})", 0,
+       "header gives '__metadata__' twice in one object"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.json);
