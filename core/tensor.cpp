@@ -348,7 +348,24 @@ Tensor Tensor::to(Device d) const {
   return out;
 }
 
+namespace {
+
+// In-place writes are not recorded by autograd. Into a tensor of the graph (a leaf that requires
+// grad, an op's output) a later backward would be silently wrong, its gradient flowing through
+// values that are no longer there, so such a write is refused while gradients are recorded, as
+// PyTorch refuses one into a leaf. The values copied from a source are only values: the
+// destination gets no history (copy_ is dst.copy_(src.detach())).
+void check_untracked_write(const char* op, const Tensor& dst) {
+  MT_CHECK(!GradMode::is_enabled() || (!dst.requires_grad() && dst.grad_fn() == nullptr), op,
+           ": the destination takes part in autograd (it requires grad or is an op's output), "
+           "and an in-place write is not recorded; write under a NoGradGuard, or into a "
+           "detach()ed tensor");
+}
+
+}  // namespace
+
 const Tensor& Tensor::copy_(const Tensor& src) const {
+  check_untracked_write("copy_", *this);
   MT_CHECK(src.shape() == shape(), "copy_: source shape ", shape_str(src.shape()),
            " does not match destination shape ", shape_str(shape()));
   Tensor s = src.device() == device() ? src : src.to(device());
@@ -375,6 +392,7 @@ const Tensor& Tensor::copy_(const Tensor& src) const {
 }
 
 const Tensor& Tensor::fill_(double value) const {
+  check_untracked_write("fill_", *this);
   if (device().is_cpu()) {
     void* base = impl().storage->data();
     DType t = dtype();

@@ -92,6 +92,8 @@ class Tensor {
   Tensor to(DType dtype) const;         // this when already that dtype
   Tensor to(Device device) const;       // this when already there
   // In-place writes are const: a Tensor is a handle, and writing through it does not change it.
+  // They are not recorded by autograd: while it records (no NoGradGuard), a destination that
+  // requires grad or is an op's output is an mt::Error; copy_ copies src's values, no history.
   const Tensor& copy_(const Tensor& src) const;  // same shape; converts dtype/device; bumps version
   const Tensor& fill_(double value) const;        // bumps version
   double item() const;                  // exactly one element, any dtype/device

@@ -135,6 +135,7 @@ GPT::GPT(const GPTConfig& c) : config(c) {
   transformer = register_module("transformer", GPTTrunk(c));
   // GPT-2's initialization (nn/gpt.h), drawn in parameter order from the default generator.
   const double residual_std = 0.02 / std::sqrt(2.0 * double(c.n_layer));
+  NoGradGuard no_grad;
   for (const auto& [name, p] : named_parameters()) {
     const bool projection = name.ends_with("c_proj.weight");
     if (name.ends_with("ln_1.weight") || name.ends_with("ln_2.weight") || name.ends_with("ln_f.weight")) {
@@ -145,7 +146,6 @@ GPT::GPT(const GPTConfig& c) : config(c) {
       init::normal_(p, 0.0, projection ? residual_std : 0.02);
     }
   }
-  NoGradGuard no_grad;
   transformer->wte->weight.slice_rows(c.vocab_size, c.padded_vocab()).fill_(0.0);
 }
 

@@ -204,10 +204,34 @@ TEST(Autograd, ModifyingASavedTensorInPlaceIsAClearError) {
   Tensor w = random_leaf({1});
   Tensor h = scale(x, 1.0);  // a non-leaf we then modify
   Tensor y = scaled_silu(h, w);
-  h.fill_(0.5);  // scaled_silu saved h to recompute sigmoid(h)
+  // Written directly, an op's output is refused at once: the write would not be recorded.
+  EXPECT_NE(error_of([&] { h.fill_(0.5); }).find("an in-place write is not recorded"),
+            std::string::npos);
+  // Through a detached alias it is not (the same storage, no history), but scaled_silu saved h
+  // to recompute sigmoid(h), and the storage's version counter names the change at backward.
+  h.detach().fill_(0.5);
   std::string msg = error_of([&] { sum(y).backward(); });
   EXPECT_NE(msg.find("scaled_silu"), std::string::npos) << msg;
   EXPECT_NE(msg.find("modified in place"), std::string::npos) << msg;
+}
+
+// copy_ and fill_ are not recorded: into a tensor of the graph they would leave a silently wrong
+// backward (y = 2x; y.copy_(z); sum(y).backward() gave x.grad = 2, where PyTorch gives 0 and
+// z.grad = 1), so while gradients are recorded they are refused there; a NoGradGuard allows
+// them, and writing into a plain tensor needs neither.
+TEST(Autograd, InPlaceWritesIntoTheGraphAreRefusedWhileRecording) {
+  Tensor x = random_leaf({2}), z = random_leaf({2});
+  Tensor y = scale(x, 2.0);
+  for (const auto& write : std::vector<std::function<void()>>{
+           [&] { y.copy_(z); }, [&] { x.fill_(7); }, [&] { x.copy_(z); }})
+    EXPECT_NE(error_of(write).find("an in-place write is not recorded"), std::string::npos);
+  Tensor plain = zeros({2}, DType::f64);
+  plain.copy_(y);  // values only: plain has no history
+  EXPECT_EQ(plain.to_vector(), y.to_vector());
+  EXPECT_EQ(plain.grad_fn(), nullptr);
+  NoGradGuard no_grad;
+  x.fill_(7);
+  EXPECT_EQ(x.to_vector(), (std::vector<double>{7, 7}));
 }
 
 TEST(Autograd, LeafGradIsOwnedNotAnAliasOfAnOpOutput) {
@@ -456,7 +480,7 @@ TEST(AutogradSavedOutput, BackwardUsesTheSavedOutputAndThenFrees) {
 TEST(AutogradSavedOutput, ModifyingTheSavedOutputInPlaceIsStillAClearError) {
   Tensor x = random_leaf({5});
   Tensor y = ExpSavesOutput::apply(x);
-  y.fill_(0.25);
+  y.detach().fill_(0.25);  // y itself would be refused at once (an op's output)
   std::string msg = error_of([&] { y.backward(ones({5}, DType::f64)); });
   EXPECT_NE(msg.find("exp_saves_output"), std::string::npos) << msg;
   EXPECT_NE(msg.find("modified in place"), std::string::npos) << msg;

@@ -136,7 +136,7 @@ TEST(GptGuarantees, ForensicsNamesTheModuleWhoseOutputOverflows) {
   t.set_step_callback([](int64_t step, train::Trainer& tr) {
     if (step != 3) return;
     for (const auto& [name, p] : tr.model().named_parameters())
-      if (name == "transformer.h.1.ln_2.weight") p.fill_(3e38);
+      if (name == "transformer.h.1.ln_2.weight") p.detach().fill_(3e38);
   });
   try {
     t.run();

@@ -84,7 +84,7 @@ TEST(SampleCli, SameSeedSameTextAndBadOptions) {
   const std::string nan_path =
       save_tiny_gpt(t.path, 256, "{kind: text, tokenizer: bytes}", "nan", [](nn::GPT& m) {
         for (const auto& [name, p] : m.named_parameters())
-          if (name == "transformer.ln_f.weight") p.fill_(std::nan(""));
+          if (name == "transformer.ln_f.weight") p.detach().fill_(std::nan(""));
       });
   expect_fails("sample --checkpoint " + nan_path, 2,
                "parameter 'transformer.ln_f.weight' holds nan: not a model to use");

@@ -155,7 +155,7 @@ TEST(Sample, BadOptions) {
   test::expect_error(run({10}, {}), {"prompt token 10", "[0, 10)"});
   // A model whose logits are not finite has no distribution: an error, not the last id drawn.
   for (const auto& [name, p] : model.named_parameters())
-    if (name == "transformer.ln_f.weight") p.fill_(std::nan(""));
+    if (name == "transformer.ln_f.weight") p.detach().fill_(std::nan(""));
   test::expect_error(run({1}, {}), {"logits at token 0 after the prompt are not finite"});
   EXPECT_TRUE(model.is_training());  // restored on the error's way out too
 }

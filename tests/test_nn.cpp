@@ -272,8 +272,11 @@ TEST(Linear, PyTorchDefaultInitWithinBoundsAndSeeded) {
 
 TEST(Linear, ForwardIsXWtPlusB) {
   nn::Linear fc(2, 2);
-  fc.weight.copy_(from_vector(std::vector<double>{1, 2, 3, 4}, {2, 2}));
-  fc.bias.copy_(from_vector(std::vector<double>{0.5, -1}, {2}));
+  {
+    NoGradGuard no_grad;  // parameters require grad: written only outside autograd, as in PyTorch
+    fc.weight.copy_(from_vector(std::vector<double>{1, 2, 3, 4}, {2, 2}));
+    fc.bias.copy_(from_vector(std::vector<double>{0.5, -1}, {2}));
+  }
   EXPECT_EQ(fc(from_vector(std::vector<double>{1, 1}, {1, 2})).to_vector(), (std::vector<double>{3.5, 6}));
 }
 

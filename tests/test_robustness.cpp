@@ -146,7 +146,7 @@ TEST(NumericalFaults, OverflowingActivationIsNamed) {
   app::ConfigTrainer t(fault_config(dir), kCPU);
   // A huge but finite gain: the ScaledSiLU output overflows float to inf.
   t.set_step_callback([](int64_t step, train::Trainer& tr) {
-    if (step == 14) param(tr, "layers.2.w").fill_(3e38);
+    if (step == 14) param(tr, "layers.2.w").detach().fill_(3e38);
   });
   const std::string msg = non_finite_message(t);
   EXPECT_CONTAINS(msg, "step 15: non-finite activation: the output of layers.2 ScaledSiLU()");

@@ -253,7 +253,7 @@ TEST(UserModel, ForensicsNamesTheUserModule) {
   auto t = make_trainer(user_config(dir, DType::f32, 2, 8, {"logging.every=1"}), 5);
   // A huge but finite weight: the block's first Linear overflows float to inf.
   t->set_step_callback([](int64_t step, train::Trainer& tr) {
-    if (step == 3) dynamic_cast<ResidualNet&>(tr.model()).block->up->weight.fill_(3e38);
+    if (step == 3) dynamic_cast<ResidualNet&>(tr.model()).block->up->weight.detach().fill_(3e38);
   });
   try {
     t->run();
