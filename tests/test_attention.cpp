@@ -545,6 +545,17 @@ TEST(AttentionDropout, AnOffsetBaseAddsItsWordToTheOffset) {
             attention(q, k, v, {.p = 0.5, .seed = 3, .offset = 42}).to_vector());
   EXPECT_NE(attention(q, k, v, with_base).to_vector(),
             attention(q, k, v, {.p = 0.5, .seed = 3, .offset = 2}).to_vector());
+  // The backward regenerates the mask from the word: moved since the forward, it would draw
+  // another mask, so it is the "modified in place" error (the word used to go unchecked).
+  Tensor leaf = randn(shape, DType::f64).set_requires_grad();
+  for (bool packed : {false, true}) {
+    Tensor y = packed ? attention_packed(randn({1, 9, 24}, DType::f64).set_requires_grad(), 2,
+                                         with_base)
+                      : attention(leaf, k, v, with_base);
+    advance_dropout_base(base, 80, 1000);
+    expect_error([&] { sum(y).backward(); }, {packed ? "attention_packed" : "attention",
+                                              "modified in place"});
+  }
 }
 
 // p = 0 and training = false are attention(q, k, v): the same output and gradients, to the bit.

@@ -152,6 +152,11 @@ TEST(Dropout, AnOffsetBaseAddsItsWordToTheOffset) {
   for (int64_t i = 0; i < n; ++i) ASSERT_EQ(gv[size_t(i)] != 0, m[size_t(i)] != 0) << i;
   expect_gradcheck([&](auto& in) { return dropout(in[0], 0.3, 5, 2, true, base); },
                    {random_leaf({3, 7})}, "dropout with a base");
+  // Moved between the forward and the backward, the word would give the backward another mask:
+  // the "modified in place" error (it used to go unchecked).
+  Tensor again = dropout(leaf, 0.3, 5, 2, true, base);
+  advance_dropout_base(base, 41, 1000);
+  expect_error([&] { again.backward(ones({n}, DType::f64)); }, {"dropout", "modified in place"});
   expect_error([&] { dropout(x, 0.3, 5, 2, true, zeros({2}, DType::i64)); },
                {"dropout", "offset base", "one i64 element", "[2]"});
   expect_error([&] { dropout(x, 0.3, 5, 2, true, zeros({1}, DType::f32)); },

@@ -23,6 +23,22 @@ Tensor prepared(const Tensor& t) {
   return reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 == 0 ? c : c.clone();
 }
 
+// The dropout key goes with the saved tensors, its base word among them (last): the backward
+// regenerates the mask from the word, so a word moved since the forward must be the "modified in
+// place" error, not another mask.
+void save_with_key(Context& ctx, std::vector<Tensor> saved, AttentionDropout dropout) {
+  saved.push_back(dropout.base);
+  dropout.base = Tensor();
+  ctx.save_for_backward(std::move(saved));
+  ctx.set("dropout", dropout);
+}
+
+AttentionDropout key_of(const Context& ctx, const std::vector<Tensor>& saved) {
+  AttentionDropout dropout = ctx.get<AttentionDropout>("dropout");
+  dropout.base = saved.back();
+  return dropout;
+}
+
 struct AttentionFn : Function<AttentionFn> {
   static constexpr const char* name = "attention";
 
@@ -47,21 +63,21 @@ struct AttentionFn : Function<AttentionFn> {
     Tensor o = empty(q.shape(), q.dtype(), q.device());
     Tensor lse = empty({q.size(0), q.size(1), q.size(2)}, grad_dtype_for(q.dtype()), q.device());
     kernel<AttentionForwardFn>(name, Phase::Forward, q.device())(qc, kc, vc, o, lse, dropout);
-    ctx.save_for_backward({qc, kc, vc, o, lse});
-    ctx.set("dropout", dropout);  // the key (and the base word itself): the mask is regenerated
+    save_with_key(ctx, {qc, kc, vc, o, lse}, dropout);
     return o;
   }
 
   static GradList backward(Context& ctx, const GradList& dys) {
     auto saved = ctx.saved_tensors();
     const Tensor &q = saved[0], &k = saved[1], &v = saved[2], &o = saved[3], &lse = saved[4];
+    const AttentionDropout dropout = key_of(ctx, saved);
     Tensor dout = prepared(dys[0]);  // upstream gradients may be strided views
     // One pass yields all three (they share S, P and dS): computed together, returned as wanted.
     Tensor dq = empty(q.shape(), q.dtype(), q.device());
     Tensor dk = empty(q.shape(), q.dtype(), q.device());
     Tensor dv = empty(q.shape(), q.dtype(), q.device());
     kernel<AttentionBackwardFn>(name, Phase::Backward, q.device())(
-        q, k, v, o, lse, dout, dq, dk, dv, ctx.get<AttentionDropout>("dropout"));
+        q, k, v, o, lse, dout, dq, dk, dv, dropout);
     return {ctx.needs_input_grad(0) ? dq : Tensor(), ctx.needs_input_grad(1) ? dk : Tensor(),
             ctx.needs_input_grad(2) ? dv : Tensor(), Tensor()};  // q, k, v; the dropout: none
   }
@@ -98,22 +114,22 @@ struct AttentionPackedFn : Function<AttentionPackedFn> {
     const std::vector<Tensor> in = heads_views(packed, 3, n_head);
     kernel<AttentionForwardFn>("attention", Phase::Forward, qkv.device())(
         in[0], in[1], in[2], heads_views(y, 1, n_head)[0], lse, dropout);
-    ctx.save_for_backward({packed, y, lse});
+    save_with_key(ctx, {packed, y, lse}, dropout);
     ctx.set("n_head", n_head);
-    ctx.set("dropout", dropout);
     return y;
   }
 
   static GradList backward(Context& ctx, const GradList& dys) {
     auto saved = ctx.saved_tensors();
     const Tensor &packed = saved[0], &y = saved[1], &lse = saved[2];
+    const AttentionDropout dropout = key_of(ctx, saved);
     const int64_t n_head = ctx.get<int64_t>("n_head");
     Tensor dout = prepared(dys[0]);
     Tensor dqkv = empty(packed.shape(), packed.dtype(), packed.device());
     const std::vector<Tensor> in = heads_views(packed, 3, n_head), d = heads_views(dqkv, 3, n_head);
     kernel<AttentionBackwardFn>("attention", Phase::Backward, packed.device())(
         in[0], in[1], in[2], heads_views(y, 1, n_head)[0], lse, heads_views(dout, 1, n_head)[0],
-        d[0], d[1], d[2], ctx.get<AttentionDropout>("dropout"));
+        d[0], d[1], d[2], dropout);
     return {dqkv, Tensor(), Tensor()};  // qkv; n_head and the dropout: none
   }
 };

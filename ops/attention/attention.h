@@ -55,8 +55,9 @@
 //             dS = P ∘ (dP − D); dQ and dK from dS as above
 // so D is still rowsum(dO ∘ O) (O now the dropped output), and the softmax's backward is
 // unchanged: dropout acts on P after the softmax, dP is the gradient with respect to P itself.
-// Saved vs recomputed: only O and L, as without dropout. The mask is REGENERATED in the backward
-// from (seed, offset, base, e), never saved: packed to 1 bit it would still be T²/8 bytes a head
+// Saved vs recomputed: only O and L, as without dropout (and the base word, one element, so that a
+// word moved before the backward is an error, as for dropout). The mask is REGENERATED in the
+// backward from (seed, offset, base, e), never saved: packed to 1 bit it would still be T²/8 bytes a head
 // (128 KiB at T = 1024, 32 times L), written by the forward and read back by the backward, where
 // regenerating costs one Philox call (10 rounds of two 32-bit multiplies) per 8 probabilities on
 // the CPU, per 2 in the CUDA forward and dQ pass (a thread's accumulators hold pairs of adjacent

@@ -27,8 +27,10 @@ struct DropoutFnNode : Function<DropoutFnNode> {
     ctx.set("scale", s);
     ctx.set("seed", seed);
     ctx.set("offset", offset);
-    ctx.set("base", base);  // the word itself, read again by the backward's kernel (dropout.h)
-    return y;  // nothing saved: backward regenerates the mask
+    // The word itself, read again by the backward's kernel (dropout.h): saved so that its
+    // version is checked, since a word moved in between would draw another mask.
+    ctx.save_for_backward({base});
+    return y;  // no activation saved: backward regenerates the mask
   }
 
   static GradList backward(Context& ctx, const GradList& dys) {
@@ -36,7 +38,7 @@ struct DropoutFnNode : Function<DropoutFnNode> {
     Tensor dx = empty(dy.shape(), dy.dtype(), dy.device());
     kernel<DropoutFn>(name, Phase::Backward, dy.device())(
         dy, ctx.get<uint32_t>("threshold"), ctx.get<double>("scale"), ctx.get<uint64_t>("seed"),
-        ctx.get<uint64_t>("offset"), ctx.get<Tensor>("base"), dx);
+        ctx.get<uint64_t>("offset"), ctx.saved_tensors()[0], dx);
     return {dx, Tensor(), Tensor(), Tensor(), Tensor()};  // x; p, seed, offset, base: none
   }
 };
@@ -98,6 +100,7 @@ void advance_dropout_base(const Tensor& base, uint64_t value, uint64_t stride) {
   MT_CHECK(base.defined(), "advance_dropout_base: the offset base is undefined");
   check_base("advance_dropout_base", base, base.device());
   kernel<DropoutBaseFn>("dropout_base", Phase::Forward, base.device())(base, value, stride);
+  base.bump_version();  // a write: a forward that saved the word finds it moved at backward
 }
 
 MT_DEFINE_OP(dropout,

@@ -37,7 +37,10 @@
 // (seed, offset, i), 10 Philox rounds per 8 elements, arithmetic a memory-bound kernel hides. A
 // saved mask would cost a write in the forward and a read in the backward of at least 1 byte per
 // element (1 bit packed): 1/4 more traffic than the forward's 4 bytes per bf16 element, and the
-// memory held from forward to backward, for every dropout in the model.
+// memory held from forward to backward, for every dropout in the model. The base word, when
+// given, is saved (one element) so that its version is checked: moved between the forward and
+// the backward, it would give the backward another mask, so that is the "modified in place"
+// error; advance_dropout_base counts as a write.
 //
 // Grids (CUDA, dropout.cu): both passes are one grid-stride map, 256 threads a block, a few waves
 // of blocks (what fits on the GPU at once, times 4; fewer for small n). A thread takes groups of
