@@ -114,8 +114,9 @@ std::string detail::type_name(const std::type_info& t) {
 void Context::save_for_backward(std::vector<Tensor> tensors) {
   saved_.clear();
   for (auto& t : tensors) {
-    uint64_t v = t.defined() ? t.version() : 0;
-    saved_.push_back({std::move(t), v});
+    const uint64_t v = t.defined() ? t.version() : 0;
+    const void* data = t.defined() ? t.data_ptr() : nullptr;
+    saved_.push_back({std::move(t), v, data});
   }
 }
 
@@ -151,16 +152,21 @@ void detail::link_outputs(const std::string& op, const std::shared_ptr<Node>& no
 }
 
 std::vector<Tensor> Context::saved_tensors() const {
-  MT_CHECK(!released_, op_name, ": saved tensors were already freed by an earlier backward; "
-           "pass retain_graph=true to backward through the graph twice");
+  MT_CHECK(!released_, op_name, ": backward through the graph a second time, but its saved "
+           "tensors were freed after the first; pass retain_graph=true to the first backward");
   std::vector<Tensor> out;
   for (size_t i = 0; i < saved_.size(); ++i) {
     const Saved& s = saved_[i];
-    if (s.tensor.defined())
+    if (s.tensor.defined()) {
+      MT_CHECK(s.tensor.data_ptr() == s.data, op_name, ": saved tensor ", i, " was given other "
+               "data (set_data, as Module::to does) after it was saved for backward; the "
+               "backward would read memory that is not what the forward saw. Run the backward "
+               "before moving or converting the model");
       MT_CHECK(s.tensor.version() == s.version, op_name, ": saved tensor ", i, " (shape ",
                shape_str(s.tensor.shape()), ") was modified in place after it was saved for "
                "backward (version ", s.version, " -> ", s.tensor.version(), "); its gradient "
                "would be wrong. Clone it before modifying, or don't modify it in place");
+    }
     out.push_back(s.tensor);
   }
   return out;

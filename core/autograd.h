@@ -156,8 +156,12 @@ class Context {
   void save_for_backward(std::vector<Tensor> tensors);
   std::vector<Tensor> saved_tensors() const;
 
-  // Non-tensor values backward needs (eps, flags, a normalizer).
-  template <class T> void set(const std::string& key, T value) { values_[key] = std::move(value); }
+  // Non-tensor values backward needs (eps, flags, a normalizer). A tensor goes through
+  // save_for_backward, whose version check and freeing a value would escape.
+  template <class T> void set(const std::string& key, T value) {
+    static_assert(!std::is_same_v<std::decay_t<T>, Tensor>, "save tensors with save_for_backward");
+    values_[key] = std::move(value);
+  }
   // A key forward never set, or one read as another type than it was set with, is an mt::Error
   // naming the op and the key.
   template <class T> T get(const std::string& key) const;
@@ -184,6 +188,7 @@ class Context {
   struct Saved {
     Tensor tensor;
     uint64_t version;
+    const void* data;  // where its elements were: set_data (Module::to) may move them
   };
   std::vector<Saved> saved_;
   std::unordered_map<std::string, std::any> values_;
@@ -221,9 +226,10 @@ template <class T> constexpr bool is_tensor_v = std::is_same_v<std::decay_t<T>, 
 template <class Derived>
 struct FunctionNode : Node {
   std::string name() const override { return Derived::name; }
+  // A second backward without retain_graph fails only where the node needs what was freed, its
+  // saved tensors (Context::saved_tensors): an add or a sum saves none, and runs again, as in
+  // PyTorch.
   GradList apply(const GradList& grad_outputs) override {
-    MT_CHECK(!ctx.released_, Derived::name, ": backward through the graph a second time, but its "
-             "saved tensors were freed after the first; pass retain_graph=true to the first backward");
     std::fill(ctx.sunk_.begin(), ctx.sunk_.end(), false);
     GradList grads;
     bool any = false;

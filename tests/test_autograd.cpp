@@ -118,6 +118,17 @@ TEST(Autograd, RetainGraphTwiceAccumulatesAndWithoutItIsAClearError) {
   EXPECT_NE(msg.find("second time"), std::string::npos) << msg;
 }
 
+// Without retain_graph only the nodes that saved tensors refuse a second backward: h = x + x
+// saved nothing, so a second loss built on it backpropagates through it again, as in PyTorch
+// (it used to fail at add, "its saved tensors were freed").
+TEST(Autograd, ASecondBackwardThroughNodesThatSavedNothingRuns) {
+  Tensor x = random_leaf({3});
+  Tensor h = add(x, x);
+  sum(scale(h, 1.0)).backward();
+  sum(scale(h, 2.0)).backward();
+  EXPECT_EQ(x.grad().to_vector(), (std::vector<double>{6, 6, 6}));
+}
+
 TEST(Autograd, NoGradGuardRecordsNothing) {
   Tensor x = random_leaf({3});
   {
@@ -232,6 +243,17 @@ TEST(Autograd, InPlaceWritesIntoTheGraphAreRefusedWhileRecording) {
   NoGradGuard no_grad;
   x.fill_(7);
   EXPECT_EQ(x.to_vector(), (std::vector<double>{7, 7}));
+}
+
+// set_data (what Module::to does) gives a tensor other memory, with its own version counter: a
+// tensor saved for backward and then moved used to read its new, smaller buffer as the old one
+// (x.grad = 20 40 0 0 0 0 0 0, reading past 2 elements). Now the backward names it.
+TEST(Autograd, ASavedTensorGivenOtherDataIsAClearError) {
+  Tensor x = random_leaf({8});
+  Tensor y = mul(x, x);  // saves x
+  x.set_data(from_vector(std::vector<double>{10, 20}, {2}));
+  const std::string msg = error_of([&] { sum(y).backward(); });
+  EXPECT_NE(msg.find("mul: saved tensor 0 was given other data"), std::string::npos) << msg;
 }
 
 TEST(Autograd, LeafGradIsOwnedNotAnAliasOfAnOpOutput) {
