@@ -1,6 +1,6 @@
 #include "core/device.h"
 
-#include <algorithm>
+#include <charconv>
 #include <string>
 
 #include "core/error.h"
@@ -13,9 +13,13 @@ namespace mt {
 Device Device::parse(const std::string& s) {
   if (s == "cpu") return kCPU;
   if (s == "cuda") return cuda_device(0);
-  if (s.rfind("cuda:", 0) == 0 && s.size() > 5 &&
-      std::all_of(s.begin() + 5, s.end(), [](char c) { return c >= '0' && c <= '9'; }))
-    return cuda_device(std::stoi(s.substr(5)));
+  int index = 0;
+  if (s.rfind("cuda:", 0) == 0 && s.size() > 5 && s[5] != '+' && s[5] != '-') {
+    const auto [end, ec] = std::from_chars(s.data() + 5, s.data() + s.size(), index);
+    MT_CHECK(ec != std::errc::result_out_of_range, "Device::parse: device index in '", s,
+             "' is out of range");
+    if (ec == std::errc() && end == s.data() + s.size()) return cuda_device(index);
+  }
   MT_THROW("Device::parse: expected 'cpu', 'cuda' or 'cuda:N', got '", s, "'");
 }
 

@@ -228,9 +228,14 @@ Tensor Tensor::view(const Shape& new_shape) const {
 Tensor Tensor::reshape(const Shape& shape) const { return contiguous().view(shape); }
 
 void Tensor::set_grad(const Tensor& g) {
-  MT_CHECK(!g.defined() || (g.shape() == shape() && g.device() == device()), "set_grad: a gradient ",
-           "of shape ", shape_str(g.shape()), " on ", g.device().str(), " for a tensor of shape ",
-           shape_str(shape()), " on ", device().str());
+  // As the engine would make it: backward adds into it as it is (an f16 .grad of an f32 leaf
+  // silently lost the low bits of every sum).
+  MT_CHECK(!g.defined() || (g.shape() == shape() && g.device() == device() &&
+                            g.dtype() == grad_dtype_for(dtype()) && g.is_contiguous()),
+           "set_grad: a gradient of shape ", shape_str(g.shape()), ", ", dtype_name(g.dtype()),
+           g.defined() && !g.is_contiguous() ? ", strided," : "", " on ", g.device().str(),
+           " for a tensor of shape ", shape_str(shape()), " on ", device().str(), " (its .grad: ",
+           dtype_name(grad_dtype_for(dtype())), ", contiguous)");
   impl().grad = g.impl_;
 }
 
@@ -369,6 +374,9 @@ const Tensor& Tensor::copy_(const Tensor& src) const {
   MT_CHECK(src.shape() == shape(), "copy_: source shape ", shape_str(src.shape()),
            " does not match destination shape ", shape_str(shape()));
   Tensor s = src.device() == device() ? src : src.to(device());
+  // A source that shares this storage (a.copy_(a.t())) would be read after parts of it were
+  // written: staged through a copy of its own.
+  if (s.impl().storage == impl().storage) s = s.clone();
   if (is_contiguous()) {
     copy_same_device(s, *this);
   } else {

@@ -90,6 +90,13 @@ TEST(Tensor, CloneCopyAndItem) {
   c.copy_(a);
   EXPECT_EQ(c.to_vector(), (std::vector<double>{1.5, -2}));
   EXPECT_EQ(full({1, 1}, 3.25).item(), 3.25);
+  // From a view of its own storage: read whole before anything is written (it gave 1 3 3 4).
+  Tensor m = from_vector(std::vector<double>{1, 2, 3, 4}, {2, 2});
+  m.copy_(m.t());
+  EXPECT_EQ(m.to_vector(), (std::vector<double>{1, 3, 2, 4}));
+  Tensor row = from_vector(std::vector<double>{1, 2, 3, 4, 5}, {5});
+  row.slice_rows(1, 5).copy_(row.slice_rows(0, 4));  // overlapping, contiguous: was memcpy's UB
+  EXPECT_EQ(row.to_vector(), (std::vector<double>{1, 1, 2, 3, 4}));
 }
 
 // A real value into an integer dtype: toward zero, clamped to the type's range, NaN to 0 (the GPU's
@@ -233,6 +240,8 @@ TEST(TensorErrors, MisuseNamesTheCallAndShapes) {
   expect_error([] { zeros({-1}); }, {"negative", "[-1]"});
   expect_error([] { from_vector(std::vector<double>{1, 2}, {3}); }, {"from_vector", "[3]"});
   expect_error([] { Device::parse("gpu0"); }, {"Device::parse", "gpu0"});
+  expect_error([] { Device::parse("cuda:-1"); }, {"Device::parse", "'cuda:-1'"});
+  expect_error([] { Device::parse("cuda:99999999999"); }, {"Device::parse", "out of range"});
   expect_error([] { zeros({2}, DType::i64).set_requires_grad(); }, {"requires_grad", "i64"});
   expect_error([] { Tensor().shape(); }, {"undefined"});
   if (!cuda_available())
@@ -282,6 +291,10 @@ TEST(Arena, BestFitReusesFreedBytesAndMergesNeighbours) {
 TEST(SmallApis, BadArgumentsAreClearErrors) {
   Tensor p = zeros({4, 3});
   expect_error([&] { p.set_grad(zeros({3})); }, {"set_grad: a gradient of shape [3]", "[4, 3]"});
+  // A .grad backward cannot add into as it is: another dtype (an f16 one lost every sum's low
+  // bits) or strided.
+  expect_error([&] { p.set_grad(zeros({4, 3}, DType::f16)); }, {"set_grad", "f16", "its .grad: f32"});
+  expect_error([&] { p.set_grad(zeros({3, 4}).t()); }, {"set_grad", "strided"});
   p.set_grad(ones({4, 3}));
   p.set_grad(Tensor());  // no gradient: always fine
   EXPECT_FALSE(p.grad().defined());
