@@ -31,13 +31,20 @@ JobEntries deserialize(const std::string& s) {
   return out;
 }
 
+// A collective's result, read on the host. An asynchronous backend (NCCL on its own stream) has
+// only enqueued it: wait() makes the copy to the host wait for it.
+std::vector<double> host_values(Communicator& comm, const Tensor& t) {
+  comm.wait();
+  return t.to(kCPU).to_vector();
+}
+
 // Every rank's `mine` (exact small integers), gathered: element r is rank r's.
 std::vector<double> gather(Communicator& comm, double mine, Device device) {
   std::vector<double> all(size_t(comm.size()), 0.0);
   all[size_t(comm.rank())] = mine;
   Tensor t = from_vector(all, {int64_t(all.size())}, DType::f64, device);
   comm.all_gather(t);
-  return t.to(kCPU).to_vector();
+  return host_values(comm, t);
 }
 
 std::string quoted(const std::string& s) { return s.size() > 200 ? s.substr(0, 200) + "..." : s; }
@@ -54,7 +61,7 @@ void check_same_job(Communicator& comm, const JobEntries& entries, Device device
   for (int i = 0; i < 4; ++i) digest[size_t(4 * rank + i)] = double(d[size_t(2 * i)] << 8 | d[size_t(2 * i + 1)]);
   Tensor t = from_vector(digest, {int64_t(digest.size())}, DType::f64, device);
   comm.all_gather(t);
-  const std::vector<double> all = t.to(kCPU).to_vector();
+  const std::vector<double> all = host_values(comm, t);
   bool same = true;
   for (int r = 1; r < size; ++r)
     for (int i = 0; i < 4; ++i) same = same && all[size_t(4 * r + i)] == all[size_t(i)];
@@ -63,14 +70,14 @@ void check_same_job(Communicator& comm, const JobEntries& entries, Device device
   // Rank 0's entries, to every rank: their length, then their bytes, one per element.
   Tensor length = from_vector(std::vector<double>{double(mine.size())}, {1}, DType::f64, device);
   comm.broadcast(length, 0);
-  const size_t n = size_t(length.to(kCPU).to_vector()[0]);
+  const size_t n = size_t(host_values(comm, length)[0]);
   std::vector<double> bytes(n, 0.0);
   if (rank == 0)
     for (size_t i = 0; i < n; ++i) bytes[i] = double(static_cast<unsigned char>(mine[i]));
   Tensor b = from_vector(bytes, {int64_t(n)}, DType::f64, device);
   if (n > 0) comm.broadcast(b, 0);
   std::string text(n, '\0');
-  const std::vector<double> got = b.to(kCPU).to_vector();
+  const std::vector<double> got = host_values(comm, b);
   for (size_t i = 0; i < n; ++i) text[i] = char(static_cast<unsigned char>(got[i]));
   const JobEntries theirs = deserialize(text);
 

@@ -406,45 +406,95 @@ TEST(TcpStore, ListensOnlyAtTheJobsAddress) {
 
 // ---- ranks that must agree ----------------------------------------------------------------
 
-// Every rank learns that the job is inconsistent and which key differs first; ranks that agree
-// pay one all_gather.
-TEST(CheckSameJob, EveryRankNamesTheFirstDifferingKey) {
-  const parallel::JobEntries base = {{"optim.lr", "0.001"}, {"optim.batch_size", "64"}, {"param.w", "[4, 3] f32"}};
-  auto comms = parallel::make_local_group(3);
-  on_threads(3, [&](int r) { parallel::check_same_job(*comms[size_t(r)], base, kCPU); });
-  for (const auto& c : comms) EXPECT_EQ(c->all_gather_calls(), 1);
+namespace {
 
-  auto run = [&](const parallel::JobEntries& rank2) {
-    auto group = parallel::make_local_group(3);
-    std::vector<std::string> errors(3);
-    on_threads(3, [&](int r) {
-      try {
-        parallel::check_same_job(*group[size_t(r)], r == 2 ? rank2 : base, kCPU);
-      } catch (const parallel::DistError& e) {
-        errors[size_t(r)] = e.what();
-      }
-    });
-    return errors;
-  };
-  parallel::JobEntries other = base;
-  other[1].second = "32";
-  std::vector<std::string> e = run(other);
-  for (int r : {0, 1}) {
-    EXPECT_NE(e[size_t(r)].find("rank " + std::to_string(r) + ": the ranks of this job differ"), std::string::npos) << e[size_t(r)];
-    EXPECT_NE(e[size_t(r)].find("rank 2 differs from rank 0 first at 'optim.batch_size' (64 on rank 0)"), std::string::npos) << e[size_t(r)];
+// A backend whose collectives, like NCCL's on its own stream, are only enqueued: their results
+// land in the tensors at wait(). A reader that skips wait() reads the values from before.
+class DeferredResults : public parallel::Communicator {
+ public:
+  explicit DeferredResults(std::shared_ptr<parallel::Communicator> inner) : inner_(std::move(inner)) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+
+ protected:
+  void do_all_reduce_sum(const Tensor& t) override { defer(t, [&](auto& c) { inner_->all_reduce_sum(c); }); }
+  void do_reduce_scatter_sum(const Tensor& t) override {
+    defer(t, [&](auto& c) { inner_->reduce_scatter_sum(c); });
   }
-  EXPECT_NE(e[2].find("rank 2: the ranks of this job differ: 'optim.batch_size' is 32 here but 64 on rank 0"),
-            std::string::npos) << e[2];
-  other = base;
-  other.pop_back();
-  e = run(other);
-  EXPECT_NE(e[2].find("'param.w' is on rank 0 but not here"), std::string::npos) << e[2];
-  EXPECT_NE(e[0].find("first at 'param.w'"), std::string::npos) << e[0];
-  other = base;
-  other.emplace_back("param.b", "[3] f32");
-  e = run(other);
-  EXPECT_NE(e[2].find("'param.b' is here but not on rank 0"), std::string::npos) << e[2];
-  EXPECT_NE(e[1].find("an entry rank 0 does not have, after its last, 'param.w'"), std::string::npos) << e[1];
+  void do_all_gather(const Tensor& t) override { defer(t, [&](auto& c) { inner_->all_gather(c); }); }
+  void do_broadcast(const Tensor& t, int root) override {
+    defer(t, [&](auto& c) { inner_->broadcast(c, root); });
+  }
+  void do_barrier() override { inner_->barrier(); }
+  void do_wait() override {
+    for (const auto& [t, result] : pending_) t.copy_(result);
+    pending_.clear();
+  }
+  void do_synchronize() override { do_wait(); }
+  void do_abort(const std::string& why) override { inner_->abort(why); }
+
+ private:
+  template <class F> void defer(const Tensor& t, F run) {
+    const Tensor c = t.clone();
+    run(c);
+    pending_.emplace_back(t, c);
+  }
+  std::shared_ptr<parallel::Communicator> inner_;
+  std::vector<std::pair<Tensor, Tensor>> pending_;
+};
+
+std::vector<std::shared_ptr<parallel::Communicator>> group_of(int n, bool deferred) {
+  auto group = parallel::make_local_group(n);
+  if (deferred)
+    for (auto& c : group) c = std::make_shared<DeferredResults>(c);
+  return group;
+}
+
+}  // namespace
+
+// Every rank learns that the job is inconsistent and which key differs first; ranks that agree
+// pay one all_gather. The same through a backend whose results land only at wait(), as NCCL's:
+// the check used to read them before, and ranks that agreed were told they differed.
+TEST(CheckSameJob, EveryRankNamesTheFirstDifferingKey) {
+  for (bool deferred : {false, true}) {
+    SCOPED_TRACE(deferred ? "results at wait()" : "synchronous");
+    const parallel::JobEntries base = {{"optim.lr", "0.001"}, {"optim.batch_size", "64"}, {"param.w", "[4, 3] f32"}};
+    auto comms = group_of(3, deferred);
+    on_threads(3, [&](int r) { parallel::check_same_job(*comms[size_t(r)], base, kCPU); });
+    for (const auto& c : comms) EXPECT_EQ(c->all_gather_calls(), 1);
+
+    auto run = [&](const parallel::JobEntries& rank2) {
+      auto group = group_of(3, deferred);
+      std::vector<std::string> errors(3);
+      on_threads(3, [&](int r) {
+        try {
+          parallel::check_same_job(*group[size_t(r)], r == 2 ? rank2 : base, kCPU);
+        } catch (const parallel::DistError& e) {
+          errors[size_t(r)] = e.what();
+        }
+      });
+      return errors;
+    };
+    parallel::JobEntries other = base;
+    other[1].second = "32";
+    std::vector<std::string> e = run(other);
+    for (int r : {0, 1}) {
+      EXPECT_NE(e[size_t(r)].find("rank " + std::to_string(r) + ": the ranks of this job differ"), std::string::npos) << e[size_t(r)];
+      EXPECT_NE(e[size_t(r)].find("rank 2 differs from rank 0 first at 'optim.batch_size' (64 on rank 0)"), std::string::npos) << e[size_t(r)];
+    }
+    EXPECT_NE(e[2].find("rank 2: the ranks of this job differ: 'optim.batch_size' is 32 here but 64 on rank 0"),
+              std::string::npos) << e[2];
+    other = base;
+    other.pop_back();
+    e = run(other);
+    EXPECT_NE(e[2].find("'param.w' is on rank 0 but not here"), std::string::npos) << e[2];
+    EXPECT_NE(e[0].find("first at 'param.w'"), std::string::npos) << e[0];
+    other = base;
+    other.emplace_back("param.b", "[3] f32");
+    e = run(other);
+    EXPECT_NE(e[2].find("'param.b' is here but not on rank 0"), std::string::npos) << e[2];
+    EXPECT_NE(e[1].find("an entry rank 0 does not have, after its last, 'param.w'"), std::string::npos) << e[1];
+  }
 }
 
 // ---- the chunked collectives --------------------------------------------------------------
