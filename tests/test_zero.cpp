@@ -272,6 +272,30 @@ TEST(Zero, TrainerShardedRunsTrainLikeUnsharded) {
   }
 }
 
+// Rank 0's weights are broadcast at the start, but not its optimizer state or data position:
+// ranks resumed from different checkpoints would train apart, so the job check compares the step
+// each resumed from, and every rank stops naming it.
+TEST(Zero, RanksResumedFromDifferentStepsAreRefused) {
+  TempDir d, d2;
+  Config cfg = zero_config(d, false);
+  app::run_local_ranks(cfg, 2);
+  Config again = cfg;
+  again.checkpoint.dir = d2 / "ckpt";
+  again.optim.steps = 30;  // neither rank has finished
+  try {
+    train::run_local_ranks(2, [&](std::shared_ptr<parallel::Communicator> comm) {
+      const int rank = comm->rank();
+      auto t = std::make_unique<app::ConfigTrainer>(again, kCPU, std::move(comm));
+      t->resume(d / (rank == 0 ? "ckpt/step-000020.safetensors" : "ckpt/step-000010.safetensors"));
+      return t;
+    });
+    ADD_FAILURE() << "ranks resumed at steps 20 and 10 ran";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1 differs from rank 0 first at 'resumed at step' "
+                                         "(20 on rank 0)"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Zero, TrainerResumesBitwiseWithTheSameNAndReshardsWithAnother) {
   TempDir d;
   Config cfg = zero_config(d, true);

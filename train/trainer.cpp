@@ -462,7 +462,10 @@ void Trainer::begin_run(RunState& r) {
                    reducer_->num_buckets() == 1 ? "" : "s",
                    zero_ ? ", reduce-scattered (ZeRO-1: AdamW's state sharded over the ranks)" : "",
                    reducer_->layout_str());
-    parallel::JobEntries job = options_.job_keys;  // one config, one model
+    parallel::JobEntries job = options_.job_keys;  // one config, one model, one starting step
+    // Rank 0's weights are broadcast below, but not its optimizer state or data position: ranks
+    // resumed from different checkpoints (stale folders without a shared filesystem) would part.
+    job.emplace_back("resumed at step", std::to_string(step_));
     for (const auto& [name, p] : model_->named_parameters())
       job.emplace_back("param." + name, shape_str(p.shape()) + " " + dtype_name(p.dtype()));
     parallel::check_same_job(*comm_, job, device_);
