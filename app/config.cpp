@@ -790,7 +790,7 @@ const std::vector<Row>& rows() {
      },
      [](const Config& c) -> std::string { return format_number(c.optim.lr); }},
     {"optim", "weight_decay", "number",
-     "weight decay (decoupled for AdamW)",
+     "weight decay (decoupled for AdamW), of the weights of 2 or more dimensions only: biases, norm gains and other 1-D parameters get none (nanoGPT's groups), with SGD too",
      "≥ 0",
      [](Section& s, Config& c) {
       s.get("weight_decay", c.optim.weight_decay);

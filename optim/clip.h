@@ -23,6 +23,10 @@
 // or f64 on the CPU (the norm rounded to it). factor_out: 0-dim, on that device, f32 on CUDA (the
 // factor the in-place clip scales by, computed by the same kernel), f64 on the CPU (the double
 // factor the in-place clip scales by). max_norm = inf gives factor 1: the norm alone.
+//
+// A NaN norm gives factor 1, so the gradients stay as they are (PyTorch's factor would be NaN and
+// make every gradient NaN). Either way the step is not finite and the trainer stops at its next
+// check; gradients left as they are keep the first non-finite one for that check's message.
 #include <functional>
 #include <vector>
 

@@ -2,8 +2,10 @@
 // Learning-rate schedules: a pure function of the step, so resuming at step s gives exactly the
 // learning rate an uninterrupted run had there. The training loop calls, before each step,
 //
-//   optimizer.set_lr(schedule.lr_at(optimizer.steps_taken()));
+//   optimizer.set_lr(schedule.lr_at(step));
 //
+// with `step` the run's step, a skipped one (an f16 overflow) counted too, as PyTorch's
+// scheduler.step() runs after every step (not the optimizer's steps_taken(), which skips it).
 // Steps count from 0: lr_at(0) is the learning rate of the first update.
 #include <cstdint>
 
