@@ -171,7 +171,8 @@ int tokenize_command(const std::vector<std::string>& args) {
   const std::string gpt2_dir = text_of(o, "--gpt2-dir", "assets/gpt2");
   // The shard must not replace a file this command reads: the text, or GPT-2's vocabulary.
   std::vector<std::string> reads = {o.at("--input")};
-  if (name == "gpt2") reads.insert(reads.end(), {gpt2_dir + "/encoder.json", gpt2_dir + "/vocab.bpe"});
+  if (name == "gpt2")
+    reads.insert(reads.end(), {gpt2_dir + "/encoder.json", gpt2_dir + "/vocab.bpe"});
   check_output_file("tokenize: --output", o.at("--output"), reads);
   const std::string special = text_of(o, "--special", "as-text");
   if (special != "as-text" && special != "allow")

@@ -412,16 +412,21 @@ namespace {
 // land in the tensors at wait(). A reader that skips wait() reads the values from before.
 class DeferredResults : public parallel::Communicator {
  public:
-  explicit DeferredResults(std::shared_ptr<parallel::Communicator> inner) : inner_(std::move(inner)) {}
+  explicit DeferredResults(std::shared_ptr<parallel::Communicator> inner)
+      : inner_(std::move(inner)) {}
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
 
  protected:
-  void do_all_reduce_sum(const Tensor& t) override { defer(t, [&](auto& c) { inner_->all_reduce_sum(c); }); }
+  void do_all_reduce_sum(const Tensor& t) override {
+    defer(t, [&](auto& c) { inner_->all_reduce_sum(c); });
+  }
   void do_reduce_scatter_sum(const Tensor& t) override {
     defer(t, [&](auto& c) { inner_->reduce_scatter_sum(c); });
   }
-  void do_all_gather(const Tensor& t) override { defer(t, [&](auto& c) { inner_->all_gather(c); }); }
+  void do_all_gather(const Tensor& t) override {
+    defer(t, [&](auto& c) { inner_->all_gather(c); });
+  }
   void do_broadcast(const Tensor& t, int root) override {
     defer(t, [&](auto& c) { inner_->broadcast(c, root); });
   }

@@ -138,16 +138,18 @@ TEST(TokenizeCli, WritesAShardTheReaderTakesAndRefusesBadInput) {
   // between documents; the bytes tokenizer has none.
   const std::filesystem::path docs = t.path / "docs.txt";
   std::ofstream(docs) << "a<|endoftext|>b";
+  const std::string assets_dir = " --gpt2-dir " MT_SOURCE_DIR "/assets/gpt2";
   ASSERT_EQ(test::run_train("tokenize --input " + docs.string() + " --output " + shard.string() +
-                            " --special allow --gpt2-dir " MT_SOURCE_DIR "/assets/gpt2", &out), 0) << out;
+                            " --special allow" + assets_dir, &out), 0) << out;
   EXPECT_EQ(read_token_shard(shard.string()), (std::vector<uint16_t>{64, 50256, 65}));
   ASSERT_EQ(test::run_train("tokenize --input " + docs.string() + " --output " + shard.string() +
-                            " --gpt2-dir " MT_SOURCE_DIR "/assets/gpt2", &out), 0) << out;
+                            assets_dir, &out), 0) << out;
   const std::vector<uint16_t> plain = read_token_shard(shard.string());
   EXPECT_EQ(std::count(plain.begin(), plain.end(), 50256), 0);
   EXPECT_GT(plain.size(), 3u);
   expect_fails("tokenize --input " + docs.string() + " --output " + shard.string() +
-                   " --tokenizer bytes --special allow", 2, "the bytes tokenizer has no special tokens");
+                   " --tokenizer bytes --special allow", 2,
+               "the bytes tokenizer has no special tokens");
   expect_fails("tokenize --input " + docs.string() + " --output " + shard.string() +
                    " --special yes", 2, "--special: expected as-text or allow, got 'yes'");
 

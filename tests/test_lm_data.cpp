@@ -83,10 +83,12 @@ TEST(TokenData, AGlobPatternOfShardsIsOneStreamInNameOrder) {
   std::vector<std::vector<uint16_t>> parts(3);
   std::vector<uint16_t> joined;
   for (size_t k = 0; k < parts.size(); ++k) {
-    for (int i = 0; i < 300 + 50 * int(k); ++i) parts[k].push_back(uint16_t((37 * i + 11 * k) % 256));
+    for (int i = 0; i < 300 + 50 * int(k); ++i)
+      parts[k].push_back(uint16_t((37 * i + 11 * k) % 256));
     joined.insert(joined.end(), parts[k].begin(), parts[k].end());
   }
-  for (size_t k : {2, 0, 1}) write_token_shard(t / ("part_" + std::to_string(k) + ".bin"), parts[k]);
+  for (size_t k : {2, 0, 1})
+    write_token_shard(t / ("part_" + std::to_string(k) + ".bin"), parts[k]);
   write_token_shard(t / "other.bin", std::vector<uint16_t>{1, 2, 3});  // does not match
   write_token_shard(t / "joined.bin", joined);
   auto source = [&](const std::string& path) {
@@ -99,7 +101,8 @@ TEST(TokenData, AGlobPatternOfShardsIsOneStreamInNameOrder) {
   EXPECT_NE(globbed->describe()[0].find("part_0.bin … " + (t / "part_2.bin") + " (3 shards)"),
             std::string::npos) << globbed->describe()[0];
   for (int64_t step : {0, 1, 7}) {
-    const std::vector<data::Batch> a = globbed->step_batches(step, kCPU), b = one->step_batches(step, kCPU);
+    const std::vector<data::Batch> a = globbed->step_batches(step, kCPU),
+                                   b = one->step_batches(step, kCPU);
     ASSERT_EQ(a.size(), b.size());
     for (size_t i = 0; i < a.size(); ++i) {
       EXPECT_EQ(a[i].x.to_vector(), b[i].x.to_vector()) << "step " << step;

@@ -741,8 +741,9 @@ TEST(WriteFailures, AFailedSaveOfTheBestCheckpointKeepsThePreviousBest) {
   train::save_best_checkpoint(ckpt, "run", 4, 1.5, first, first, {});
   const std::string blocker = best + ".tmp." + std::to_string(::getpid());
   fs::create_directory(blocker);
-  mt::test::expect_error([&] { train::save_best_checkpoint(ckpt, "run", 8, 1.25, second, second, {}); },
-                         {best + ": cannot create temp file"});
+  mt::test::expect_error(
+      [&] { train::save_best_checkpoint(ckpt, "run", 8, 1.25, second, second, {}); },
+      {best + ": cannot create temp file"});
   fs::remove(blocker);
   const train::Checkpoint kept = train::load_checkpoint(best);
   EXPECT_EQ(kept.step, 4);
@@ -994,8 +995,10 @@ TEST(CheckpointIntegrity, PruningAfterAFallbackKeepsWhatTheResumedRunSaved) {
   r.run();
   EXPECT_EQ(train::load_checkpoint(ckpt).step, 23);
   std::vector<std::string> names;
-  for (const std::string& f : train::list_checkpoints(ckpt)) names.push_back(fs::path(f).filename());
-  EXPECT_EQ(names, (std::vector<std::string>{"step-000023.safetensors", "step-000024.safetensors"}));
+  for (const std::string& f : train::list_checkpoints(ckpt))
+    names.push_back(fs::path(f).filename());
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"step-000023.safetensors", "step-000024.safetensors"}));
 }
 
 // A checkpoint is two files but one directory sync (docs/robustness.md, "The cost of a save"). A

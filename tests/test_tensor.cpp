@@ -293,7 +293,8 @@ TEST(SmallApis, BadArgumentsAreClearErrors) {
   expect_error([&] { p.set_grad(zeros({3})); }, {"set_grad: a gradient of shape [3]", "[4, 3]"});
   // A .grad backward cannot add into as it is: another dtype (an f16 one lost every sum's low
   // bits) or strided.
-  expect_error([&] { p.set_grad(zeros({4, 3}, DType::f16)); }, {"set_grad", "f16", "its .grad: f32"});
+  expect_error([&] { p.set_grad(zeros({4, 3}, DType::f16)); },
+               {"set_grad", "f16", "its .grad: f32"});
   expect_error([&] { p.set_grad(zeros({3, 4}).t()); }, {"set_grad", "strided"});
   p.set_grad(ones({4, 3}));
   p.set_grad(Tensor());  // no gradient: always fine

@@ -17,7 +17,8 @@ std::vector<std::string> data_files(const DataConfig& d) {
   if (d.kind != "tokens" || d.path.find_first_of("*?[") == std::string::npos) return {d.path};
   glob_t g{};
   std::vector<std::string> files;
-  if (::glob(d.path.c_str(), 0, nullptr, &g) == 0) files.assign(g.gl_pathv, g.gl_pathv + g.gl_pathc);
+  if (::glob(d.path.c_str(), 0, nullptr, &g) == 0)
+    files.assign(g.gl_pathv, g.gl_pathv + g.gl_pathc);
   ::globfree(&g);
   return files;
 }

@@ -57,12 +57,12 @@
 // unchanged: dropout acts on P after the softmax, dP is the gradient with respect to P itself.
 // Saved vs recomputed: only O and L, as without dropout (and the base word, one element, so that a
 // word moved before the backward is an error, as for dropout). The mask is REGENERATED in the
-// backward from (seed, offset, base, e), never saved: packed to 1 bit it would still be T²/8 bytes a head
-// (128 KiB at T = 1024, 32 times L), written by the forward and read back by the backward, where
-// regenerating costs one Philox call (10 rounds of two 32-bit multiplies) per 8 probabilities on
-// the CPU, per 2 in the CUDA forward and dQ pass (a thread's accumulators hold pairs of adjacent
-// keys of a row: one call serves both unless the pair straddles two groups of 8, which only an
-// odd T allows), and per 1 in the dK/dV pass (its tile is Pᵀ: a thread's pairs are two rows).
+// backward from (seed, offset, base, e), never saved: packed to 1 bit it would still be T²/8 bytes
+// a head (128 KiB at T = 1024, 32 times L), written by the forward and read back by the backward,
+// where regenerating costs one Philox call (10 rounds of two 32-bit multiplies) per 8 probabilities
+// on the CPU, per 2 in the CUDA forward and dQ pass (a thread's accumulators hold pairs of adjacent
+// keys of a row: one call serves both unless the pair straddles two groups of 8, which only an odd
+// T allows), and per 1 in the dK/dV pass (its tile is Pᵀ: a thread's pairs are two rows).
 // The backward reads the base word again: advance it only before a step's first forward.
 // p = 0, or training = false: no dropout, the same kernels (and bits) as attention(q, k, v); on
 // CUDA, dropout is a compile-time switch of each kernel, so the p = 0 kernels are unchanged.
