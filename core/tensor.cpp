@@ -233,7 +233,7 @@ void Tensor::set_grad(const Tensor& g) {
   MT_CHECK(!g.defined() || (g.shape() == shape() && g.device() == device() &&
                             g.dtype() == grad_dtype_for(dtype()) && g.is_contiguous()),
            "set_grad: a gradient of shape ", shape_str(g.shape()), ", ", dtype_name(g.dtype()),
-           g.defined() && !g.is_contiguous() ? ", strided," : "", " on ", g.device().str(),
+           g.is_contiguous() ? "" : ", strided,", " on ", g.device().str(),
            " for a tensor of shape ", shape_str(shape()), " on ", device().str(), " (its .grad: ",
            dtype_name(grad_dtype_for(dtype())), ", contiguous)");
   impl().grad = g.impl_;

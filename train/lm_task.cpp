@@ -22,6 +22,9 @@ Tensor next_token_loss(const Tensor& logits, const Tensor& targets, int64_t voca
 
 namespace {
 
+// The microbatches (calls) a step's dropout masks are keyed for: 2^20.
+constexpr int64_t kCallsPerStep = int64_t(1) << 20;
+
 class LanguageModeling : public Task {
  public:
   LanguageModeling(int64_t vocab_size, double tokens_per_byte, DropoutKey key)
@@ -43,9 +46,9 @@ class LanguageModeling : public Task {
       microbatch_ = step == step_ && (k == 0 || microbatch_ + 1 < k) ? microbatch_ + 1 : 0;
       step_ = step;
       const int64_t call = (key_.first_microbatch ? key_.first_microbatch() : 0) + microbatch_;
-      MT_CHECK(call < (int64_t(1) << 20), "dropout: microbatch ", call, " of a step is past the ",
-               "2^20 a step's masks are keyed for");
-      const uint64_t per_step = (uint64_t(1) << 20) * gpt->num_dropouts();  // offsets a step
+      MT_CHECK(call < kCallsPerStep, "dropout: microbatch ", call, " of a step is past the ",
+               kCallsPerStep, " a step's masks are keyed for");
+      const uint64_t per_step = uint64_t(kCallsPerStep) * gpt->num_dropouts();  // offsets a step
       if (microbatch_ == 0) {
         if (!base_.defined() || base_.device() != batch.x.device())
           base_ = zeros({1}, DType::i64, batch.x.device());
