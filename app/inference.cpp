@@ -220,11 +220,21 @@ std::string format_evaluation(const CheckpointEvaluation& e) {
 void check_output_file(const std::string& flag, const std::string& output,
                        const std::vector<std::string>& inputs) {
   struct stat st{};
-  if (::lstat(output.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+  const bool exists = ::lstat(output.c_str(), &st) == 0;
+  if (exists && !S_ISREG(st.st_mode)) {
     const std::string kind = S_ISLNK(st.st_mode) ? "a symbolic link" : special_file_kind(output);
     throw InferenceError(flag + " " + output + " is " + kind +
                          "; it must be a new or a regular file (it is replaced whole)");
   }
+  // Neither command writes a checkpoint, a run's metrics, curve or lock, or a config: one that
+  // exists at `output` is a slip (a run's file named instead of a new one beside it).
+  const std::string ext = std::filesystem::path(output).extension().string();
+  const std::vector<std::string> run_files = {".safetensors", ".jsonl", ".svg", ".lock", ".yaml",
+                                              ".yml"};
+  if (exists && std::find(run_files.begin(), run_files.end(), ext) != run_files.end())
+    throw InferenceError(flag + " " + output + " exists, and a " + ext + " file is one a training " +
+                         "run writes or reads (a checkpoint, its metrics, curve or lock, a " +
+                         "config), never this command's output; name another file");
   for (const std::string& in : inputs) {
     std::error_code ec;  // false, with ec set, when either does not exist
     if (std::filesystem::equivalent(output, in, ec))

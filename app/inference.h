@@ -92,9 +92,11 @@ int64_t predict_csv(const std::string& checkpoint, const std::string& input,
                     const std::string& output, const std::vector<std::string>& overrides = {});
 
 // An output a command writes whole, by a rename (`flag` names it in the error, e.g. "predict:
-// --output"): a new or a regular file, and none of `inputs` (the files the command reads).
-// A symbolic link would be replaced rather than followed, a FIFO or a device, whose reader
-// expects a stream, lost, and an input overwritten. An InferenceError otherwise (exit code 2).
+// --output"): a new or a regular file, none of `inputs` (the files the command reads), and not
+// an existing file of a kind a training run keeps (.safetensors, .jsonl, .svg, .lock, .yaml,
+// .yml). A symbolic link would be replaced rather than followed, a FIFO or a device, whose reader
+// expects a stream, lost, and an input or a run's file overwritten. An InferenceError otherwise
+// (exit code 2).
 void check_output_file(const std::string& flag, const std::string& output,
                        const std::vector<std::string>& inputs);
 

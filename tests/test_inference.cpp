@@ -277,6 +277,14 @@ TEST(InferenceCli, EvalPrintsTheRunsTestLineAndPredictWritesItsCsv) {
   EXPECT_TRUE(p.starts_with("class,p0,p1,p2,p3,p4,p5,p6,p7\n")) << p.substr(0, 80);
   EXPECT_EQ(std::count(p.begin(), p.end(), '\n'), 201);
 
+  // A run's own files are never an output: the checkpoint and the metrics stay as they were.
+  for (const std::string own : {"metrics.jsonl", "step-000010.optim.safetensors",
+                                "step-000010.safetensors"}) {
+    const std::string path = dir / ("ck/" + own), before = read_text(path);
+    EXPECT_EQ(run_train("predict --checkpoint " + (dir / "ck") + " --input " + in + " --output " +
+                        path), 2) << own;
+    EXPECT_EQ(read_text(path), before) << own;
+  }
   std::ofstream(in, std::ios::trunc) << "1,2\n";
   EXPECT_EQ(run_train("predict --checkpoint " + (dir / "ck") + " --input " + in + " --output " + (dir / "q.csv")), 2);
   EXPECT_FALSE(fs::exists(dir / "q.csv"));

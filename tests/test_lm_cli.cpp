@@ -186,6 +186,12 @@ TEST(TokenizeCli, WritesAShardTheReaderTakesAndRefusesBadInput) {
     expect_fails("tokenize --input " + text.string() + " --output " + (assets / file).string() +
                      " --gpt2-dir " + assets.string(), 2, "which this command reads");
   EXPECT_EQ(std::filesystem::file_size(assets / "vocab.bpe"), merges_size);
+  // Nor a file of a kind a training run keeps (it wrote a shard over a checkpoint, exit 0).
+  const std::filesystem::path checkpoint = t.path / "step-000020.optim.safetensors";
+  std::ofstream(checkpoint) << "kept";
+  expect_fails("tokenize --input " + text.string() + " --output " + checkpoint.string() + bytes,
+               2, "a .safetensors file is one a training run writes");
+  EXPECT_EQ(std::filesystem::file_size(checkpoint), 4u);
   const std::filesystem::path link = t.path / "link.bin";
   std::filesystem::create_symlink(shard, link);
   expect_fails("tokenize --input " + text.string() + " --output " + link.string() + bytes, 2,
