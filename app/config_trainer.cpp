@@ -1,6 +1,8 @@
 #include "app/config_trainer.h"
 
 #include <algorithm>
+#include <filesystem>
+#include <utility>
 
 #include "app/fingerprint.h"
 #include "app/registry.h"
@@ -39,6 +41,24 @@ ConfigTrainer::ConfigTrainer(Parts p)
                      p.device, std::move(p.comm)),
       config_(std::move(p.config)) {}
 
+namespace {
+
+// The metrics and the curve are rewritten (and deleted by checkpoint.overwrite): neither may be a
+// file the run reads.
+void check_outputs_are_not_data(const train::Options& o, const DataConfig& data) {
+  for (const auto& [key, out] : {std::pair{"logging.metrics", train::metrics_path(o)},
+                                 {"logging.curve", train::curve_path(o)}})
+    for (const auto& [data_key, in] : {std::pair{"data.path", data.path},
+                                       {"data.test_path", data.test_path}}) {
+      std::error_code ec;  // false, with ec set, when either does not exist
+      if (!in.empty() && std::filesystem::equivalent(out, in, ec))
+        throw ConfigError(detail::concat(key, ": '", out, "' is ", data_key,
+                                         ", which the run reads; name another file"));
+    }
+}
+
+}  // namespace
+
 // A null `model` stands for the config's own, built once the data is known to fit it and the run
 // to fit in memory.
 ConfigTrainer::Parts ConfigTrainer::build(Config config, std::shared_ptr<nn::Module> model,
@@ -50,7 +70,10 @@ ConfigTrainer::Parts ConfigTrainer::build(Config config, std::shared_ptr<nn::Mod
   train::Options options = options_from(config);
   options.job_keys = job_entries(config);
   // Before anything is loaded or allocated (the trainer checks these again, for every caller).
-  if (comm == nullptr || comm->rank() == 0) train::check_output_paths(options);
+  if (comm == nullptr || comm->rank() == 0) {
+    train::check_output_paths(options);
+    check_outputs_are_not_data(options, config.data);
+  }
   // The model kind's checks are of its own model; a model handed in is the caller's.
   const ModelKind* kind = config_model ? &model_kind(config.model.kind) : nullptr;
   if (kind && kind->check_memory) kind->check_memory(config, device, world);

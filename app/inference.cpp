@@ -226,6 +226,12 @@ void check_output_file(const std::string& flag, const std::string& output,
     throw InferenceError(flag + " " + output + " is " + kind +
                          "; it must be a new or a regular file (it is replaced whole)");
   }
+  for (const std::string& in : inputs) {
+    std::error_code ec;  // false, with ec set, when either does not exist
+    if (std::filesystem::equivalent(output, in, ec))
+      throw InferenceError(flag + " " + output + " is " + in + ", which this command reads; " +
+                           "name another file");
+  }
   // Neither command writes a checkpoint, a run's metrics, curve or lock, or a config: one that
   // exists at `output` is a slip (a run's file named instead of a new one beside it).
   const std::string ext = std::filesystem::path(output).extension().string();
@@ -235,12 +241,6 @@ void check_output_file(const std::string& flag, const std::string& output,
     throw InferenceError(flag + " " + output + " exists, and a " + ext + " file is one a training " +
                          "run writes or reads (a checkpoint, its metrics, curve or lock, a " +
                          "config), never this command's output; name another file");
-  for (const std::string& in : inputs) {
-    std::error_code ec;  // false, with ec set, when either does not exist
-    if (std::filesystem::equivalent(output, in, ec))
-      throw InferenceError(flag + " " + output + " is " + in + ", which this command reads; " +
-                           "name another file");
-  }
 }
 
 int64_t predict_csv(const std::string& checkpoint, const std::string& input,

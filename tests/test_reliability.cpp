@@ -230,7 +230,23 @@ TEST(LateChecks, OutputsThatWouldWriteOverEachOtherAreRefusedBeforeTraining) {
   refused("logging.metrics=" + ck + "/curve.svg", "logging.metrics and logging.curve: both are");
   refused("logging.curve=" + ck + "/../ck/metrics.jsonl", "logging.metrics and logging.curve: both are");
   refused("logging.metrics=" + ck + "/step-000010.safetensors",
-          "logging.metrics: '" + ck + "/step-000010.safetensors' is a name checkpoint.dir's own files use");
+          "logging.metrics: '" + ck + "/step-000010.safetensors' is a name of the files a run keeps");
+  // Another run's checkpoint or a config, anywhere (a refused run also left a lock beside it).
+  refused("logging.metrics=" + (dir / "other/step-000020.safetensors"), "is a name of the files");
+  refused("logging.curve=" + (dir / "mlp.yaml"), "is a name of the files");
+  EXPECT_FALSE(fs::exists(dir / "other"));
+  // Nor a file the run reads: checkpoint.overwrite=true deleted the training data.
+  const std::string data = dir / "train.csv";
+  std::ofstream(data) << "1,2,3,4,5,6,7,8,9,10,11,12,0\n";
+  for (const char* key : {"logging.metrics=", "logging.curve="})
+    test::expect_error(
+        [&] {
+          app::ConfigTrainer t(small_config(dir, {"data.kind=csv", "data.path=" + data,
+                                                  key + data, "checkpoint.overwrite=true"}),
+                               kCPU);
+        },
+        {"'" + data + "' is data.path, which the run reads"});
+  EXPECT_EQ(read_text(data), "1,2,3,4,5,6,7,8,9,10,11,12,0\n");
   refused("logging.curve=" + ck + "/.lock", "logging.curve: '" + ck + "/.lock' is a name");
   EXPECT_FALSE(fs::exists(ck));
   app::ConfigTrainer beside(small_config(dir, {"logging.metrics=" + (dir / "m.jsonl"),
@@ -397,7 +413,12 @@ TEST(LateChecks, PredictOutputMustBeANewOrRegularFile) {
   test::expect_error([&] { app::predict_csv(model, dir / "in.csv", dir / "in.csv", {}); },
                      {"--output " + (dir / "in.csv") + " is " + (dir / "in.csv") + ", which this command reads"});
   test::expect_error([&] { app::predict_csv(dir / "ck", dir / "in.csv", model, {}); },
-                     {"--output " + model + " is " + model + ", which this command reads"});
+                     {"--output " + model + " exists, and a .safetensors file is one a training"});
+  const std::string renamed = dir / "model.st";  // a model file under a name of the user's
+  fs::copy_file(model, renamed);
+  test::expect_error([&] { app::predict_csv(renamed, dir / "in.csv", renamed, {}); },
+                     {"--output " + renamed + " is " + renamed + ", which this command reads"});
+  EXPECT_EQ(read_text(renamed), model_bytes);
   EXPECT_EQ(read_text(dir / "in.csv"), row + "\n");
   EXPECT_EQ(read_text(model), model_bytes);
   EXPECT_EQ(app::predict_csv(model, dir / "in.csv", dir / "out.csv", {}), 1);

@@ -99,20 +99,21 @@ void check_output_paths(const Options& o) {
   if (!o.logging.curve.empty())
     check_writable("logging.curve", std::filesystem::path(o.logging.curve).parent_path());
   // A folder where a file goes would fail only when first written: the curve, at the run's end.
-  // Two outputs at one path, or one named as a checkpoint file in checkpoint.dir, would write
-  // over each other.
+  // Two outputs at one path, or one named as a checkpoint (any run's), a config or a lock, would
+  // write over each other or over what a run keeps.
   namespace fs = std::filesystem;
   auto normal = [](const std::string& p) { return fs::absolute(p).lexically_normal(); };
-  const fs::path dir = normal(o.checkpoint.dir);
   const std::string metrics = metrics_path(o), curve = curve_path(o);
   for (const auto& [key, path] : {std::pair{"logging.metrics", metrics}, {"logging.curve", curve}}) {
     std::error_code ec;
     if (fs::is_directory(path, ec))
       throw ConfigError(detail::concat(key, ": '", path, "' is a directory; name a file"));
     const fs::path p = normal(path);
-    if (p.parent_path() == dir && (p.extension() == ".safetensors" || p.filename() == ".lock"))
-      throw ConfigError(detail::concat(key, ": '", path, "' is a name checkpoint.dir's own files "
-                                       "use (checkpoints, the lock); name another file"));
+    const std::string ext = p.extension().string();
+    if (ext == ".safetensors" || ext == ".yaml" || ext == ".yml" || ext == ".lock" ||
+        p.filename() == ".lock")
+      throw ConfigError(detail::concat(key, ": '", path, "' is a name of the files a run keeps ",
+                                       "(a checkpoint, a config, a lock); name another file"));
   }
   if (normal(metrics) == normal(curve))
     throw ConfigError(detail::concat("logging.metrics and logging.curve: both are '", metrics,
