@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include <spdlog/fmt/fmt.h>
+#include <spdlog/spdlog.h>
 #include <yaml-cpp/yaml.h>
 
 #include "app/config_trainer.h"
@@ -27,9 +28,9 @@
 
 namespace mt::app {
 
-using train::CheckpointError;
 using train::Evaluation;
-using train::load_checkpoint;
+using train::checkpoint_name_step;
+using train::list_checkpoints;
 
 namespace {
 
@@ -63,17 +64,6 @@ std::string kind_names() {
 // Where a program's own model is loaded, for the errors that point there.
 const std::string kOwnInference = "docs/library.md, \"Inference for your own model\"";
 
-// The model file of `checkpoint`: itself, or a directory's newest intact checkpoint.
-std::string model_file(const std::string& checkpoint) {
-  std::error_code ec;
-  if (!std::filesystem::is_directory(checkpoint, ec)) return checkpoint;
-  try {
-    return load_checkpoint(checkpoint).path;
-  } catch (const CheckpointError& e) {
-    throw InferenceError(e.what());
-  }
-}
-
 // The logits of `x` [n, input] f32, in the run's compute dtype, without a graph.
 Tensor forward(const SavedModel& m, const Tensor& x) {
   return (*m.model)(x.to(m.config.precision.compute_dtype));
@@ -84,9 +74,12 @@ size_t argmax(const double* row, size_t n) { return size_t(std::max_element(row,
 
 }  // namespace
 
-ModelFile read_model_file(const std::string& checkpoint) {
+namespace {
+
+// One model file, every checksum verified, holding a model this program can rebuild.
+ModelFile read_one_model_file(const std::string& path) {
   ModelFile f;
-  f.path = model_file(checkpoint);
+  f.path = path;
   try {
     f.file = nn::load_tensors(f.path);
   } catch (const Error& e) {
@@ -107,6 +100,34 @@ ModelFile read_model_file(const std::string& checkpoint) {
         throw InferenceError(detail::concat(f.path, ": parameter '", name, "' holds ", v,
                                             ": not a model to use"));
   return f;
+}
+
+}  // namespace
+
+ModelFile read_model_file(const std::string& checkpoint) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(checkpoint, ec)) return read_one_model_file(checkpoint);
+  // A directory: its newest model file that reads, as --resume DIR picks, except that using a
+  // model needs no optimizer state, so a checkpoint whose optimizer file is lost still serves
+  // (--resume would fall back to the one before). One older than the newest is named.
+  const std::vector<std::string> all = list_checkpoints(checkpoint);
+  if (all.empty())
+    throw InferenceError("checkpoint: no step-*.safetensors checkpoint in '" + checkpoint + "'");
+  std::string reasons;
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    try {
+      ModelFile f = read_one_model_file(*it);
+      if (it != all.rbegin())
+        spdlog::warn("checkpoint: using {} (step {})", f.path, checkpoint_name_step(f.path));
+      return f;
+    } catch (const InferenceError& e) {
+      reasons += std::string("\n  ") + e.what();
+      if (it + 1 != all.rend())
+        spdlog::warn("checkpoint {} is unusable: {}; falling back to the next newest", *it,
+                     e.what());
+    }
+  }
+  throw InferenceError("checkpoint: no intact model file in '" + checkpoint + "':" + reasons);
 }
 
 SavedModel load_saved_model(const std::string& checkpoint, const std::vector<std::string>& overrides) {

@@ -36,7 +36,8 @@ struct InferenceError : Error {
 };
 
 // A model file `train` saved, as read from `checkpoint`: the file itself, or a checkpoint
-// directory's newest intact checkpoint (as --resume takes it), every checksum verified. A file
+// directory's newest model file that reads (as --resume takes it, but without needing the
+// optimizer file; one older than the newest is named in a warning), every checksum verified. A file
 // without the run's config, one holding a model of the program that trained it (only that
 // program can build it), or one with a non-finite value (a run never saves one: damage) is an
 // InferenceError naming the file.
@@ -55,7 +56,7 @@ struct SavedModel {
   data::Standardization standardization;  // the run's (data.standardize), applied to every input
 };
 
-// Loads a model file, or a checkpoint directory's newest intact checkpoint (as --resume does),
+// Loads a model file, or a checkpoint directory's newest intact model file (read_model_file),
 // verifying every checksum. `overrides` ("key.path=value", as --set) may change only data.*,
 // eval.* and device: the model is the checkpoint's (anything else is a ConfigError).
 SavedModel load_saved_model(const std::string& checkpoint,

@@ -146,6 +146,29 @@ TEST(Inference, BadCheckpointsAreNamed) {
                          "no step-*.safetensors checkpoint");
 }
 
+// A directory's newest model file serves though its optimizer file is gone (inference needs none;
+// eval used to report the step before without saying so); a damaged one is skipped, and the
+// one used instead is named.
+TEST(Inference, ADirectoryGivesItsNewestModelFileThatReads) {
+  TempDir dir;
+  app::ConfigTrainer(tiny_config(dir), kCPU).run();
+  const std::string ck = dir / "ck", newest = ck + "/step-000012.safetensors",
+                    older = ck + "/step-000006.safetensors";
+  const double newest_loss = app::evaluate_checkpoint(newest).loss;
+  ASSERT_NE(newest_loss, app::evaluate_checkpoint(older).loss);
+  fs::remove(ck + "/step-000012.optim.safetensors");
+  EXPECT_EQ(app::evaluate_checkpoint(ck).loss, newest_loss);
+  {
+    std::fstream f(newest, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-3, std::ios::end);
+    f.put('\x7f');
+  }
+  LogCapture log;
+  EXPECT_EQ(app::evaluate_checkpoint(ck).loss, app::evaluate_checkpoint(older).loss);
+  EXPECT_TRUE(log.contains("checkpoint " + newest + " is unusable"));
+  EXPECT_TRUE(log.contains("checkpoint: using " + older + " (step 6)"));
+}
+
 // The predicted classes are the ones accuracy counts; each row's probabilities sum to 1.
 TEST(Inference, PredictAgreesWithEvaluate) {
   TempDir dir;
