@@ -39,7 +39,6 @@
 #include "core/registry.h"
 #include "core/switches.h"
 #include "core/rng.h"
-#include "core/storage.h"
 #include "ops/attention/attention.h"
 #include "ops/attention/wgmma_layout.h"
 #include "ops/dropout/dropout.h"
@@ -47,6 +46,7 @@
 #include "tests/deterministic_guard.h"
 #include "tests/expect_error.h"
 #include "tests/gradcheck.h"
+#include "tests/poison_scope.h"
 #ifdef MT_WITH_CUDA
 #include "core/cuda/graph.h"
 #include "core/cuda/runtime.h"
@@ -58,6 +58,7 @@ using namespace mt;
 using mt::test::DeterministicGuard;
 using mt::test::expect_error;
 using mt::test::expect_gradcheck;
+using mt::test::PoisonScope;
 using mt::test::random_leaf;
 
 namespace {
@@ -662,9 +663,10 @@ double expect_matches_reference(const Shape& shape, DType dt, double qk_scale,
   const Device gpu = cuda_device(0);
   Tensor q = randn_like_scaled(shape, qk_scale).to(dt), k = randn_like_scaled(shape, qk_scale).to(dt),
          v = randn(shape, DType::f64).to(dt), dout = randn(shape, DType::f64).to(dt);
-  set_poison_allocations(true);  // NaN in every new buffer: an element never written shows
-  const Pass g = run_kernels(q.to(gpu), k.to(gpu), v.to(gpu), dout.to(gpu), Tensor(), dropout);
-  set_poison_allocations(false);
+  const Pass g = [&] {
+    const PoisonScope poison;  // NaN in every new buffer: an element never written shows
+    return run_kernels(q.to(gpu), k.to(gpu), v.to(gpu), dout.to(gpu), Tensor(), dropout);
+  }();
   const Pass ref = run_kernels(q.to(DType::f32), k.to(DType::f32), v.to(DType::f32),
                                dout.to(DType::f32), Tensor(), dropout);
   const Tol tol = tol_for(dt);

@@ -18,18 +18,19 @@
 #include "check/op_check_gtest.h"
 #include "core/autograd.h"
 #include "core/rng.h"
-#include "core/storage.h"
 #include "core/switches.h"
 #include "ops/attention/attention.h"
 #include "ops/heads/heads.h"
 #include "tests/deterministic_guard.h"
 #include "tests/expect_error.h"
 #include "tests/gradcheck.h"
+#include "tests/poison_scope.h"
 
 using namespace mt;
 using mt::test::DeterministicGuard;
 using mt::test::expect_error;
 using mt::test::expect_gradcheck;
+using mt::test::PoisonScope;
 using mt::test::random_leaf;
 
 namespace {
@@ -180,13 +181,12 @@ TEST(AttentionPackedCuda, EqualsSplitAttentionMergeBitForBitInEveryKernelFamily)
   manual_seed(43);
   const DeterministicGuard det(true);
   const Device gpu = cuda_device(0);
-  set_poison_allocations(true);  // NaN in every new buffer: an element never written shows
+  const PoisonScope poison;  // NaN in every new buffer: an element never written shows
   for (int64_t d : {32, 64, 128}) expect_same_bits(2, 257, 3, d, DType::bf16, gpu);  // tensor cores
   expect_same_bits(2, 1024, 12, 64, DType::bf16, gpu);  // GPT-2's heads, 16 Q tiles
   expect_same_bits(1, 65, 2, 64, DType::f16, gpu);
   expect_same_bits(2, 65, 3, 64, DType::f32, gpu);   // the CUDA-core path
   expect_same_bits(1, 33, 2, 48, DType::bf16, gpu);  // d off the tensor cores
-  set_poison_allocations(false);
 }
 
 // The atomic dQ variant adds into an fp32 scratch and rounds it into dq's place in dqkv last:
@@ -205,9 +205,8 @@ TEST(AttentionPackedCuda, TheAtomicVariantWritesDqIntoTheProjectionsLayout) {
   }
   {
     const DeterministicGuard det(false);
-    set_poison_allocations(true);
+    const PoisonScope poison;
     atomic = run(true, qkv, g, H, {});
-    set_poison_allocations(false);
   }
   double err = 0, scale = 0;
   for (size_t i = 0; i < exact.grad.size(); ++i) {

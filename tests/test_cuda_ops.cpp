@@ -21,6 +21,7 @@
 #include "ops/rms_norm/rms_norm_scaled_silu.h"
 #include "ops/scaled_silu/scaled_silu.h"
 #include "tests/expect_error.h"
+#include "tests/poison_scope.h"
 #ifdef MT_WITH_CUDA
 #include "ops/linear/linear_cuda.h"    // gemm_plan_stats
 #include "ops/rms_norm/rms_norm_cuda.h"  // the layout switch
@@ -28,6 +29,7 @@
 
 using namespace mt;
 using mt::test::expect_error;
+using mt::test::PoisonScope;
 
 #define MT_REQUIRE_CUDA() \
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device: CUDA tests skipped"
@@ -56,11 +58,6 @@ void expect_close(const Tensor& got, const Tensor& ref, double tol, const std::s
   }
   EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << g.size() << " elements off";
 }
-
-struct PoisonScope {
-  PoisonScope() { set_poison_allocations(true); }
-  ~PoisonScope() { set_poison_allocations(false); }
-};
 
 // A random leaf on `device` in `dtype`, with the same values on every device for a given seed.
 Tensor leaf(const Shape& shape, DType dtype, Device device, uint64_t seed, double scale = 1.0) {

@@ -11,6 +11,7 @@
 #include "ops/elementwise/elementwise.h"
 #include "tests/expect_error.h"
 #include "tests/gradcheck.h"
+#include "tests/poison_scope.h"
 #ifdef MT_WITH_CUDA
 #include "core/cuda/graph.h"
 #endif
@@ -18,6 +19,7 @@
 using namespace mt;
 using mt::test::expect_error;
 using mt::test::expect_gradcheck;
+using mt::test::PoisonScope;
 using mt::test::random_leaf;
 
 #define MT_REQUIRE_CUDA() \
@@ -165,8 +167,10 @@ TEST(Dropout, AnOffsetBaseAddsItsWordToTheOffset) {
                {"advance_dropout_base", "offset base", "f64"});
 }
 
+// Allocations poisoned: an element the kernels never wrote is NaN, never equal to the CPU's.
 TEST(CudaDropout, MasksEqualTheCpusBitForBit) {
   MT_REQUIRE_CUDA();
+  const PoisonScope poison;
   // An odd n (the scalar tail), and a buffer one element off alignment (the one-at-a-time path).
   for (int64_t n : {int64_t(1), int64_t(7), int64_t(100003)})
     for (double p : {0.1, 0.5, 0.9}) {

@@ -20,10 +20,12 @@
 #include "ops/linear/linear.h"
 #include "tests/expect_error.h"
 #include "tests/f64_reference.h"
+#include "tests/poison_scope.h"
 
 using namespace mt;
 using mt::test::expect_error;
 using mt::test::expect_near_reference;
+using mt::test::PoisonScope;
 
 namespace {
 
@@ -219,9 +221,10 @@ TEST(GeluMlp, EachLayerKeepsItsOwnParameterDtype) {
 // form and the exact one (4.7e-4 at x = -2.7) makes of y here, so an epilogue computing the
 // other GELU fails; the gradients get f32's op-check tolerance, 1e-4 (cuBLASLt's DGELU is about
 // 1.1e-5 from the CPU's derivative, measured on the H200). Bitwise repeatable, and near the chain
-// of separate ops on the GPU.
+// of separate ops on the GPU. Allocations poisoned: an element never written fails as NaN.
 TEST(CudaGeluMlp, MatchesTheCpuReference) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device: CUDA tests skipped";
+  const PoisonScope poison;
   const Device gpu = cuda_device(0);
   for (int64_t H : {int64_t(256), int64_t(260)})
     for (DType dt : {DType::f32, DType::bf16})
@@ -259,9 +262,10 @@ TEST(CudaGeluMlp, SixteenBitAppliesGeluToTheUnroundedPreActivation) {
 }
 
 // The gradient paths on the GPU when only some inputs need one: W2 and b2 alone (no dpre is made),
-// x alone (no W1, b1, W2 or b2 gradient).
+// x alone (no W1, b1, W2 or b2 gradient). Allocations poisoned, as above.
 TEST(CudaGeluMlp, PartialGradientsMatchTheChain) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device: CUDA tests skipped";
+  const PoisonScope poison;
   const Device gpu = cuda_device(0);
   manual_seed(26);
   const Block blk = make_block({300, 64}, 256, 96, DType::f32, DType::f32);

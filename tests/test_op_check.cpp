@@ -169,32 +169,51 @@ OpSpec cross_entropy_spec() {
   return s;
 }
 
-// A padded vocabulary: 16 columns of which 11 are classes; the padding holds large logits that
+// A padded vocabulary: `valid` of C columns are classes; the padding holds large logits that
 // would dominate the loss if they counted, and must get exactly zero gradient.
-OpSpec cross_entropy_padded_spec() {
+OpSpec cross_entropy_padded_spec(int64_t C, int64_t valid) {
   OpSpec s = cross_entropy_spec();
-  s.name = "cross_entropy (11 of 16 classes valid)";
-  // 16 columns make whole 16-byte packs: the aligned run takes the vector path, the misaligned one
-  // the scalar path, and their max/sum merge trees differ (as for rms_norm).
+  s.name = "cross_entropy (" + std::to_string(valid) + " of " + std::to_string(C) +
+           " classes valid)";
+  // C a multiple of 8 makes whole 16-byte packs: the aligned run takes the vector path, the
+  // misaligned one the scalar path, and their max/sum merge trees differ (as for rms_norm).
   s.alignment_invariant = false;
-  s.op = [](const Inputs& in) { return Inputs{cross_entropy(in[0], in[1], -100, 50.0, 11)}; };
-  s.make = [](Generator& g, int64_t n) {
-    Tensor t = labels(g, n, 11);
+  s.op = [valid](const Inputs& in) {
+    return Inputs{cross_entropy(in[0], in[1], -100, 50.0, valid)};
+  };
+  s.make = [C, valid](Generator& g, int64_t n) {
+    Tensor t = labels(g, n, valid);
     int64_t* p = t.data<int64_t>();
     for (int64_t i = 0; i < n; i += 5) p[i] = -100;
-    Tensor logits = normal(g, {n, 16}, 2.0);
+    Tensor logits = normal(g, {n, C}, 2.0);
     for (int64_t r = 0; r < n; ++r)
-      for (int64_t c = 11; c < 16; ++c) logits.data<double>()[r * 16 + c] = 30.0;
+      for (int64_t c = valid; c < C; ++c) logits.data<double>()[r * C + c] = 30.0;
     return Inputs{logits, t};
   };
   s.bad_inputs = {
       {"a target in the padding",
-       [] { cross_entropy(randn({2, 16}), from_vector(std::vector<int64_t>{0, 11}, {2}, DType::i64),
-                          -100, 0, 11); }},
+       [C, valid] {
+         cross_entropy(randn({2, C}), from_vector(std::vector<int64_t>{0, valid}, {2}, DType::i64),
+                       -100, 0, valid);
+       }},
       {"more valid classes than columns",
-       [] { cross_entropy(randn({2, 16}), from_vector(std::vector<int64_t>{0, 1}, {2}, DType::i64),
-                          -100, 0, 17); }},
+       [C] {
+         cross_entropy(randn({2, C}), from_vector(std::vector<int64_t>{0, 1}, {2}, DType::i64),
+                       -100, 0, C + 1);
+       }},
   };
+  return s;
+}
+
+// Rows of at least 1024 columns take the forward's and backward's 256-thread blocks (the narrower
+// specs run one warp a row, which never reaches the block merge). 1040 columns are 260 f32 packs
+// (four threads load two) and 130 packs of 8 in 16 bits (half the threads idle); the padding
+// begins mid-pack, and in 16 bits the last pack is all padding, alone in its thread (a running
+// max of -inf to merge).
+OpSpec cross_entropy_wide_spec() {
+  OpSpec s = cross_entropy_padded_spec(1040, 1029);
+  s.sizes = {1, 7, 33, 300};
+  s.gradcheck_size = 2;  // two forwards per logit: one ignored row and one kept
   return s;
 }
 
@@ -340,7 +359,10 @@ TEST(OpCheck, Linear) { MT_EXPECT_OP_CHECK(linear_spec()); }
 TEST(OpCheck, GeluMlpEpilogueWidth) { MT_EXPECT_OP_CHECK(gelu_mlp_spec(24)); }
 TEST(OpCheck, GeluMlpOddWidth) { MT_EXPECT_OP_CHECK(gelu_mlp_spec(13)); }
 TEST(OpCheck, CrossEntropy) { MT_EXPECT_OP_CHECK(cross_entropy_spec()); }
-TEST(OpCheck, CrossEntropyPaddedVocabulary) { MT_EXPECT_OP_CHECK(cross_entropy_padded_spec()); }
+TEST(OpCheck, CrossEntropyPaddedVocabulary) {
+  MT_EXPECT_OP_CHECK(cross_entropy_padded_spec(16, 11));
+}
+TEST(OpCheck, CrossEntropyWideRows) { MT_EXPECT_OP_CHECK(cross_entropy_wide_spec()); }
 TEST(OpCheck, LayerNormOddWidth) { MT_EXPECT_OP_CHECK(layer_norm_spec(37)); }
 TEST(OpCheck, LayerNormVectorWidth) { MT_EXPECT_OP_CHECK(layer_norm_spec(256)); }
 TEST(OpCheck, AddLayerNormOddWidth) { MT_EXPECT_OP_CHECK(add_layer_norm_spec(37)); }
