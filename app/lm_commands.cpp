@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <memory>
+#include <type_traits>
 
 #include <yaml-cpp/yaml.h>
 
@@ -61,9 +63,10 @@ std::string text_of(const std::map<std::string, std::string>& o, const std::stri
 
 // The tokenizer `name`: an unknown name is a ConfigError (exit code 2), a vocabulary whose files
 // cannot be read or parsed a data::DataError (4), as for any data file.
-std::unique_ptr<Tokenizer> load_tokenizer(const std::string& name, const std::string& gpt2_dir) {
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& name, const std::string& gpt2_dir,
+                                          const std::string& from = "--tokenizer") {
   if (name != "bytes" && name != "gpt2")
-    throw ConfigError("--tokenizer: unknown tokenizer '" + name + "': the tokenizers are bytes and gpt2");
+    throw ConfigError(from + ": unknown tokenizer '" + name + "': the tokenizers are bytes and gpt2");
   try {
     return make_tokenizer(name, gpt2_dir);
   } catch (const Error& e) {
@@ -71,32 +74,58 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& name, const std::st
   }
 }
 
-template <class T> T yaml_value(const YAML::Node& section, const char* key, T fallback) {
-  return section && section[key] ? section[key].as<T>() : fallback;
+// `section`.`key` of a saved config as a T (absent: `fallback`); `where` names the file. A value
+// of another type is an InferenceError naming the key, not yaml-cpp's "bad conversion".
+template <class T>
+T yaml_value(const YAML::Node& section, const std::string& name, const char* key, T fallback,
+             const std::string& where) {
+  if (!section || !section[key]) return fallback;
+  try {
+    return section[key].as<T>();
+  } catch (const YAML::Exception&) {
+    throw InferenceError(where + ": its config's " + name + "." + key + " is not " +
+                         (std::is_same_v<T, std::string> ? "a string"
+                          : std::is_same_v<T, bool>      ? "true or false"
+                          : std::is_integral_v<T>        ? "a whole number"
+                                                         : "a number"));
+  }
 }
 
-}  // namespace
-
-nn::GPTConfig gpt_config_from_yaml(const std::string& yaml, const std::string& where) {
+// The section `name` of a saved config's YAML (an empty node when absent).
+YAML::Node config_section(const std::string& yaml, const std::string& name,
+                          const std::string& where) {
   YAML::Node root;
   try {
     root = YAML::Load(yaml);
   } catch (const YAML::Exception& e) {
     throw InferenceError(where + ": its config is not YAML: " + e.what());
   }
-  const YAML::Node m = root["model"];
-  const std::string kind = yaml_value<std::string>(m, "kind", "mlp");
+  if (!root.IsMap()) throw InferenceError(where + ": its config is not a YAML mapping");
+  const YAML::Node section = root[name];
+  if (section && !section.IsMap())
+    throw InferenceError(where + ": its config's " + name + " is not a mapping");
+  return section;
+}
+
+}  // namespace
+
+nn::GPTConfig gpt_config_from_yaml(const std::string& yaml, const std::string& where) {
+  const YAML::Node m = config_section(yaml, "model", where);
+  auto value = [&]<class T>(const char* key, T fallback) {
+    return yaml_value<T>(m, "model", key, fallback, where);
+  };
+  const std::string kind = value("kind", std::string("mlp"));
   if (kind != "gpt")
     throw InferenceError(where + ": model.kind is '" + kind + "', not gpt: only a GPT samples text");
   nn::GPTConfig c;
-  c.n_layer = yaml_value<int64_t>(m, "n_layer", c.n_layer);
-  c.n_head = yaml_value<int64_t>(m, "n_head", c.n_head);
-  c.n_embd = yaml_value<int64_t>(m, "n_embd", c.n_embd);
-  c.block_size = yaml_value<int64_t>(m, "block_size", c.block_size);
-  c.vocab_size = yaml_value<int64_t>(m, "vocab_size", c.vocab_size);
-  c.padded_vocab_size = yaml_value<int64_t>(m, "padded_vocab_size", c.padded_vocab_size);
-  c.dropout = yaml_value<double>(m, "dropout", c.dropout);
-  c.bias = yaml_value<bool>(m, "bias", c.bias);
+  c.n_layer = value("n_layer", c.n_layer);
+  c.n_head = value("n_head", c.n_head);
+  c.n_embd = value("n_embd", c.n_embd);
+  c.block_size = value("block_size", c.block_size);
+  c.vocab_size = value("vocab_size", c.vocab_size);
+  c.padded_vocab_size = value("padded_vocab_size", c.padded_vocab_size);
+  c.dropout = value("dropout", c.dropout);
+  c.bias = value("bias", c.bias);
   return c;
 }
 
@@ -116,12 +145,16 @@ int sample_command(const std::vector<std::string>& args) {
   // The tokenizer: --tokenizer, else the one the run's text went through; token data does not
   // record its tokenizer, and is taken to hold GPT-2's ids, as llm.c's shards and `train
   // tokenize`'s default do.
-  const YAML::Node data = YAML::Load(config)["data"];
-  const bool token_data = yaml_value<std::string>(data, "kind", "") == "tokens";
+  const YAML::Node data = config_section(config, "data", path);
+  auto data_value = [&](const char* key, const std::string& fallback) {
+    return yaml_value<std::string>(data, "data", key, fallback, path);
+  };
+  const bool token_data = data_value("kind", "") == "tokens";
   const auto tokenizer = load_tokenizer(
-      text_of(o, "--tokenizer", yaml_value<std::string>(data, "tokenizer",
-                                                        token_data ? "gpt2" : "bytes")),
-      text_of(o, "--gpt2-dir", yaml_value<std::string>(data, "gpt2_dir", "assets/gpt2")));
+      o.contains("--tokenizer") ? o.at("--tokenizer")
+                                : data_value("tokenizer", token_data ? "gpt2" : "bytes"),
+      text_of(o, "--gpt2-dir", data_value("gpt2_dir", "assets/gpt2")),
+      o.contains("--tokenizer") ? "--tokenizer" : path + ": its config's data.tokenizer");
   if (tokenizer->vocab_size() > c.vocab_size)
     throw InferenceError(path + ": the " + tokenizer->name() + " tokenizer has " +
                          std::to_string(tokenizer->vocab_size()) + " ids, more than the model's "
@@ -132,13 +165,14 @@ int sample_command(const std::vector<std::string>& args) {
   const int64_t vocab = tokenizer->vocab_size();
   const Device device = train::resolve_device(device_spec);
 
-  nn::GPT model(c);
+  std::unique_ptr<nn::GPT> model;
   try {
-    model.load_state_dict(file.tensors);
+    model = std::make_unique<nn::GPT>(c);
+    model->load_state_dict(file.tensors);
   } catch (const Error& e) {
     throw InferenceError(path + ": does not fit the GPT its config describes: " + e.what());
   }
-  model.to(device);
+  model->to(device);
   train::SampleOptions so{.tokens = number<int64_t>(o, "--tokens", 200),
                           .temperature = number<double>(o, "--temperature", 1.0),
                           .top_k = number<int64_t>(o, "--top-k", 0),
@@ -152,7 +186,7 @@ int sample_command(const std::vector<std::string>& args) {
   }
   std::vector<int32_t> out;
   try {
-    out = train::sample(model, ids, vocab, c.block_size, so, device);
+    out = train::sample(*model, ids, vocab, c.block_size, so, device);
   } catch (const Error& e) {
     throw ConfigError(e.what());  // the options: an empty prompt, temperature, top-k
   }

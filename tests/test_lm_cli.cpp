@@ -123,6 +123,34 @@ TEST(SampleCli, TheTokenizerIsTheDatasOrNamedAndDrawsOnlyItsIds) {
   }
 }
 
+// A saved config that the model file's checksums cover but that does not describe a GPT is named
+// key by key (sample used to print yaml-cpp's "bad conversion" with exit 1, and blame a bad
+// data.tokenizer on a --tokenizer never given).
+TEST(SampleCli, ASavedConfigThatIsNotAGptsIsNamed) {
+  test::TempDir t;
+  manual_seed(0);
+  nn::GPT model({.n_layer = 1, .n_head = 2, .n_embd = 16, .block_size = 8, .vocab_size = 256});
+  const std::string model_ok = "model: {kind: gpt, n_layer: 1, n_head: 2, n_embd: 16, "
+                               "block_size: 8, vocab_size: 256}\n";
+  int n = 0;
+  auto refused = [&](const std::string& config, const std::string& words) {
+    const std::string path = (t.path / ("m" + std::to_string(n++) + ".safetensors")).string();
+    nn::save(model, path, {{"config", config}});
+    expect_fails("sample --checkpoint " + path + " --tokens 2", 2, path + ": " + words);
+  };
+  refused("just text", "its config is not a YAML mapping");
+  refused("model: 3", "its config's model is not a mapping");
+  refused("model: {kind: gpt, n_layer: one}", "its config's model.n_layer is not a whole number");
+  refused("model: {kind: gpt, bias: maybe}", "its config's model.bias is not true or false");
+  refused("model: {kind: gpt, dropout: [1]}", "its config's model.dropout is not a number");
+  refused(model_ok + "data: {kind: text, tokenizer: words}",
+          "its config's data.tokenizer: unknown tokenizer 'words'");
+  refused("model: {kind: gpt, n_layer: 1, n_head: 3, n_embd: 16, block_size: 8, vocab_size: 256}",
+          "does not fit the GPT its config describes");
+  refused("model: {kind: gpt, n_layer: 1, n_head: 2, n_embd: 16, block_size: 8, "
+          "vocab_size: 99999999999}", "does not fit the GPT its config describes");
+}
+
 TEST(TokenizeCli, WritesAShardTheReaderTakesAndRefusesBadInput) {
   test::TempDir t;
   const std::filesystem::path text = t.path / "a.txt", shard = t.path / "a.bin";
