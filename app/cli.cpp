@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -139,10 +140,13 @@ int inference_command(int argc, char** argv) {
   const std::string command = argv[1];
   std::string checkpoint, split, input, output;
   std::vector<std::string> overrides;
+  std::set<std::string> given;  // every flag but --set takes one value: a second is a slip
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
       if (i + 1 >= argc) throw UsageError(command + ": " + a + " needs a value");
+      if (a != "--set" && !given.insert(a).second)
+        throw UsageError(command + ": " + a + " is given twice");
       return argv[++i];
     };
     if (a == "--help" || a == "-h") {
@@ -197,10 +201,12 @@ int mt::app::run_cli(int argc, char** argv, const std::string& version) {
         }
       return std::strcmp(argv[1], "sample") == 0 ? sample_command(args) : tokenize_command(args);
     }
+    std::set<std::string> given;  // every flag but --set takes one value: a second is a slip
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
       auto value = [&]() -> std::string {
         if (i + 1 >= argc) throw UsageError(a + " needs a value");
+        if (a != "--set" && !given.insert(a).second) throw UsageError(a + " is given twice");
         return argv[++i];
       };
       if (a == "--help" || a == "-h") {

@@ -24,7 +24,8 @@ namespace mt::app {
 
 namespace {
 
-// "--name value" pairs; a name outside `known`, or one without a value, is a ConfigError.
+// "--name value" pairs; a name outside `known`, one without a value or one given twice is a
+// ConfigError.
 std::map<std::string, std::string> parse_options(const std::vector<std::string>& args,
                                                  const std::string& command,
                                                  const std::vector<std::string>& known) {
@@ -34,6 +35,7 @@ std::map<std::string, std::string> parse_options(const std::vector<std::string>&
     if (std::find(known.begin(), known.end(), a) == known.end())
       throw ConfigError("train " + command + ": unknown option '" + a + "'");
     if (i + 1 >= args.size()) throw ConfigError("train " + command + ": " + a + " needs a value");
+    if (out.contains(a)) throw ConfigError("train " + command + ": " + a + " is given twice");
     out[a] = args[++i];
   }
   return out;

@@ -184,6 +184,15 @@ TEST(Cli, ExitCodesFollowTheTable) {
   EXPECT_FALSE(fs::exists(dir / "ck"));
   EXPECT_EQ(run_train("--config " + kMlp + " --set optim.lr=fast"), 2);
   EXPECT_EQ(run_train("--nosuchflag"), 2);
+  // A flag of one value given twice is a slip, not "the last one wins" (eval of two checkpoints
+  // evaluated the second); --set is the one that repeats.
+  const std::vector<std::string> flags_twice = {
+      "--config " + kMlp + " --device cpu --device cpu", "--config " + kMlp + " --config " + kMlp,
+      "eval --checkpoint a --checkpoint b", "sample --checkpoint a --tokens 3 --tokens 4"};
+  for (const std::string& twice : flags_twice) {
+    EXPECT_EQ(run_train(twice, &log), 2) << twice;
+    EXPECT_TRUE(contains(log, " is given twice")) << twice << ": " << log;
+  }
 
   dir.write("test.csv", csv_rows(50, 2, false));
   ASSERT_EQ(run_train(csv_run(dir), &log), 0) << log;
