@@ -193,8 +193,15 @@ StFile read_file(const std::string& path, bool with_data) {
   read_exact(f, len, 8, path, "the header length");
   uint64_t header_size = 0;
   for (int i = 0; i < 8; ++i) header_size |= uint64_t(len[i]) << (8 * i);
-  MT_CHECK(header_size <= file_size - 8, path, ": truncated: header length says ", header_size,
-           " bytes but only ", file_size - 8, " follow");
+  if (header_size > file_size - 8) {
+    // A file of another kind (a config, a CSV) reads as a huge length: say that, not "truncated".
+    char first = 0;
+    const bool json = file_size == 8 || (::pread(::fileno(f), &first, 1, 8) == 1 && first == '{');
+    MT_CHECK(json, path, ": not a safetensors file: its first 8 bytes are not a header length ",
+             "followed by a JSON header ('{')");
+    MT_THROW(path, ": truncated: header length says ", header_size, " bytes but only ",
+             file_size - 8, " follow");
+  }
   MT_CHECK(header_size <= kMaxHeaderBytes, path, ": header length ", header_size,
            " is over the 100 MB limit; the file is corrupt");
 

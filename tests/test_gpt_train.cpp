@@ -100,6 +100,13 @@ TEST(GptTraining, BadConfigsAreNamed) {
                      {"model.n_embd", "divisible by model.n_head = 4"});
   test::expect_error([&] { parse_config("model: {kind: mlp}\ndata: {kind: text, path: " + text + "}\n", "bad"); },
                      {"data.kind", "model.kind gpt"});
+  // A folder (or a device) is not "no such file": it is there.
+  test::expect_error([&] { parse_config("model: {kind: gpt}\ndata: {kind: text, path: " + d.path.string() + "}\n", "bad"); },
+                     {"data.path: is a directory (data.kind text reads a file)"});
+  test::expect_error([&] { parse_config("model: {kind: gpt}\ndata: {kind: tokens, path: /dev/null}\n", "bad"); },
+                     {"data.path: is not a regular file"});
+  test::expect_error([&] { parse_config("model: {kind: gpt}\ndata: {kind: text, path: " + text + ".gone}\n", "bad"); },
+                     {"data.path: no such file"});
   test::expect_error([&] {
     app::ConfigTrainer t(parse_config("model: {kind: gpt}\ndata: {kind: synthetic}\ncheckpoint: {dir: " +
                                           (d.path / "c").string() + "}\n", "bad"), kCPU);

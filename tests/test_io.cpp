@@ -390,10 +390,13 @@ TEST(Safetensors, CorruptHeadersNameTheProblem) {
 
   // Lengths that cannot be right, checked before anything is allocated.
   std::vector<uint8_t> b(16, ' ');
-  b[0] = 0xff, b[1] = 0xff, b[2] = 0xff, b[3] = 0xff, b[4] = b[5] = b[6] = b[7] = 0;
+  b[0] = 0xff, b[1] = 0xff, b[2] = 0xff, b[3] = 0xff, b[4] = b[5] = b[6] = b[7] = 0, b[8] = '{';
   write_bytes(path, b);
   EXPECT_ERROR(read_safetensors(path),
                "truncated: header length says 4294967295 bytes but only 8 follow");
+  // Another kind of file (a config named as a checkpoint): its text reads as a huge length.
+  write_bytes(path, std::vector<uint8_t>({'m', 'o', 'd', 'e', 'l', ':', ' ', '{', 'k', 'i', 'n'}));
+  EXPECT_ERROR(read_safetensors(path), "bad.safetensors: not a safetensors file");
   write_bytes(path, {1, 2, 3});
   EXPECT_ERROR(read_safetensors(path), "truncated: 3 bytes is too short");
   EXPECT_ERROR(read_safetensors((dir / "missing.safetensors")),

@@ -67,7 +67,11 @@ void check_tokens(const Config& c, const Reject& reject) {
   std::error_code ec;
   for (const std::string& f : files)
     if (!std::filesystem::is_regular_file(f, ec))
-      reject("path", "no such file (needed for data.kind " + c.data.kind + "), got '" + f + "'");
+      reject("path", (std::filesystem::exists(f, ec)
+                          ? std::string(std::filesystem::is_directory(f, ec) ? "is a directory"
+                                                                             : "is not a regular file")
+                          : "no such file") +
+                         " (data.kind " + c.data.kind + " reads a file), got '" + f + "'");
   if (c.model.kind == "gpt" &&
       c.data.params.integer("block_size") > c.model.params.integer("block_size"))
     reject("block_size", "is larger than the model's block_size " +
