@@ -980,25 +980,32 @@ TEST(CheckpointIntegrity, ResumeFallsBackToTheNewestIntactCheckpoint) {
                          {"no intact checkpoint in '" + ckpt + "'", "step-000004.safetensors: damaged"});
 }
 
-// A resume that fell back past a damaged newer checkpoint leaves it on disk; pruning must not count
-// it. With keep_last = 1 it used to take the one kept place: each save of the resumed run deleted
-// the one before and then itself, and the next --resume found no intact checkpoint.
-TEST(CheckpointIntegrity, PruningAfterAFallbackKeepsWhatTheResumedRunSaved) {
+// A resume that falls back past a newer checkpoint moves it aside (step-N.skipped.*): the run's
+// own save at step N used to write over it, though its model was intact (its optimizer file
+// lost), and pruning had to be kept from counting it (with keep_last = 1 each save of the resumed
+// run deleted the one before and then itself).
+TEST(CheckpointIntegrity, AFallbackMovesThePassedOverCheckpointAside) {
   TempDir dir;
   const std::string ckpt = dir / "ckpt";
   app::ConfigTrainer(fault_config(dir), kCPU).run();
   fs::remove(ckpt + "/step-000024.optim.safetensors");
-  app::ConfigTrainer r(fault_config(dir, {"optim.steps=23", "checkpoint.every=1",
+  const std::string passed_over = read_text(ckpt + "/step-000024.safetensors");
+  app::ConfigTrainer r(fault_config(dir, {"optim.steps=26", "checkpoint.every=1",
                                           "checkpoint.keep_last=1"}), kCPU);
   r.resume(ckpt);
   ASSERT_EQ(r.step(), 20);
-  r.run();
-  EXPECT_EQ(train::load_checkpoint(ckpt).step, 23);
+  {
+    LogCapture log;
+    r.run();
+    EXPECT_TRUE(log.contains("step-000024.safetensors was passed over by the resume; moved aside"));
+  }
+  EXPECT_EQ(train::load_checkpoint(ckpt).step, 26);
   std::vector<std::string> names;
   for (const std::string& f : train::list_checkpoints(ckpt))
     names.push_back(fs::path(f).filename());
-  EXPECT_EQ(names,
-            (std::vector<std::string>{"step-000023.safetensors", "step-000024.safetensors"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"step-000026.safetensors"}));
+  EXPECT_EQ(read_text(ckpt + "/step-000024.skipped.safetensors"), passed_over);
+  EXPECT_FALSE(fs::exists(ckpt + "/step-000024.skipped.optim.safetensors"));
 }
 
 // A checkpoint is two files but one directory sync (docs/robustness.md, "The cost of a save"). A

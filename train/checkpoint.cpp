@@ -250,8 +250,8 @@ std::string save_checkpoint(const std::string& dir, const std::string& run_id, i
   write_checkpoint(model_path, run_id, step, model, optimizer, {}, metadata);
 
   // Newest first, this run's beyond the newest keep_last go (reading headers only when some may).
-  // One of a later step can only be a damaged checkpoint that the resume skipped over (RunDir::
-  // claim refuses any other): it is not one of the kept, and it is left for a look.
+  // One of a later step is not one of the kept: the trainer's RunDir::claim leaves none (it
+  // refuses, deletes or moves them aside), but a caller saving into a folder of its own may.
   const std::vector<std::string> all = list_checkpoints(dir);
   if (all.size() > size_t(keep_last)) {
     int64_t kept = 0;

@@ -27,7 +27,7 @@
 // no file, and a model file exists only once its optimizer file does: the newest model file
 // always names a complete checkpoint, even if the process is killed mid-write. Older checkpoints
 // of the run beyond keep_last are deleted only after the new one is on disk, model file first
-// (a later step's checkpoint, damaged and skipped by a resume, neither counts nor goes); temp and
+// (a later step's checkpoint neither counts nor goes); temp and
 // orphaned optimizer files left by a killed run are removed after each save. The folder is the
 // run's alone while it runs (train/run_dir.h), so no other process writes there meanwhile.
 //

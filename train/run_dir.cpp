@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <utility>
 #include <vector>
 
 #include <spdlog/spdlog.h>
@@ -83,7 +84,7 @@ void RunDir::lock_file(const std::string& key, const std::string& path) {
 void RunDir::claim(const std::string& run_id, int64_t resumed_step, bool newer_skipped,
                    const std::string& metrics, const std::string& curve, bool overwrite) {
   const bool fresh = resumed_step < 0;
-  std::vector<std::string> foreign, later;  // model files
+  std::vector<std::string> foreign, later, skipped;  // model files
   std::vector<std::string> files = list_checkpoints(dir_);
   std::error_code ec;
   // An earlier run's best checkpoint (keep_best) goes with its other files, listed first so that
@@ -94,14 +95,16 @@ void RunDir::claim(const std::string& run_id, int64_t resumed_step, bool newer_s
   for (const std::string& f : files) {
     if (!fresh) {
       std::string owner;
+      const bool past = f != best && checkpoint_name_step(f) > resumed_step;
       try {
         owner = checkpoint_run_id(f);
       } catch (const Error&) {
-        continue;  // a damaged file the resumed run skipped over; it is left alone
+        if (past) skipped.push_back(f);  // damaged: the run's own save at its step would replace it
+        continue;
       }
       if (owner.empty()) continue;  // format 1 files carry no run id
       if (owner == run_id) {
-        if (!newer_skipped && f != best && checkpoint_name_step(f) > resumed_step) later.push_back(f);
+        if (past) (newer_skipped ? skipped : later).push_back(f);
         continue;
       }
     }
@@ -123,7 +126,23 @@ void RunDir::claim(const std::string& run_id, int64_t resumed_step, bool newer_s
   // A curve is redrawn whole at the run's end: one that is not this run's would be lost.
   const bool old_curve = fs::is_regular_file(curve, ec) && fs::file_size(curve, ec) > 0 &&
                          (fresh || !curve_of_run(curve, run_id));
-  if (foreign.empty() && !old_metrics && !old_curve) return;
+  // A later checkpoint the resume passed over (damaged, or without its optimizer file) is moved
+  // aside, not written over when the run reaches its step: its model may still be of use.
+  auto set_aside = [&] {
+    for (const std::string& f : skipped) {
+      const std::string stem = f.substr(0, f.size() - std::string(".safetensors").size());
+      for (const auto& [from, to] : {std::pair{f, stem + ".skipped.safetensors"},
+                                     {stem + ".optim.safetensors",
+                                      stem + ".skipped.optim.safetensors"}}) {
+        if (!fs::exists(from, ec)) continue;
+        fs::rename(from, to, ec);
+        if (ec) throw ConfigError("checkpoint.dir: cannot move " + from + " aside: " + ec.message());
+      }
+      spdlog::warn("checkpoint {} was passed over by the resume; moved aside as {}.skipped.*",
+                   f, stem);
+    }
+  };
+  if (foreign.empty() && !old_metrics && !old_curve) return set_aside();
 
   std::string what;
   if (!foreign.empty())
@@ -150,6 +169,7 @@ void RunDir::claim(const std::string& run_id, int64_t resumed_step, bool newer_s
   for (const std::string& f : foreign) remove_checkpoint(f);
   if (old_metrics) fs::remove(metrics, ec);
   if (old_curve) fs::remove(curve, ec);
+  set_aside();
 }
 
 }  // namespace mt::train

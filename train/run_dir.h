@@ -33,7 +33,9 @@ class RunDir {
   // `metrics` file; for one resumed at `resumed_step`, no checkpoints of another run id and none
   // of its own past that step (unless `newer_skipped`: the resume searched this folder and passed
   // over the newer ones as damaged or unfit). Otherwise a ConfigError that names the folder, what is in it and the
-  // choices; or, with `overwrite`, those files are deleted.
+  // choices; or, with `overwrite`, those files are deleted. The later checkpoints a resume passed
+  // over, and damaged ones past its step, are moved aside as step-N.skipped.safetensors (and
+  // .skipped.optim.safetensors): the run's own save at that step would replace them.
   // The curve too: a fresh run refuses an existing non-empty `curve`, a resumed one a curve that
   // another run drew.
   void claim(const std::string& run_id, int64_t resumed_step, bool newer_skipped,
