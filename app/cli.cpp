@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <new>
 #include <set>
 #include <string>
 #include <vector>
@@ -303,6 +304,11 @@ int mt::app::run_cli(int argc, char** argv, const std::string& version) {
   } catch (const mt::data::DataError& e) {
     std::fprintf(stderr, "%strain: data error: %s\n", fresh_line(), e.what());
     return 4;
+  } catch (const std::bad_alloc&) {
+    // An allocation of the host's memory the checks before it did not price (eval's data, say).
+    std::fprintf(stderr, "%strain: error: out of host memory (std::bad_alloc): the data, the "
+                 "model or a batch is larger than this machine can hold\n", fresh_line());
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%strain: error: %s\n", fresh_line(), e.what());
     return 1;

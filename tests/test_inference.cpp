@@ -316,6 +316,15 @@ TEST(InferenceCli, EvalPrintsTheRunsTestLineAndPredictWritesItsCsv) {
   EXPECT_EQ(run_train("eval"), 2);
   EXPECT_EQ(run_train("predict --checkpoint " + (dir / "ck")), 2);  // no --input / --output
   EXPECT_EQ(run_train("eval --checkpoint " + (dir / "ck") + " --input x"), 2);  // predict's flag
+#if !defined(__SANITIZE_ADDRESS__)  // an address-space limit and AddressSanitizer do not mix
+  // Data larger than the machine, which nothing prices before eval loads it: a message, not
+  // "std::bad_alloc" alone.
+  std::string oom;
+  EXPECT_EQ(mt::test::run_shell("ulimit -v 4000000; " + std::string(MT_BINARY_DIR) +
+                                "/train eval --checkpoint " + (dir / "ck") +
+                                " --set data.samples=4294967296 2>&1", &oom), 1);
+  EXPECT_NE(oom.find("out of host memory (std::bad_alloc)"), std::string::npos) << oom;
+#endif
   std::string help;
   EXPECT_EQ(run_train("--help", &help, false), 0);
   EXPECT_NE(help.find("train eval --checkpoint"), std::string::npos);
