@@ -8,7 +8,6 @@
 #include <filesystem>
 
 #include <spdlog/fmt/fmt.h>
-#include <spdlog/spdlog.h>
 #include <yaml-cpp/yaml.h>
 
 #include "app/config_trainer.h"
@@ -29,8 +28,8 @@
 namespace mt::app {
 
 using train::Evaluation;
-using train::checkpoint_name_step;
-using train::list_checkpoints;
+using train::CheckpointError;
+using train::newest_that_reads;
 
 namespace {
 
@@ -109,25 +108,14 @@ ModelFile read_model_file(const std::string& checkpoint) {
   if (!std::filesystem::is_directory(checkpoint, ec)) return read_one_model_file(checkpoint);
   // A directory: its newest model file that reads, as --resume DIR picks, except that using a
   // model needs no optimizer state, so a checkpoint whose optimizer file is lost still serves
-  // (--resume would fall back to the one before). One older than the newest is named.
-  const std::vector<std::string> all = list_checkpoints(checkpoint);
-  if (all.empty())
-    throw InferenceError("checkpoint: no step-*.safetensors checkpoint in '" + checkpoint + "'");
-  std::string reasons;
-  for (auto it = all.rbegin(); it != all.rend(); ++it) {
-    try {
-      ModelFile f = read_one_model_file(*it);
-      if (it != all.rbegin())
-        spdlog::warn("checkpoint: using {} (step {})", f.path, checkpoint_name_step(f.path));
-      return f;
-    } catch (const InferenceError& e) {
-      reasons += std::string("\n  ") + e.what();
-      if (it + 1 != all.rend())
-        spdlog::warn("checkpoint {} is unusable: {}; falling back to the next newest", *it,
-                     e.what());
-    }
+  // (--resume would fall back to the one before).
+  ModelFile f;
+  try {
+    newest_that_reads(checkpoint, [&](const std::string& path) { f = read_one_model_file(path); });
+  } catch (const CheckpointError& e) {
+    throw InferenceError(e.what());
   }
-  throw InferenceError("checkpoint: no intact model file in '" + checkpoint + "':" + reasons);
+  return f;
 }
 
 SavedModel load_saved_model(const std::string& checkpoint, const std::vector<std::string>& overrides) {

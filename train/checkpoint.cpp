@@ -291,20 +291,30 @@ Checkpoint load_checkpoint(const std::string& path,
       throw CheckpointError(e.what());
     }
   }
-  const std::vector<std::string> all = list_checkpoints(path);
+  Checkpoint c;
+  newest_that_reads(path, [&](const std::string& model_path) { c = attempt(model_path); });
+  return c;
+}
+
+std::string newest_that_reads(const std::string& dir,
+                              const std::function<void(const std::string&)>& read) {
+  const std::vector<std::string> all = list_checkpoints(dir);
   if (all.empty())
-    throw CheckpointError("checkpoint: no step-*.safetensors checkpoint in '" + path + "'");
+    throw CheckpointError("checkpoint: no step-*.safetensors checkpoint in '" + dir + "'");
   std::string reasons;
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     try {
-      return attempt(*it);
+      read(*it);
+      if (it != all.rbegin())
+        spdlog::warn("checkpoint: using {} (step {})", *it, checkpoint_name_step(*it));
+      return *it;
     } catch (const Error& e) {
       reasons += std::string("\n  ") + e.what();
       if (it + 1 != all.rend())
         spdlog::warn("checkpoint {} is unusable: {}; falling back to the next newest", *it, e.what());
     }
   }
-  throw CheckpointError("checkpoint: no intact checkpoint in '" + path + "':" + reasons);
+  throw CheckpointError("checkpoint: no intact checkpoint in '" + dir + "':" + reasons);
 }
 
 }  // namespace mt::train
