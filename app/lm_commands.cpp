@@ -1,5 +1,6 @@
 #include "app/lm_commands.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdio>
 #include <filesystem>
@@ -109,6 +110,23 @@ YAML::Node config_section(const std::string& yaml, const std::string& name,
   return section;
 }
 
+// The sizes a saved config names, against the file's weights, before the model is built: a
+// config that is not its weights' would otherwise allocate whatever it names first.
+void check_sizes(const nn::GPTConfig& c, const nn::StateDict& tensors, const std::string& path) {
+  auto expect = [&](const std::string& name, const Shape& shape) {
+    auto it = std::find_if(tensors.begin(), tensors.end(),
+                           [&](const auto& named) { return named.first == name; });
+    if (it == tensors.end() || it->second.shape() != shape)
+      throw InferenceError(path + ": does not fit the GPT its config describes: its " + name +
+                           " should be " + shape_str(shape) +
+                           (it == tensors.end() ? ", and the file has none"
+                                                : ", the file's is " + shape_str(it->second.shape())));
+  };
+  expect("transformer.wte.weight", {c.padded_vocab(), c.n_embd});
+  expect("transformer.wpe.weight", {c.block_size, c.n_embd});
+  expect("transformer.h." + std::to_string(c.n_layer - 1) + ".ln_1.weight", {c.n_embd});
+}
+
 }  // namespace
 
 nn::GPTConfig gpt_config_from_yaml(const std::string& yaml, const std::string& where) {
@@ -167,6 +185,7 @@ int sample_command(const std::vector<std::string>& args) {
   const int64_t vocab = tokenizer->vocab_size();
   const Device device = train::resolve_device(device_spec);
 
+  check_sizes(c, file.tensors, path);
   std::unique_ptr<nn::GPT> model;
   try {
     model = std::make_unique<nn::GPT>(c);

@@ -147,8 +147,14 @@ TEST(SampleCli, ASavedConfigThatIsNotAGptsIsNamed) {
           "its config's data.tokenizer: unknown tokenizer 'words'");
   refused("model: {kind: gpt, n_layer: 1, n_head: 3, n_embd: 16, block_size: 8, vocab_size: 256}",
           "does not fit the GPT its config describes");
+  // Sizes its weights do not have are refused before anything that large is allocated (an
+  // AddressSanitizer build aborts on such an allocation).
   refused("model: {kind: gpt, n_layer: 1, n_head: 2, n_embd: 16, block_size: 8, "
-          "vocab_size: 99999999999}", "does not fit the GPT its config describes");
+          "vocab_size: 99999999999}", "does not fit the GPT its config describes: its "
+          "transformer.wte.weight should be [100000000000, 16], the file's is [256, 16]");
+  refused("model: {kind: gpt, n_layer: 100000000, n_head: 2, n_embd: 16, block_size: 8, "
+          "vocab_size: 256}", "does not fit the GPT its config describes: its "
+          "transformer.h.99999999.ln_1.weight should be [16], and the file has none");
 }
 
 TEST(TokenizeCli, WritesAShardTheReaderTakesAndRefusesBadInput) {
