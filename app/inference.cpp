@@ -71,10 +71,6 @@ Tensor forward(const SavedModel& m, const Tensor& x) {
 // The row's largest logit, the first on ties (as the trainer counts accuracy).
 size_t argmax(const double* row, size_t n) { return size_t(std::max_element(row, row + n) - row); }
 
-}  // namespace
-
-namespace {
-
 // One model file, every checksum verified, holding a model this program can rebuild.
 ModelFile read_one_model_file(const std::string& path) {
   ModelFile f;

@@ -169,12 +169,11 @@ int sample_command(const std::vector<std::string>& args) {
   auto data_value = [&](const char* key, const std::string& fallback) {
     return yaml_value<std::string>(data, "data", key, fallback, path);
   };
-  const bool token_data = data_value("kind", "") == "tokens";
+  const bool token_data = data_value("kind", "") == "tokens", named = o.contains("--tokenizer");
   const auto tokenizer = load_tokenizer(
-      o.contains("--tokenizer") ? o.at("--tokenizer")
-                                : data_value("tokenizer", token_data ? "gpt2" : "bytes"),
+      named ? o.at("--tokenizer") : data_value("tokenizer", token_data ? "gpt2" : "bytes"),
       text_of(o, "--gpt2-dir", data_value("gpt2_dir", "assets/gpt2")),
-      o.contains("--tokenizer") ? "--tokenizer" : path + ": its config's data.tokenizer");
+      named ? "--tokenizer" : path + ": its config's data.tokenizer");
   if (tokenizer->vocab_size() > c.vocab_size)
     throw InferenceError(path + ": the " + tokenizer->name() + " tokenizer has " +
                          std::to_string(tokenizer->vocab_size()) + " ids, more than the model's "

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <random>
+#include <utility>
 
 #include <spdlog/spdlog.h>
 
@@ -190,6 +191,20 @@ void remove_checkpoint(const std::string& model_path) {
   std::error_code ec;  // already gone is fine
   fs::remove(model_path, ec);
   fs::remove(optim_path_for(model_path), ec);
+}
+
+std::string move_checkpoint_aside(const std::string& model_path) {
+  const std::string suffix = ".safetensors";
+  const std::string aside = model_path.substr(0, model_path.size() - suffix.size()) + ".skipped" +
+                            suffix;
+  for (const auto& [from, to] : {std::pair{model_path, aside},
+                                 {optim_path_for(model_path), optim_path_for(aside)}}) {
+    std::error_code ec;
+    if (!fs::exists(from, ec)) continue;  // a checkpoint that lost its optimizer file
+    fs::rename(from, to, ec);
+    MT_CHECK(!ec, "checkpoint: cannot move ", from, " aside: ", ec.message());
+  }
+  return aside;
 }
 
 namespace {

@@ -108,6 +108,11 @@ std::string checkpoint_run_id(const std::string& model_path);
 // Deletes a checkpoint: its model file first, then its optimizer file.
 void remove_checkpoint(const std::string& model_path);
 
+// Renames a checkpoint out of list_checkpoints' sight, its model file to
+// step-N.skipped.safetensors and its optimizer file (if any) to step-N.skipped.optim.safetensors;
+// returns the new model file's path. mt::Error when a rename fails.
+std::string move_checkpoint_aside(const std::string& model_path);
+
 // A fresh random id (16 hex digits) for a run or a checkpoint.
 std::string random_id();
 

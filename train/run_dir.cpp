@@ -8,7 +8,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <utility>
 #include <vector>
 
 #include <spdlog/spdlog.h>
@@ -129,20 +128,14 @@ void RunDir::claim(const std::string& run_id, int64_t resumed_step, bool newer_s
   // A later checkpoint the resume passed over (damaged, or without its optimizer file) is moved
   // aside, not written over when the run reaches its step: its model may still be of use.
   auto set_aside = [&] {
-    for (const std::string& f : skipped) {
-      const std::string stem = f.substr(0, f.size() - std::string(".safetensors").size());
-      for (const auto& [from, to] : {std::pair{f, stem + ".skipped.safetensors"},
-                                     {stem + ".optim.safetensors",
-                                      stem + ".skipped.optim.safetensors"}}) {
-        if (!fs::exists(from, ec)) continue;
-        fs::rename(from, to, ec);
-        if (ec) throw ConfigError("checkpoint.dir: cannot move " + from + " aside: " + ec.message());
-      }
-      spdlog::warn("checkpoint {} was passed over by the resume; moved aside as {}.skipped.*",
-                   f, stem);
-    }
+    for (const std::string& f : skipped)
+      spdlog::warn("checkpoint {} was passed over by the resume; moved aside as {}", f,
+                   move_checkpoint_aside(f));
   };
-  if (foreign.empty() && !old_metrics && !old_curve) return set_aside();
+  if (foreign.empty() && !old_metrics && !old_curve) {
+    set_aside();
+    return;
+  }
 
   std::string what;
   if (!foreign.empty())
