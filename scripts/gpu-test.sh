@@ -5,13 +5,19 @@
 # then the train-step benchmark beside PyTorch, and print a short summary last. The summary is
 # also written as it grows to $MT_LOG_DIR/summary.txt (default build-gpu/logs), with every log.
 #
-#   scripts/gpu-test.sh [PHASE...]     PHASE: tests, bench, train, step, gpt, lm (default: all six)
+#   scripts/gpu-test.sh [PHASE...]     PHASE: tests, bench, train, step, gpt, lm (default: all six),
+#                                      or mutate (never by default)
 #
 # lm: the GPT on text (docs/gpt.md): configs/shakespeare-gpu.yaml beside the same recipe in
 # PyTorch with torch.compile (scripts/shakespeare_reference.py), both timed wall clock, best
 # validation loss against 1.47; `train eval` and `train sample` on the best checkpoint, the
 # checkpoint loaded into PyTorch for the same validation loss (scripts/load_checkpoint_torch.py);
 # configs/gpt2-124m.yaml for 50 steps, as a CUDA graph and eager, with bitwise equal weights.
+#
+# mutate: the mutation audit of the CUDA kernels (scripts/mutate.py --cuda, tests/mutations-cuda.txt):
+# each entry breaks a kernel, rebuilds it in a scratch tree and runs the tests that must notice.
+# About 2 minutes for the scratch build, then under a minute an entry (attention's compile is the
+# longest).
 #
 # gpt: the GPT-2 124M step (bench/gpt_step.cpp) beside PyTorch eager, torch.compile and
 # max-autotune (bench/gpt_torch.py); MT_GPT_BATCH=16|64|all (default all), MT_GPT_MICROBATCH
@@ -53,6 +59,7 @@ check() {
   (( rc == 0 )) || fail "$name (rc $rc)"
 }
 finish() {
+  local rc=$?
   echo
   echo "================ summary ================"
   cat "$logs/summary.txt"
@@ -62,6 +69,10 @@ finish() {
     echo "${#failures[@]} failure(s)"
     exit 1
   fi
+  if [[ -z ${completed:-} ]]; then  # an early exit, or a signal (a time limit's TERM)
+    echo "stopped before the end (exit status $rc): the summary above is partial"
+    exit $(( rc ? rc : 1 ))
+  fi
   echo "all passed"
 }
 trap finish EXIT
@@ -69,7 +80,7 @@ trap finish EXIT
 phases=("$@")
 (( ${#phases[@]} )) || phases=(tests bench train step gpt lm)
 for p in "${phases[@]}"; do
-  [[ $p =~ ^(tests|bench|train|step|gpt|lm)$ ]] || { echo "gpu-test.sh: unknown phase '$p' (tests, bench, train, step, gpt, lm)" >&2; exit 2; }
+  [[ $p =~ ^(tests|bench|train|step|gpt|lm|mutate)$ ]] || { echo "gpu-test.sh: unknown phase '$p' (tests, bench, train, step, gpt, lm, mutate)" >&2; exit 2; }
 done
 want() { [[ " ${phases[*]} " == *" $1 "* ]]; }
 note "phases: ${phases[*]}"
@@ -331,10 +342,20 @@ check "gpt2-124m graph vs eager, final weights" python3 scripts/same_weights.py 
   "$runs/gpt2-graph/step-000050.safetensors" "$runs/gpt2-eager/step-000050.safetensors"
 }
 
+run_mutate() {
+python3 scripts/mutate.py --cuda --markdown "$logs/mutations-cuda.md" >"$logs/mutate.log" 2>&1
+local rc=$?
+note "mutate.py --cuda (rc $rc): $(tail -n 1 "$logs/mutations-cuda.md" 2>/dev/null)"
+grep -E 'SURVIVED|skipped|FAILED' "$logs/mutate.log" | while IFS= read -r l; do note "  $l"; done
+(( rc == 0 )) || fail "mutate.py --cuda (rc $rc, see $logs/mutate.log)"
+}
+
 want tests && run_tests
 want bench && run_bench
 want train && run_train
 want step && run_step
 want gpt && run_gpt
 want lm && run_lm
+want mutate && run_mutate
+completed=1
 exit 0  # the summary (trap finish) decides the status

@@ -2,7 +2,7 @@
 """Mutation audit: breaks the code one line at a time and checks that some test notices.
 
     python3 scripts/mutate.py [--list tests/mutations.txt] [--only NAME[,NAME...]]
-                              [--scratch DIR] [--markdown FILE] [--timeout SECONDS]
+                              [--scratch DIR] [--markdown FILE] [--timeout SECONDS] [--cuda]
 
 Each mutation in the list (format at the top of tests/mutations.txt) replaces one exact snippet
 of one file. The script copies the tracked files into a scratch tree (default
@@ -12,6 +12,11 @@ runs the mutation's tests (its gtest filter, else every CPU test) and restores t
 mutation is caught when a test fails, the run crashes or times out, or the tree no longer builds;
 it SURVIVED when everything passes. A snippet that no longer occurs exactly once is skipped and
 reported ("snippet not found"), so a list that has gone stale says so instead of passing.
+
+--cuda breaks the CUDA kernels instead, on a machine with a GPU: the list is
+tests/mutations-cuda.txt, the scratch build has CUDA on (sm_90a unless --cuda-arch says
+otherwise), every entry names its tests, and the run stops if a CUDA test skips (no GPU: nothing
+would be caught). The unmutated tree runs the union of the entries' tests.
 
 It prints a table (mutation -> the failing tests, or SURVIVED) and exits 1 when a mutation of a
 must-catch area (MUST_CATCH below) survives or is skipped (a stale entry guards nothing), or the
@@ -29,6 +34,7 @@ import time
 
 MUST_CATCH = {"accumulation", "normalizer", "resume", "gradient"}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SKIPPED_RE = re.compile(r"^\[  SKIPPED \] ", re.M)
 FAILED_RE = re.compile(r"^\[  FAILED  \] ([A-Za-z0-9_/.]+)(?:, where .*)? \(\d+ ms\)$", re.M)
 BUILD_TARGETS = ["mt_tests", "train"]  # the CLI tests run the train binary
 
@@ -103,39 +109,57 @@ def build(build_dir, jobs):
     return run(["cmake", "--build", build_dir, "-j", str(jobs), "--target", *BUILD_TARGETS], build_dir)
 
 
-def run_tests(build_dir, flt, timeout):
+def run_tests(build_dir, flt, timeout, cuda):
     cmd = [os.path.join(build_dir, "mt_tests"), "--gtest_brief=1"]
-    # The CUDA tests skip without a GPU; the filter keeps them out of the count either way.
-    cmd.append("--gtest_filter=" + (flt or "*") + ("" if "-" in (flt or "") else "-Cuda*:*CUDA*"))
+    if cuda:
+        cmd.append("--gtest_filter=" + flt)
+    else:
+        # The CUDA tests skip without a GPU; the filter keeps them out of the count either way.
+        cmd.append("--gtest_filter=" + (flt or "*") + ("" if "-" in (flt or "") else "-Cuda*:*CUDA*"))
     rc, out = run(cmd, build_dir, timeout)
+    if cuda and SKIPPED_RE.search(out):
+        sys.exit("--cuda: tests skipped (is there a GPU?); a skipped test catches nothing:\n"
+                 + out[-2000:])
     return rc, out, sorted(set(FAILED_RE.findall(out)))
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--list", default=os.path.join(ROOT, "tests", "mutations.txt"))
+    ap.add_argument("--list", help="default: tests/mutations.txt, or tests/mutations-cuda.txt")
     ap.add_argument("--only", default="", help="comma-separated mutation names")
-    ap.add_argument("--scratch", default="/tmp/mt-mutate")
+    ap.add_argument("--scratch", help="default: /tmp/mt-mutate, or /tmp/mt-mutate-cuda")
     ap.add_argument("--markdown", help="also write the table, in Markdown, to this file")
     ap.add_argument("--timeout", type=int, default=600, help="seconds for one mutation's tests")
-    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--cuda", action="store_true", help="break the CUDA kernels (needs a GPU)")
+    ap.add_argument("--cuda-arch", default="90a", help="CMAKE_CUDA_ARCHITECTURES with --cuda")
     args = ap.parse_args()
 
-    muts = parse_list(args.list)
+    listed = args.list or os.path.join(ROOT, "tests",
+                                       "mutations-cuda.txt" if args.cuda else "mutations.txt")
+    muts = parse_list(listed)
+    if args.cuda:
+        untested = [m["name"] for m in muts if not m.get("tests") and "equivalent" not in m]
+        if untested:
+            sys.exit(f"--cuda: every mutation names its tests; these do not: {untested}")
     if args.only:
         wanted = set(args.only.split(","))
         unknown = wanted - {m["name"] for m in muts}
         if unknown:
             sys.exit(f"--only: no mutation named {sorted(unknown)}")
         muts = [m for m in muts if m["name"] in wanted]
-    src, build_dir = os.path.join(args.scratch, "src"), os.path.join(args.scratch, "build")
+    scratch = args.scratch or ("/tmp/mt-mutate-cuda" if args.cuda else "/tmp/mt-mutate")
+    src, build_dir = os.path.join(scratch, "src"), os.path.join(scratch, "build")
     os.makedirs(src, exist_ok=True)
     start = time.time()
     sync_tree(src)
     env = dict(os.environ)
     if shutil.which("ccache"):
         env["CMAKE_CXX_COMPILER_LAUNCHER"] = "ccache"
-    rc, out = run(["cmake", "-S", src, "-B", build_dir, "-G", "Ninja", "-DMT_CUDA=OFF",
+    ninja = ["-G", "Ninja"] if shutil.which("ninja") else []
+    cuda = ["-DMT_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={args.cuda_arch}"] if args.cuda else [
+        "-DMT_CUDA=OFF"]
+    rc, out = run(["cmake", "-S", src, "-B", build_dir, *ninja, *cuda,
                    "-DCMAKE_BUILD_TYPE=Release"], ROOT, env=env)
     if rc != 0:
         sys.exit("configuring the scratch build failed:\n" + out[-3000:])
@@ -169,7 +193,7 @@ def main():
             if rc != 0:
                 rows.append((m, "caught", "does not compile"))
             else:
-                rc, out, failed = run_tests(build_dir, m.get("tests"), args.timeout)
+                rc, out, failed = run_tests(build_dir, m.get("tests"), args.timeout, args.cuda)
                 if failed:
                     rows.append((m, "caught", ", ".join(failed)))
                 elif rc is None:
@@ -186,7 +210,8 @@ def main():
 
     # The tests must pass on the unmutated tree, else every "caught" above means nothing.
     rc, out = build(build_dir, args.jobs)
-    rc, out, failed = run_tests(build_dir, None, args.timeout)
+    every = ":".join(sorted({m["tests"] for m in muts if m.get("tests")})) if args.cuda else None
+    rc, out, failed = run_tests(build_dir, every, args.timeout, args.cuda)
     if rc != 0:
         bad_baseline.append(", ".join(failed) or f"exit {rc}")
 
