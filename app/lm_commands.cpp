@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <type_traits>
+#include <utility>
 
 #include <yaml-cpp/yaml.h>
 
@@ -204,15 +205,27 @@ int sample_command(const std::vector<std::string>& args) {
   } catch (const Error& e) {
     throw data::DataError(std::string("--prompt: ") + e.what());
   }
-  std::vector<int32_t> out;
+  // The text is written as it is drawn: the prompt with the first token (a bad option writes
+  // nothing), then each token's bytes (a tokenizer's decode is the concatenation of its ids').
+  bool started = false;
+  auto write = [](const std::string& s) {
+    std::fwrite(s.data(), 1, s.size(), stdout);
+    std::fflush(stdout);
+  };
+  so.on_token = [&](int32_t t) {
+    if (!std::exchange(started, true)) write(prompt);
+    write(tokenizer->decode(std::span<const int32_t>(&t, 1)));
+  };
   try {
-    out = train::sample(*model, ids, vocab, c.block_size, so, device);
+    train::sample(*model, ids, vocab, c.block_size, so, device);
+  } catch (const train::NonFiniteError&) {  // exit 3, on a line after what was drawn
+    if (started) write("\n");
+    throw;
   } catch (const Error& e) {
     throw ConfigError(e.what());  // the options: an empty prompt, temperature, top-k
   }
-  const std::string text = prompt + tokenizer->decode(out);
-  std::fwrite(text.data(), 1, text.size(), stdout);
-  std::fputc('\n', stdout);
+  if (!started) write(prompt);  // --tokens 0
+  write("\n");
   return 0;
 }
 

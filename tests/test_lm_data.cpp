@@ -12,9 +12,11 @@
 #include "data/token_shards.h"
 #include "data/token_windows.h"
 #include "nn/gpt.h"
+#include "ops/elementwise/elementwise.h"
 #include "tests/expect_error.h"
 #include "tests/temp_dir.h"
 #include "train/sample.h"
+#include "train/trainer.h"
 
 using namespace mt;
 
@@ -160,7 +162,37 @@ TEST(Sample, BadOptions) {
   for (const auto& [name, p] : model.named_parameters())
     if (name == "transformer.ln_f.weight") p.detach().fill_(std::nan(""));
   test::expect_error(run({1}, {}), {"logits at token 0 after the prompt are not finite"});
+  EXPECT_THROW((run({1}, {})()), train::NonFiniteError);  // `train sample` exits 3 on it
   EXPECT_TRUE(model.is_training());  // restored on the error's way out too
+}
+
+// A model whose logits turn NaN at its third call: the first two tokens are drawn.
+struct NanOnThirdCall : nn::Module {
+  std::shared_ptr<nn::GPT> gpt = register_module(
+      "gpt", nn::GPT({.n_layer = 1, .n_head = 1, .n_embd = 8, .block_size = 4, .vocab_size = 10}));
+  int calls = 0;
+  Tensor forward(const Tensor& x) override {
+    Tensor y = (*gpt)(x);
+    return ++calls == 3 ? scale(y, std::nan("")) : y;
+  }
+};
+
+// on_token sees every token as it is drawn, in order (what `train sample` prints as it goes),
+// and a model that goes bad midway has had its earlier tokens seen before the error.
+TEST(Sample, OnTokenSeesEachTokenAsItIsDrawn) {
+  manual_seed(0);
+  NanOnThirdCall model;
+  std::vector<int32_t> seen;
+  train::SampleOptions o{.tokens = 2, .seed = 3, .on_token = [&](int32_t t) { seen.push_back(t); }};
+  const auto two = train::sample(model, {1}, 10, 4, o, kCPU);
+  EXPECT_EQ(seen, two);
+  EXPECT_EQ(two.size(), 2u);
+  seen.clear();
+  model.calls = 0;
+  o.tokens = 5;
+  test::expect_error([&] { train::sample(model, {1}, 10, 4, o, kCPU); },
+                     {"logits at token 2 after the prompt are not finite"});
+  EXPECT_EQ(seen, two) << "the tokens before the bad logits were handed on as they were drawn";
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include "core/autograd.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "train/trainer.h"
 
 namespace mt::train {
 
@@ -53,8 +54,10 @@ std::vector<int32_t> sample(nn::Module& model, const std::vector<int32_t>& promp
     double total = 0;
     for (double& x : p) total += (x = std::exp(x));  // the largest is exp(0) = 1
     // A non-finite logit (a damaged model, an overflow) leaves no distribution to draw from.
-    MT_CHECK(std::isfinite(total) && total > 0, "sample: the logits at token ", n, " after the "
-             "prompt are not finite (the largest is ", top, "): the model cannot be sampled");
+    if (!(std::isfinite(total) && total > 0))
+      throw NonFiniteError(detail::concat("sample: the logits at token ", n, " after the prompt "
+                                          "are not finite (the largest is ", top, "): the model "
+                                          "cannot be sampled"));
     double u = g.uniform() * total;
     int32_t next = 0;
     for (int64_t v = 0; v < vocab_size; ++v) {
@@ -64,6 +67,7 @@ std::vector<int32_t> sample(nn::Module& model, const std::vector<int32_t>& promp
     }
     context.push_back(next);
     out.push_back(next);
+    if (o.on_token) o.on_token(next);
   }
   return out;
 }

@@ -10,6 +10,7 @@
 // cumulative distribution can differ. There is no KV cache: each token runs the model over the
 // whole context (fine for the small models trained here; the cost grows with context · tokens).
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "nn/module.h"
@@ -21,13 +22,16 @@ struct SampleOptions {
   double temperature = 1.0;  // > 0; lower is greedier
   int64_t top_k = 0;         // 0: the whole vocabulary; else in [1, vocab_size]
   uint64_t seed = 0;
+  std::function<void(int32_t)> on_token;  // if set, called with each token as it is drawn
 };
 
 // `model` maps ids [1, T] int64 to logits [1, T, ≥ vocab_size] for T ≤ block_size; it runs in eval
 // mode and without gradients. An empty prompt, temperature ≤ 0 (or not finite), top_k outside
 // [0, vocab_size] or a negative token count is an mt::Error naming the value. A prompt longer
 // than block_size is allowed: only its last block_size tokens are seen (as for every later token).
-// Returns the generated tokens (without the prompt).
+// Logits that leave no distribution to draw from (NaN, inf) are a NonFiniteError.
+// Returns the generated tokens (without the prompt); on_token sees them one by one before that, so
+// that a caller can print them as they come (a sampled text of thousands of tokens takes minutes).
 std::vector<int32_t> sample(nn::Module& model, const std::vector<int32_t>& prompt,
                             int64_t vocab_size, int64_t block_size, const SampleOptions& options,
                             Device device);
