@@ -82,8 +82,8 @@ const char* kUsage =
     "\n"
     "Exit codes: 0 success; 1 runtime error (a failed write, a CUDA error); 2 usage or config\n"
     "error (also a device that is not there, a checkpoint that cannot be used, data that does\n"
-    "not fit the model; nothing is written); 3 a non-finite loss or gradient; 4 a data file that\n"
-    "cannot be read or parsed. docs/guide.md explains each.\n";
+    "not fit the model; nothing is written); 3 a non-finite loss, gradient or sampled logits;\n"
+    "4 a data file that cannot be read or parsed. docs/guide.md explains each.\n";
 
 struct UsageError : mt::Error {
   using mt::Error::Error;

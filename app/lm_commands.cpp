@@ -217,12 +217,15 @@ int sample_command(const std::vector<std::string>& args) {
     write(tokenizer->decode(std::span<const int32_t>(&t, 1)));
   };
   try {
+    train::check_sample_options(ids, vocab, so);
+  } catch (const Error& e) {
+    throw ConfigError(e.what());  // an empty prompt, temperature, top-k: nothing written yet
+  }
+  try {
     train::sample(*model, ids, vocab, c.block_size, so, device);
-  } catch (const train::NonFiniteError&) {  // exit 3, on a line after what was drawn
+  } catch (const Error&) {  // non-finite logits (exit 3), a device error: after what was drawn
     if (started) write("\n");
     throw;
-  } catch (const Error& e) {
-    throw ConfigError(e.what());  // the options: an empty prompt, temperature, top-k
   }
   if (!started) write(prompt);  // --tokens 0
   write("\n");

@@ -157,6 +157,25 @@ TEST(SampleCli, ASavedConfigThatIsNotAGptsIsNamed) {
           "transformer.h.99999999.ln_1.weight should be [16], and the file has none");
 }
 
+// Finite weights whose logits overflow (every embedding 1e38, and ln_f's bias 1: each logit is
+// 16 · 1e38) pass the load's checks and leave no distribution to draw from: exit 3, and nothing
+// on stdout, as the first token was never drawn.
+TEST(SampleCli, LogitsThatOverflowExitWithCode3) {
+  test::TempDir t;
+  const std::string path =
+      save_tiny_gpt(t.path, 256, "{kind: text, tokenizer: bytes}", "huge", [](nn::GPT& m) {
+        for (const auto& [name, p] : m.named_parameters()) {
+          if (name == "transformer.wte.weight") p.detach().fill_(1e38);
+          if (name == "transformer.ln_f.bias") p.detach().fill_(1);
+        }
+      });
+  const std::string args = "sample --checkpoint " + path + " --prompt ab --tokens 3";
+  expect_fails(args, 3, "sample: the logits at token 0 after the prompt are not finite");
+  std::string stdout_only;
+  EXPECT_EQ(test::run_train(args, &stdout_only, false), 3);
+  EXPECT_EQ(stdout_only, "") << "printed before the first token was drawn";
+}
+
 TEST(TokenizeCli, WritesAShardTheReaderTakesAndRefusesBadInput) {
   test::TempDir t;
   const std::filesystem::path text = t.path / "a.txt", shard = t.path / "a.bin";

@@ -15,8 +15,8 @@
 #include "ops/elementwise/elementwise.h"
 #include "tests/expect_error.h"
 #include "tests/temp_dir.h"
+#include "train/errors.h"
 #include "train/sample.h"
-#include "train/trainer.h"
 
 using namespace mt;
 

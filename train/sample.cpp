@@ -6,13 +6,12 @@
 #include "core/autograd.h"
 #include "core/error.h"
 #include "core/rng.h"
-#include "train/trainer.h"
+#include "train/errors.h"
 
 namespace mt::train {
 
-std::vector<int32_t> sample(nn::Module& model, const std::vector<int32_t>& prompt,
-                            int64_t vocab_size, int64_t block_size, const SampleOptions& o,
-                            Device device) {
+void check_sample_options(const std::vector<int32_t>& prompt, int64_t vocab_size,
+                          const SampleOptions& o) {
   MT_CHECK(!prompt.empty(), "sample: the prompt is empty; give at least one token (one character "
            "for a byte-level model)");
   MT_CHECK(std::isfinite(o.temperature) && o.temperature > 0, "sample: temperature must be a "
@@ -23,6 +22,12 @@ std::vector<int32_t> sample(nn::Module& model, const std::vector<int32_t>& promp
   for (int32_t t : prompt)
     MT_CHECK(t >= 0 && t < vocab_size, "sample: prompt token ", t, " is outside the vocabulary [0, ",
              vocab_size, ")");
+}
+
+std::vector<int32_t> sample(nn::Module& model, const std::vector<int32_t>& prompt,
+                            int64_t vocab_size, int64_t block_size, const SampleOptions& o,
+                            Device device) {
+  check_sample_options(prompt, vocab_size, o);
   NoGradGuard no_grad;
   nn::EvalModeGuard eval_mode(model);
   Generator g(o.seed);

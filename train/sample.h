@@ -5,7 +5,8 @@
 //   p       = softmax(logits[last position, :V] / temperature), restricted to the top_k largest
 //   next    ~ p, drawn with a generator seeded by `seed`
 //
-// A pure function of (model, prompt, options) on one device: the same seed gives the same tokens.
+// A pure function of (model, prompt, options) on one device (on_token only watches): the same
+// seed gives the same tokens.
 // Across devices the logits differ in their last bits, so a draw near a boundary of the
 // cumulative distribution can differ. There is no KV cache: each token runs the model over the
 // whole context (fine for the small models trained here; the cost grows with context · tokens).
@@ -22,7 +23,7 @@ struct SampleOptions {
   double temperature = 1.0;  // > 0; lower is greedier
   int64_t top_k = 0;         // 0: the whole vocabulary; else in [1, vocab_size]
   uint64_t seed = 0;
-  std::function<void(int32_t)> on_token;  // if set, called with each token as it is drawn
+  std::function<void(int32_t)> on_token = nullptr;  // if set, called with each token drawn
 };
 
 // `model` maps ids [1, T] int64 to logits [1, T, ≥ vocab_size] for T ≤ block_size; it runs in eval
@@ -32,6 +33,11 @@ struct SampleOptions {
 // Logits that leave no distribution to draw from (NaN, inf) are a NonFiniteError.
 // Returns the generated tokens (without the prompt); on_token sees them one by one before that, so
 // that a caller can print them as they come (a sampled text of thousands of tokens takes minutes).
+// The checks sample() makes before it draws anything, for a caller that wants an option's error
+// apart from the model's: an mt::Error naming the value.
+void check_sample_options(const std::vector<int32_t>& prompt, int64_t vocab_size,
+                          const SampleOptions& options);
+
 std::vector<int32_t> sample(nn::Module& model, const std::vector<int32_t>& prompt,
                             int64_t vocab_size, int64_t block_size, const SampleOptions& options,
                             Device device);

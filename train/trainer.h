@@ -52,6 +52,7 @@
 #include "optim/schedule.h"
 #include "parallel/communicator.h"
 #include "parallel/reducer.h"
+#include "train/errors.h"
 #include "train/options.h"
 #include "train/task.h"
 #include "train/zero.h"
@@ -59,12 +60,6 @@
 namespace mt::train {
 
 struct StepGraph;  // train/step_graph.h
-
-// A NaN or inf in the loss, a gradient or the state about to be saved: the run stops; `train`
-// exits with code 3. (One in the data is a data::DataError when it is loaded: exit code 4.)
-struct NonFiniteError : Error {
-  using Error::Error;
-};
 
 // "auto" is cuda:0 when a GPU is visible, else cpu.
 Device resolve_device(const std::string& spec);
