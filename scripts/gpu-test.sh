@@ -14,10 +14,11 @@
 # checkpoint loaded into PyTorch for the same validation loss (scripts/load_checkpoint_torch.py);
 # configs/gpt2-124m.yaml for 50 steps, as a CUDA graph and eager, with bitwise equal weights.
 #
-# mutate: the mutation audit of the CUDA kernels (scripts/mutate.py --cuda, tests/mutations-cuda.txt):
-# each entry breaks a kernel, rebuilds it in a scratch tree and runs the tests that must notice.
-# About 2 minutes for the scratch build, then under a minute an entry (attention's compile is the
-# longest).
+# mutate: the mutation audit of the CUDA kernels (scripts/mutate.py --cuda, with
+# tests/mutations-cuda.txt): each entry breaks a kernel, rebuilds it in a scratch tree of its own
+# (build-gpu is not built for it) and runs the tests that must notice. On an H100: about 2 minutes
+# for the scratch build, 10 to 140 s an entry (attention's compile is the longest), so all of it
+# takes longer than a 10-minute command: MT_MUTATE_ONLY=name,name runs some of the entries.
 #
 # gpt: the GPT-2 124M step (bench/gpt_step.cpp) beside PyTorch eager, torch.compile and
 # max-autotune (bench/gpt_torch.py); MT_GPT_BATCH=16|64|all (default all), MT_GPT_MICROBATCH
@@ -75,13 +76,15 @@ finish() {
   fi
   echo "all passed"
 }
-trap finish EXIT
-
 phases=("$@")
 (( ${#phases[@]} )) || phases=(tests bench train step gpt lm)
 for p in "${phases[@]}"; do
-  [[ $p =~ ^(tests|bench|train|step|gpt|lm|mutate)$ ]] || { echo "gpu-test.sh: unknown phase '$p' (tests, bench, train, step, gpt, lm, mutate)" >&2; exit 2; }
+  [[ $p =~ ^(tests|bench|train|step|gpt|lm|mutate)$ ]] || {
+    echo "gpu-test.sh: unknown phase '$p' (tests, bench, train, step, gpt, lm, mutate)" >&2
+    exit 2
+  }
 done
+trap finish EXIT
 want() { [[ " ${phases[*]} " == *" $1 "* ]]; }
 note "phases: ${phases[*]}"
 
@@ -90,6 +93,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 start=$(date +%s)
 if [[ ${MT_GPU_TEST_SKIP_BUILD:-0} == 1 ]]; then
   note "build skipped (MT_GPU_TEST_SKIP_BUILD=1): using $build as it is"
+elif [[ ${phases[*]} == mutate ]]; then
+  note "build skipped: the mutate phase builds its own scratch tree"
 elif ! MT_BUILD_DIR=$build bash scripts/build.sh -DMT_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
     >"$logs/build.log" 2>&1; then
   tail -40 "$logs/build.log"
@@ -343,10 +348,16 @@ check "gpt2-124m graph vs eager, final weights" python3 scripts/same_weights.py 
 }
 
 run_mutate() {
-python3 scripts/mutate.py --cuda --markdown "$logs/mutations-cuda.md" >"$logs/mutate.log" 2>&1
+local only=()
+[[ -n ${MT_MUTATE_ONLY:-} ]] && only=(--only "$MT_MUTATE_ONLY")
+rm -f "$logs/mutations-cuda.md"  # its last line is this run's summary, or nothing
+python3 scripts/mutate.py --cuda "${only[@]}" --markdown "$logs/mutations-cuda.md" \
+  >"$logs/mutate.log" 2>&1
 local rc=$?
 note "mutate.py --cuda (rc $rc): $(tail -n 1 "$logs/mutations-cuda.md" 2>/dev/null)"
-grep -E 'SURVIVED|skipped|FAILED' "$logs/mutate.log" | while IFS= read -r l; do note "  $l"; done
+# Each survivor or stale entry once (its progress line), and the audit's own verdicts.
+grep -E '^\[[0-9]+/[0-9]+\] [^:]*: (SURVIVED|skipped)|^FAILED|^--cuda' "$logs/mutate.log" |
+  while IFS= read -r l; do note "  $l"; done
 (( rc == 0 )) || fail "mutate.py --cuda (rc $rc, see $logs/mutate.log)"
 }
 
