@@ -6,13 +6,16 @@
 # also written as it grows to $MT_LOG_DIR/summary.txt (default build-gpu/logs), with every log.
 #
 #   scripts/gpu-test.sh [PHASE...]     PHASE: tests, bench, train, step, gpt, lm (default: all six),
-#                                      or mutate (never by default)
+#                                      attention or mutate (never by default)
 #
 # lm: the GPT on text (docs/gpt.md): configs/shakespeare-gpu.yaml beside the same recipe in
 # PyTorch with torch.compile (scripts/shakespeare_reference.py), both timed wall clock, best
 # validation loss against 1.47; `train eval` and `train sample` on the best checkpoint, the
 # checkpoint loaded into PyTorch for the same validation loss (scripts/load_checkpoint_torch.py);
 # configs/gpt2-124m.yaml for 50 steps, as a CUDA graph and eager, with bitwise equal weights.
+#
+# attention: bench_attention and PyTorch's SDPA (bench/attention_sdpa.py) in turn, twice
+# (MT_ATTENTION_RUNS), each pair with its goal lines; the bench phase runs the pair once.
 #
 # mutate: the mutation audit of the CUDA kernels (scripts/mutate.py --cuda, with
 # tests/mutations-cuda.txt): each entry breaks a kernel, rebuilds it in a scratch tree of its own
@@ -79,8 +82,8 @@ finish() {
 phases=("$@")
 (( ${#phases[@]} )) || phases=(tests bench train step gpt lm)
 for p in "${phases[@]}"; do
-  [[ $p =~ ^(tests|bench|train|step|gpt|lm|mutate)$ ]] || {
-    echo "gpu-test.sh: unknown phase '$p' (tests, bench, train, step, gpt, lm, mutate)" >&2
+  [[ $p =~ ^(tests|bench|train|step|gpt|lm|attention|mutate)$ ]] || {
+    echo "gpu-test.sh: unknown phase '$p' (tests, bench, train, step, gpt, lm, attention, mutate)" >&2
     exit 2
   }
 done
@@ -126,6 +129,34 @@ grep -E '^op_check ' "$logs/tests.log" | while IFS= read -r l; do note "  $l"; d
 grep -E '^  FAIL cuda' "$logs/tests.log" | head -20 | while IFS= read -r l; do note "  $l"; done
 }
 
+# sdpa_beside OURS_LOG LOG: PyTorch's scaled_dot_product_attention on bench_attention's shapes,
+# just after bench_attention wrote OURS_LOG: the peer the attention kernels are measured against
+# (bench/attention_sdpa.py), with the goal at GPT-2's shape (PASS/MISS) and the other ratios.
+sdpa_beside() {
+  if ! python3 -c 'import torch' 2>/dev/null; then
+    note "attention_sdpa.py: skipped (no torch)"
+    return
+  fi
+  timeout 300 python3 bench/attention_sdpa.py --ours "$1" >"$2" 2>&1
+  local rc=$?
+  note "attention_sdpa.py (rc $rc):"
+  while IFS= read -r l; do note "  $l"; done <"$2"
+  (( rc == 0 )) || fail "attention_sdpa.py (rc $rc)"
+}
+
+# attention: bench_attention and SDPA in turn, MT_ATTENTION_RUNS times (default 2): whether the
+# goal holds in every run, in a minute or two, without the other benchmarks.
+run_attention() {
+  local i rc
+  for (( i = 1; i <= ${MT_ATTENTION_RUNS:-2}; ++i )); do
+    timeout 300 "$build/bench_attention" >"$logs/bench_attention-$i.log" 2>&1
+    rc=$?
+    note "bench_attention, run $i (rc $rc)"
+    (( rc == 0 )) || { fail "bench_attention run $i (rc $rc)"; continue; }
+    sdpa_beside "$logs/bench_attention-$i.log" "$logs/attention_sdpa-$i.log"
+  done
+}
+
 run_bench() {
 for b in "$build"/bench_*; do
   [[ -x $b ]] || continue
@@ -142,17 +173,7 @@ for b in "$build"/bench_*; do
   (( rc == 0 )) || fail "benchmark $name (rc $rc)"
 done
 
-# PyTorch's scaled_dot_product_attention on bench_attention's shapes, in the same run: the peer
-# the attention kernels are measured against (bench/attention_sdpa.py).
-if python3 -c 'import torch' 2>/dev/null; then
-  timeout 300 python3 bench/attention_sdpa.py >"$logs/attention_sdpa.log" 2>&1
-  rc=$?
-  note "attention_sdpa.py (rc $rc):"
-  while IFS= read -r l; do note "  $l"; done <"$logs/attention_sdpa.log"
-  (( rc == 0 )) || fail "attention_sdpa.py (rc $rc)"
-else
-  note "attention_sdpa.py: skipped (no torch)"
-fi
+sdpa_beside "$logs/bench_attention.log" "$logs/attention_sdpa.log"
 
 # The kernel lab (docs/lab.md): every numbered version's share of the copy bandwidth and the
 # hand-written GEMMs' fraction of cuBLAS. Its tables are the book's: docs/lab_results.md is
@@ -367,6 +388,7 @@ want train && run_train
 want step && run_step
 want gpt && run_gpt
 want lm && run_lm
+want attention && run_attention
 want mutate && run_mutate
 completed=1
 exit 0  # the summary (trap finish) decides the status
