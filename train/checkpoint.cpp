@@ -311,8 +311,8 @@ Checkpoint load_checkpoint(const std::string& path,
   return c;
 }
 
-std::string newest_that_reads(const std::string& dir,
-                              const std::function<void(const std::string&)>& read) {
+void newest_that_reads(const std::string& dir,
+                       const std::function<void(const std::string&)>& read) {
   const std::vector<std::string> all = list_checkpoints(dir);
   if (all.empty())
     throw CheckpointError("checkpoint: no step-*.safetensors checkpoint in '" + dir + "'");
@@ -322,7 +322,7 @@ std::string newest_that_reads(const std::string& dir,
       read(*it);
       if (it != all.rbegin())
         spdlog::warn("checkpoint: using {} (step {})", *it, checkpoint_name_step(*it));
-      return *it;
+      return;
     } catch (const Error& e) {
       reasons += std::string("\n  ") + e.what();
       if (it + 1 != all.rend())

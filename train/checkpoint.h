@@ -88,12 +88,11 @@ std::string best_checkpoint_path(const std::string& dir);
 Checkpoint load_checkpoint(const std::string& path,
                            const std::function<void(const Checkpoint&)>& accept = {});
 
-// The newest of `dir`'s model files that `read` takes without throwing mt::Error (load_checkpoint
-// reads a whole checkpoint, `train eval` a model file alone): each one passed over is a warning
-// naming it and why, and a fallback names the file used. A CheckpointError naming every reason
-// when none reads.
-std::string newest_that_reads(const std::string& dir,
-                              const std::function<void(const std::string&)>& read);
+// Calls `read` on `dir`'s model files, newest first, until one call does not throw mt::Error
+// (load_checkpoint reads a whole checkpoint, `train eval` a model file alone): each one passed
+// over is a warning naming it and why, and a fallback names the file used. A CheckpointError
+// naming every reason when none reads.
+void newest_that_reads(const std::string& dir, const std::function<void(const std::string&)>& read);
 
 // The model files in `dir`, ordered by step, oldest first; names that are not
 // step-<number>.safetensors are left out (empty when there are none or dir doesn't exist).

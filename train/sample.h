@@ -33,13 +33,13 @@ struct SampleOptions {
 // Logits that leave no distribution to draw from (NaN, inf) are a NonFiniteError.
 // Returns the generated tokens (without the prompt); on_token sees them one by one before that, so
 // that a caller can print them as they come (a sampled text of thousands of tokens takes minutes).
+std::vector<int32_t> sample(nn::Module& model, const std::vector<int32_t>& prompt,
+                            int64_t vocab_size, int64_t block_size, const SampleOptions& options,
+                            Device device);
+
 // The checks sample() makes before it draws anything, for a caller that wants an option's error
 // apart from the model's: an mt::Error naming the value.
 void check_sample_options(const std::vector<int32_t>& prompt, int64_t vocab_size,
                           const SampleOptions& options);
-
-std::vector<int32_t> sample(nn::Module& model, const std::vector<int32_t>& prompt,
-                            int64_t vocab_size, int64_t block_size, const SampleOptions& options,
-                            Device device);
 
 }  // namespace mt::train
