@@ -463,21 +463,52 @@ TEST(AttentionWgmmaLayout, TensorMapAddressesEachHeadsRowsWhereTheLayoutPutsThem
 // The persistent Hopper forward's work items (wgmma_layout.h): every (head, Q tile) exactly
 // once, and in the order of their walks, longest first (tile t walks t + 1 K/V tiles), so the
 // blocks that take them one after another end together.
-TEST(AttentionWgmmaLayout, WorkItemsCoverEveryTileOnceLongestWalkFirst) {
-  for (const auto [heads, q_tiles] : {std::pair{192, 8}, {1, 1}, {3, 5}, {7, 1}, {1, 9}}) {
+// Every (head, tile) once; the sections one after the other, each `section` heads but the last;
+// in a section, no item walks further than the one before.
+TEST(AttentionWgmmaLayout, WorkItemsCoverEveryTileOnceSectionBySectionLongestWalkFirst) {
+  struct Case {
+    int heads, q_tiles, section;
+  };
+  for (const auto [heads, q_tiles, section] : {Case{192, 8, 64}, Case{192, 8, 128}, {192, 8, 192},
+                                               {1, 1, 1}, {3, 5, 2}, {7, 1, 4}, {1, 9, 1},
+                                               {64, 32, 16}, {5, 3, 1}}) {
+    const std::string where = std::to_string(heads) + " heads, " + std::to_string(q_tiles) +
+                              " tiles, sections of " + std::to_string(section);
     std::vector<int> seen(size_t(heads) * q_tiles, 0);
-    int last_tile = q_tiles - 1;
+    int last_tile = q_tiles, last_section = 0;
     for (int item = 0; item < heads * q_tiles; ++item) {
-      const auto w = mt::wgmma_layout::work_item(item, heads, q_tiles);
+      const auto w = mt::wgmma_layout::work_item(item, heads, q_tiles, section);
       ASSERT_TRUE(w.head >= 0 && w.head < heads && w.tile >= 0 && w.tile < q_tiles)
-          << heads << " heads, " << q_tiles << " tiles: item " << item;
+          << where << ": item " << item;
       ++seen[size_t(w.head) * q_tiles + w.tile];
-      EXPECT_LE(w.tile, last_tile) << "item " << item << " walks further than the one before";
+      const int sec = w.head / section;
+      EXPECT_TRUE(sec == last_section || sec == last_section + 1)
+          << where << ": item " << item << " is in section " << sec << " after " << last_section;
+      if (sec == last_section)
+        EXPECT_LE(w.tile, last_tile) << where << ": item " << item << " walks further";
+      last_section = sec;
       last_tile = w.tile;
     }
     for (size_t i = 0; i < seen.size(); ++i)
-      EXPECT_EQ(seen[i], 1) << heads << " heads, " << q_tiles << " tiles: (head, tile) "
-                            << i / q_tiles << ", " << i % q_tiles;
+      EXPECT_EQ(seen[i], 1) << where << ": (head, tile) " << i / q_tiles << ", " << i % q_tiles;
+  }
+}
+
+// A section's K and V fit in a third of L2: GPT-2's 256 KiB a head in the 50 MiB of an H100.
+TEST(AttentionWgmmaLayout, SectionsArePowersOfTwoWhoseKeysAndValuesFitInAThirdOfL2) {
+  using mt::wgmma_layout::section_heads;
+  constexpr int64_t MiB = 1 << 20, l2 = 50 * MiB;
+  EXPECT_EQ(section_heads(2 * 1024 * 64 * 2, l2, 192), 64);   // [16, 12, 1024, 64]
+  EXPECT_EQ(section_heads(2 * 2048 * 64 * 2, l2, 96), 32);    // [8, 12, 2048, 64]
+  EXPECT_EQ(section_heads(2 * 4096 * 128 * 2, l2, 64), 8);    // [4, 16, 4096, 128]
+  EXPECT_EQ(section_heads(2 * 64 * 64 * 2, l2, 192), 128);    // all would fit: at most `heads`
+  EXPECT_EQ(section_heads(2 * 64 * 64 * 2, l2, 5), 4);
+  EXPECT_EQ(section_heads(64 * MiB, l2, 12), 1);              // not even one fits: still one
+  for (int64_t kv : {int64_t(4096), 300 * int64_t(1024), 3 * MiB}) {
+    const int n = section_heads(kv, l2, 1 << 20);
+    EXPECT_EQ(n & (n - 1), 0) << kv;
+    EXPECT_LE(n * kv, l2 / 3) << kv;
+    EXPECT_GT(2 * n * kv, l2 / 3) << kv;
   }
 }
 

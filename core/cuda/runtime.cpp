@@ -41,6 +41,8 @@ struct DeviceState {
 
   std::once_flag sm_once;
   int sm_count = 0;
+  std::once_flag l2_once;
+  int l2_bytes = 0;
   std::once_flag cc_once;
   int compute_capability = 0;
 };
@@ -463,6 +465,14 @@ int sm_count(int device) {
     MT_CUDA_CHECK(cudaDeviceGetAttribute(&st.sm_count, cudaDevAttrMultiProcessorCount, device));
   });
   return st.sm_count;
+}
+
+int l2_bytes(int device) {
+  DeviceState& st = state(device);
+  std::call_once(st.l2_once, [&] {
+    MT_CUDA_CHECK(cudaDeviceGetAttribute(&st.l2_bytes, cudaDevAttrL2CacheSize, device));
+  });
+  return st.l2_bytes;
 }
 
 int compute_capability(int device) {

@@ -125,6 +125,9 @@ void set_device(int device);
 int current_device();
 // Number of streaming multiprocessors of `device`, read once: kernels size their grids from it.
 int sm_count(int device);
+// The L2 cache of `device` in bytes, read once: a kernel that walks its data in sections sizes
+// them to stay in it.
+int l2_bytes(int device);
 // The compute capability of `device` as major·10 + minor (an H100 or H200: 90), read once:
 // launchers that hold architecture-specific kernels pick them by it.
 int compute_capability(int device);

@@ -674,7 +674,9 @@ __global__ void __launch_bounds__(kThreads)
 //   S = Q·Kᵀ of this tile and O += P·V of the one before together, take the row maxima of S
 //   while P·V runs, then the exponentials. They take turns (named barriers): one issues its
 //   products while the other runs its softmax, so the tensor cores and the exp2 units work at
-//   once. Items are (head, Q tile) pairs longest walk first (wgmma_layout.h's work_item); the
+//   once. Items are (head, Q tile) pairs, in sections of heads whose K and V fit in a third of
+//   L2 and in a section longest walk first (wgmma_layout.h's work_item: 1.06x at GPT-2's shape
+//   on an H100 against one section of all heads, whose K and V L2 could not hold); the
 //   first grid's worth go one a block, every later one to the block whose producer asks the
 //   counter next (atomicAdd; each launch leaves the counter at zero for the next, so the
 //   framework's stream needs no memset before it), so blocks end together. mbarriers pass
@@ -905,7 +907,7 @@ __global__ void __launch_bounds__(384, 1)
     forward_wg(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                const __grid_constant__ CUtensorMap map_v, int layout_heads, T* __restrict__ o,
                HeadsLayout out, float* __restrict__ lse, int T_len, float scale_log2, int heads,
-               int* counters) {
+               int section, int* counters) {
 #if defined(MT_ATTENTION_WGMMA_BODY)
   constexpr int BC = kWgKeys, kBM = 2 * kWgRows, S = wg_forward_stages<D>();
   constexpr unsigned kQBytes = kBM * D * sizeof(T), kTileBytes = BC * D * sizeof(T);
@@ -958,7 +960,7 @@ __global__ void __launch_bounds__(384, 1)
           }
           break;
         }
-        const wgmma_layout::WorkItem w = wgmma_layout::work_item(item, heads, q_tiles);
+        const wgmma_layout::WorkItem w = wgmma_layout::work_item(item, heads, q_tiles, section);
         const int hl = w.head % layout_heads, bl = w.head / layout_heads, q0 = w.tile * kBM;
         mbar_expect_bytes(&q_full[q], kQBytes);
         tma_tile<D, kBM>(sQ + q * kBM * D, map_q, q0, hl, bl, &q_full[q]);
@@ -995,7 +997,7 @@ __global__ void __launch_bounds__(384, 1)
     const int item = s_item[q];
     if (item >= items) break;
     const T* sQw = sQ + q * kBM * D + wg * kWgRows * 64;  // this warpgroup's rows of Q's slab 0
-    const wgmma_layout::WorkItem w = wgmma_layout::work_item(item, heads, q_tiles);
+    const wgmma_layout::WorkItem w = wgmma_layout::work_item(item, heads, q_tiles, section);
     const int q0 = w.tile * kBM, w0 = q0 + wg * kWgRows + warp * 16;  // the warp's first row
     const int tiles = int(ceil_div(min(q0 + kBM, T_len), BC));  // up to the item's last row
     float acc[1][D / 8][4];
@@ -2030,6 +2032,8 @@ void attention_forward(const void* q, const void* k, const void* v, const HeadsL
                   // keep that about 32K below INT_MAX).
                   MT_CHECK(items + blocks <= INT32_MAX, "attention_forward: ", items,
                            " work items are more than the Hopper forward counts");
+                  const int section = wgmma_layout::section_heads(2 * T * d * int64_t(sizeof(Tp)),
+                                                                  l2_bytes(device), int(heads));
                   int* counters = nullptr;
                   if (s != stream(device)) {
                     counters = static_cast<int*>(alloc_on(s, 2 * sizeof(int), device));
@@ -2039,7 +2043,7 @@ void attention_forward(const void* q, const void* k, const void* v, const HeadsL
                       heads_map(qp, in, heads, T, d, 2 * kWgRows),
                       heads_map(kp, in, heads, T, d, kWgKeys),
                       heads_map(vp, in, heads, T, d, kWgKeys), int(in.heads), op, out, lse,
-                      int(T), scale * kLog2e, int(heads), counters);
+                      int(T), scale * kLog2e, int(heads), section, counters);
                   MT_CUDA_CHECK_LAUNCH();
                   free_on(s, counters);
                 }
