@@ -512,6 +512,22 @@ TEST(AttentionWgmmaLayout, SectionsArePowersOfTwoWhoseKeysAndValuesFitInAThirdOf
   }
 }
 
+// The backward's sections: as many heads as a wave of blocks holds, a power of two.
+TEST(AttentionWgmmaLayout, BackwardSectionsAreTheHeadsOfOneWaveOfBlocks) {
+  using mt::wgmma_layout::wave_section_heads;
+  EXPECT_EQ(wave_section_heads(16, 132, 192), 8);  // [16, 12, 1024, 64]: 16 key tiles a head
+  EXPECT_EQ(wave_section_heads(32, 132, 64), 4);   // [4, 16, 4096, 128]
+  EXPECT_EQ(wave_section_heads(4, 132, 384), 32);  // [64, 6, 256, 64]
+  EXPECT_EQ(wave_section_heads(4, 132, 5), 4);     // at most `heads`
+  EXPECT_EQ(wave_section_heads(300, 132, 12), 1);  // one head's tiles fill more than a wave
+  for (int tiles : {1, 3, 7, 64}) {
+    const int n = wave_section_heads(tiles, 132, 1 << 20);
+    EXPECT_EQ(n & (n - 1), 0) << tiles;
+    EXPECT_LE(n * tiles, 132) << tiles;
+    EXPECT_GT(2 * n * tiles, 132) << tiles;
+  }
+}
+
 // Finite differences of the same fixed mask (a pure function of the key): T of 5, 7 and 13 (not
 // multiples of 4, so rows start mid-group), the mask dropping some of every shape's entries.
 TEST(AttentionDropout, GradientCheckForQKV) {

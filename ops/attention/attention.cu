@@ -44,7 +44,8 @@
 //   backward   dkdv_wg and dq_wg take passes 2 and 3 when the backward is deterministic and
 //              without dropout (the same bits as the mma.sync passes): grids (B·H, T/64·G K or
 //              Q tiles), G = 1 warpgroup a block at d = 64 (Q tiles of 128 rows for dK/dV),
-//              2 at d = 128.
+//              2 at d = 128; block b takes the b-th (head, tile) of the forward's order, in
+//              sections of heads a wave of blocks holds (wgmma_layout.h's wave_section_heads).
 // CUDA-core path (f32; bf16 and f16 at other d ≤ 256): one warp per row (forward, dQ) or per key
 // (dK, dV), lane ℓ scoring key (or query) j0 + ℓ of each group of 32, fp32 throughout.
 // Dropout on P (attention.h): each kernel that supports it (all but D's and the Hopper backward
@@ -1202,7 +1203,7 @@ __global__ void __launch_bounds__(128 * wg_bwd_groups<D>())
             const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_do,
             HeadsLayout in, int out_heads, const float* __restrict__ lse,
             const float* __restrict__ Dvec, T* __restrict__ dk, T* __restrict__ dv, int T_len,
-            float scale, float scale_log2) {
+            float scale, float scale_log2, int section) {
 #if defined(MT_ATTENTION_WGMMA_BODY)
   constexpr int BR = wg_dkdv_rows<D>(), kBK = kWgRows * wg_bwd_groups<D>();
   constexpr int kBlock = 128 * wg_bwd_groups<D>();
@@ -1218,8 +1219,12 @@ __global__ void __launch_bounds__(128 * wg_bwd_groups<D>())
   float* sD = sL + 2 * BR;                                  // [2][BR]
   const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const unsigned head = blockIdx.x;  // tile_grid: heads in x, the longest walk (keys 0..) first
-  const int k0 = int(blockIdx.y) * kBK, kw0 = k0 + wg * kWgRows;  // the block's, the group's keys
+  // The block's (head, key tile): the blocks in the order of the forward's work items, in
+  // sections of heads and the longest walk (keys 0..) first in each.
+  const wgmma_layout::WorkItem w = wgmma_layout::work_item(
+      int(blockIdx.x + blockIdx.y * gridDim.x), int(gridDim.x), int(gridDim.y), section);
+  const unsigned head = unsigned(w.head);
+  const int k0 = (int(gridDim.y) - 1 - w.tile) * kBK, kw0 = k0 + wg * kWgRows;  // block's, group's
   const int64_t base = head_base(in, head);
   const int hi = int(head % unsigned(in.heads)), bi = int(head / unsigned(in.heads));
   const int ho = int(head % unsigned(out_heads)), bo = int(head / unsigned(out_heads));
@@ -1324,7 +1329,7 @@ __global__ void __launch_bounds__(128 * wg_bwd_groups<D>())
           const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_do,
           HeadsLayout in, int out_heads, const float* __restrict__ lse,
           const float* __restrict__ Dvec, T* __restrict__ dq, int T_len, float scale,
-          float scale_log2) {
+          float scale_log2, int section) {
 #if defined(MT_ATTENTION_WGMMA_BODY)
   constexpr int BC = kWgDqKeys, kBM = kWgRows * wg_bwd_groups<D>();
   constexpr unsigned kQBytes = 2 * kBM * D * sizeof(T), kKvBytes = 2 * BC * D * sizeof(T);
@@ -1337,8 +1342,11 @@ __global__ void __launch_bounds__(128 * wg_bwd_groups<D>())
   T* sV = sK + 2 * BC * D;             // [2][D/64][BC][64]
   const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const unsigned head = blockIdx.x;                             // tile_grid: heads in x,
-  const int q0 = (int(gridDim.y) - 1 - int(blockIdx.y)) * kBM;  // the longest walk first
+  // The block's (head, Q tile): the blocks in the order of the forward's work items.
+  const wgmma_layout::WorkItem w = wgmma_layout::work_item(
+      int(blockIdx.x + blockIdx.y * gridDim.x), int(gridDim.x), int(gridDim.y), section);
+  const unsigned head = unsigned(w.head);
+  const int q0 = w.tile * kBM;
   const int r0 = q0 + wg * kWgRows, w0 = r0 + warp * 16;
   const int64_t base = head_base(in, head);
   const int hi = int(head % unsigned(in.heads)), bi = int(head / unsigned(in.heads));
@@ -2120,10 +2128,13 @@ void attention_backward(const void* q, const void* k, const void* v, const Heads
                   allow_shared(dkdv, kv_bytes);
                   const dim3 grid = tile_grid(heads, ceil_div(T, kRows));
                   constexpr int BRw = wg_dkdv_rows<D>();
+                  const int bsection = wgmma_layout::wave_section_heads(
+                      int(grid.y), sm_count(current_device()), int(heads));
                   dkdv<<<grid, 128 * G, kv_bytes, s>>>(
                       heads_map(qp, in, heads, T, d, BRw), heads_map(kp, in, heads, T, d, kRows),
                       heads_map(vp, in, heads, T, d, kRows), heads_map(gp, out, heads, T, d, BRw),
-                      in, int(out.heads), lse, Dvec, dkp, dvp, int(T), scale, scale * kLog2e);
+                      in, int(out.heads), lse, Dvec, dkp, dvp, int(T), scale, scale * kLog2e,
+                      bsection);
                   MT_CUDA_CHECK_LAUNCH();
                   auto dqk = dq_wg<Tp, D>;
                   constexpr size_t q_bytes = wg_dq_smem<Tp, D>();
@@ -2133,7 +2144,7 @@ void attention_backward(const void* q, const void* k, const void* v, const Heads
                       heads_map(kp, in, heads, T, d, kWgDqKeys),
                       heads_map(vp, in, heads, T, d, kWgDqKeys),
                       heads_map(gp, out, heads, T, d, kRows), in, int(out.heads), lse, Dvec, dqp,
-                      int(T), scale, scale * kLog2e);
+                      int(T), scale, scale * kLog2e, bsection);
                   MT_CUDA_CHECK_LAUNCH();
                   branch.join();  // before Dvec goes back to the pool on s
                   return;

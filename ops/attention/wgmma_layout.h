@@ -80,4 +80,16 @@ MT_WGMMA_LAYOUT_HD constexpr int section_heads(int64_t kv_bytes, int64_t l2_byte
   return n;
 }
 
+// The backward's passes are grids of (head, tile) blocks that the hardware starts in order, the
+// blocks taken as work items in this order too (block b of the grid is work_item b). Their
+// sections: the largest power of two of heads whose `tiles` blocks each fit in one wave of `sms`
+// blocks, at least 1 and at most `heads`, so the blocks that run together share a few heads'
+// tensors in L2. On an H100 this was the best of the powers of two tried at GPT-2's shape and at
+// [4, 16, 4096, 128], within 1% at T = 2048 and 3% at [64, 6, 256, 64] (docs/perf.md).
+MT_WGMMA_LAYOUT_HD constexpr int wave_section_heads(int tiles, int sms, int heads) {
+  int n = 1;
+  while (2 * n <= heads && 2 * n * tiles <= sms) n *= 2;
+  return n;
+}
+
 }  // namespace mt::wgmma_layout
