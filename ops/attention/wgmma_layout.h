@@ -2,7 +2,7 @@
 // The Hopper attention kernels' (attention.cu) tiles in shared memory: the tensor map through
 // which the tensor memory accelerator brings them there, 128-byte swizzled, and the matrix
 // descriptors through which wgmma reads them; and the order in which the forward's persistent
-// blocks take their work. Plain integer arithmetic, host and device, so the CPU tests check it
+// blocks and the backward's grids take their work. Plain integer arithmetic, host and device, so the CPU tests check it
 // against the hardware's definitions and the kernel's needs.
 #include <cstdint>
 
