@@ -460,18 +460,18 @@ TEST(AttentionWgmmaLayout, TensorMapAddressesEachHeadsRowsWhereTheLayoutPutsThem
   }
 }
 
-// The persistent Hopper forward's work items (wgmma_layout.h): every (head, Q tile) exactly
-// once, and in the order of their walks, longest first (tile t walks t + 1 K/V tiles), so the
-// blocks that take them one after another end together.
-// Every (head, tile) once; the sections one after the other, each `section` heads but the last;
-// in a section, no item walks further than the one before.
+// The Hopper kernels' work items (wgmma_layout.h): every (head, tile) exactly once; the sections
+// one after the other, each `section` heads but the last; in a section, no item walks further
+// than the one before (tile t walks t + 1 K/V tiles), so blocks that take them one after another
+// end together. With one section (section >= heads) the order is the one before the sections,
+// which the backward's grids had: every head's last tile, then every head's second-to-last, ...
 TEST(AttentionWgmmaLayout, WorkItemsCoverEveryTileOnceSectionBySectionLongestWalkFirst) {
   struct Case {
     int heads, q_tiles, section;
   };
   for (const auto [heads, q_tiles, section] : {Case{192, 8, 64}, Case{192, 8, 128}, {192, 8, 192},
-                                               {1, 1, 1}, {3, 5, 2}, {7, 1, 4}, {1, 9, 1},
-                                               {64, 32, 16}, {5, 3, 1}}) {
+                                               {1, 1, 1}, {3, 5, 2}, {3, 5, 8}, {7, 1, 4},
+                                               {1, 9, 1}, {64, 32, 16}, {5, 3, 1}, {10, 4, 3}}) {
     const std::string where = std::to_string(heads) + " heads, " + std::to_string(q_tiles) +
                               " tiles, sections of " + std::to_string(section);
     std::vector<int> seen(size_t(heads) * q_tiles, 0);
@@ -488,44 +488,53 @@ TEST(AttentionWgmmaLayout, WorkItemsCoverEveryTileOnceSectionBySectionLongestWal
         EXPECT_LE(w.tile, last_tile) << where << ": item " << item << " walks further";
       last_section = sec;
       last_tile = w.tile;
+      if (section >= heads) {
+        EXPECT_EQ(w.head, item % heads) << where << ": item " << item;
+        EXPECT_EQ(w.tile, q_tiles - 1 - item / heads) << where << ": item " << item;
+      }
     }
     for (size_t i = 0; i < seen.size(); ++i)
       EXPECT_EQ(seen[i], 1) << where << ": (head, tile) " << i / q_tiles << ", " << i % q_tiles;
   }
 }
 
-// A section's K and V fit in a third of L2: GPT-2's 256 KiB a head in the 50 MiB of an H100.
-TEST(AttentionWgmmaLayout, SectionsArePowersOfTwoWhoseKeysAndValuesFitInAThirdOfL2) {
+// Sections of at most `most` heads: as few as that allows, each as small as that count allows.
+TEST(AttentionWgmmaLayout, SectionsAreAsFewAsTheLimitAllowsAndNoLargerThanNeeded) {
+  using mt::wgmma_layout::balanced_section;
+  EXPECT_EQ(balanced_section(192, 66), 64);  // 64, 64, 64 (not 66, 66, 60)
+  EXPECT_EQ(balanced_section(65, 64), 33);   // 33, 32 (not 64, 1)
+  EXPECT_EQ(balanced_section(10, 3), 3);     // four sections need 3
+  EXPECT_EQ(balanced_section(12, 1000), 12);
+  EXPECT_EQ(balanced_section(12, 0), 1);
+  for (int heads : {1, 7, 64, 100, 192, 384})
+    for (int64_t most : {1, 2, 5, 33, 66, 128, 500}) {
+      const int s = balanced_section(heads, most);
+      const int64_t m = std::min<int64_t>(most, heads), sections = (heads + m - 1) / m;
+      EXPECT_LE(s, m) << heads << " heads, at most " << most;
+      EXPECT_EQ((heads + s - 1) / s, sections) << heads << " heads, at most " << most;
+      if (s > 1)
+        EXPECT_GT((heads + s - 2) / (s - 1), sections) << heads << " heads, at most " << most;
+    }
+}
+
+// The forward's sections: the heads whose K and V fit in a third of L2 (GPT-2's 256 KiB a head
+// in the 50 MiB of an H100: 66, so three sections of 64); the backward's: the heads whose blocks
+// number at most the SMs. The shapes measured in docs/perf.md.
+TEST(AttentionWgmmaLayout, SectionSizesAtTheMeasuredShapes) {
   using mt::wgmma_layout::section_heads;
+  using mt::wgmma_layout::wave_section_heads;
   constexpr int64_t MiB = 1 << 20, l2 = 50 * MiB;
   EXPECT_EQ(section_heads(2 * 1024 * 64 * 2, l2, 192), 64);   // [16, 12, 1024, 64]
   EXPECT_EQ(section_heads(2 * 2048 * 64 * 2, l2, 96), 32);    // [8, 12, 2048, 64]
   EXPECT_EQ(section_heads(2 * 4096 * 128 * 2, l2, 64), 8);    // [4, 16, 4096, 128]
-  EXPECT_EQ(section_heads(2 * 64 * 64 * 2, l2, 192), 128);    // all would fit: at most `heads`
-  EXPECT_EQ(section_heads(2 * 64 * 64 * 2, l2, 5), 4);
-  EXPECT_EQ(section_heads(64 * MiB, l2, 12), 1);              // not even one fits: still one
-  for (int64_t kv : {int64_t(4096), 300 * int64_t(1024), 3 * MiB}) {
-    const int n = section_heads(kv, l2, 1 << 20);
-    EXPECT_EQ(n & (n - 1), 0) << kv;
-    EXPECT_LE(n * kv, l2 / 3) << kv;
-    EXPECT_GT(2 * n * kv, l2 / 3) << kv;
-  }
-}
-
-// The backward's sections: as many heads as a wave of blocks holds, a power of two.
-TEST(AttentionWgmmaLayout, BackwardSectionsAreTheHeadsOfOneWaveOfBlocks) {
-  using mt::wgmma_layout::wave_section_heads;
+  EXPECT_EQ(section_heads(2 * 64 * 64 * 2, l2, 192), 192);    // all fit: one section
+  EXPECT_EQ(section_heads(64 * MiB, l2, 12), 1);              // not even one fits: one a section
   EXPECT_EQ(wave_section_heads(16, 132, 192), 8);  // [16, 12, 1024, 64]: 16 key tiles a head
-  EXPECT_EQ(wave_section_heads(32, 132, 64), 4);   // [4, 16, 4096, 128]
-  EXPECT_EQ(wave_section_heads(4, 132, 384), 32);  // [64, 6, 256, 64]
-  EXPECT_EQ(wave_section_heads(4, 132, 5), 4);     // at most `heads`
-  EXPECT_EQ(wave_section_heads(300, 132, 12), 1);  // one head's tiles fill more than a wave
-  for (int tiles : {1, 3, 7, 64}) {
-    const int n = wave_section_heads(tiles, 132, 1 << 20);
-    EXPECT_EQ(n & (n - 1), 0) << tiles;
-    EXPECT_LE(n * tiles, 132) << tiles;
-    EXPECT_GT(2 * n * tiles, 132) << tiles;
-  }
+  EXPECT_EQ(wave_section_heads(32, 132, 96), 4);   // [8, 12, 2048, 64]
+  EXPECT_EQ(wave_section_heads(32, 132, 64), 4);   // [4, 16, 4096, 128]: 128 rows a block
+  EXPECT_EQ(wave_section_heads(4, 132, 384), 32);  // [64, 6, 256, 64]: 33 fit, 12 sections of 32
+  EXPECT_EQ(wave_section_heads(4, 132, 5), 5);
+  EXPECT_EQ(wave_section_heads(300, 132, 12), 1);  // one head has more blocks than SMs
 }
 
 // Finite differences of the same fixed mask (a pure function of the key): T of 5, 7 and 13 (not

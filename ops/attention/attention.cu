@@ -13,7 +13,8 @@
 // Pᵀ·dO, dSᵀ·Q, dS·K), so P and dS never touch shared memory. Tile shapes are at the launchers
 // (fwd_keys and the rest), set by the registers they need.
 //   forward    grid (B·H, T/128 Q tiles), the last Q tile first (it walks the most K/V tiles);
-//              every tile kernel's grid has the heads in x (tile_grid: longest walks first).
+//              every tile kernel's grid has the heads in x (tile_grid: longest walks first; the
+//              Hopper passes take their blocks in sections of heads, below).
 //              Each warp keeps its 32 rows of q in registers (re-read from shared memory at
 //              d = 128) and walks the K/V tiles up to its diagonal (the only ones masked) with
 //              the online softmax: per row a running max m and sum ℓ (a thread's partial sum,
@@ -37,15 +38,15 @@
 // of cp.async; the sections "on Hopper" below hold the layout.
 //   forward    forward_wg: persistent, a block an SM (a producer warpgroup, two consumer
 //              warpgroups of 64 rows taking turns at the tensor cores) taking Q tiles of 128 rows
-//              from a counter, the longest walks first (two Q buffers, so the next item's Q
-//              lands during this one); K/V tiles of 128 keys. With dropout,
-//              forward_wg_dropout: grid (B·H, T/128 Q tiles), the last first, 2 warpgroups a
-//              block sharing the K/V tiles.
+//              from a counter, in sections of heads, the longest walks first in each (two Q
+//              buffers, so the next item's Q lands during this one); K/V tiles of 128 keys. With
+//              dropout, forward_wg_dropout: grid (B·H, T/128 Q tiles), the last first, 2
+//              warpgroups a block sharing the K/V tiles.
 //   backward   dkdv_wg and dq_wg take passes 2 and 3 when the backward is deterministic and
 //              without dropout (the same bits as the mma.sync passes): grids (B·H, T/64·G K or
 //              Q tiles), G = 1 warpgroup a block at d = 64 (Q tiles of 128 rows for dK/dV),
 //              2 at d = 128; block b takes the b-th (head, tile) of the forward's order, in
-//              sections of heads a wave of blocks holds (wgmma_layout.h's wave_section_heads).
+//              sections of the heads whose blocks number at most the SMs (wave_section_heads).
 // CUDA-core path (f32; bf16 and f16 at other d ≤ 256): one warp per row (forward, dQ) or per key
 // (dK, dV), lane ℓ scoring key (or query) j0 + ℓ of each group of 32, fp32 throughout.
 // Dropout on P (attention.h): each kernel that supports it (all but D's and the Hopper backward
@@ -1178,8 +1179,10 @@ __global__ void __launch_bounds__(256, 1)
 // kernels', so dQ, dK and dV have the same bits.
 //   dK/dV  grid (B·H, T/64·G K tiles), G warpgroups a block; Q tiles of R rows (G = 1, R = 128
 //          at d = 64: 254 registers, 2 blocks an SM; G = 2, R = 64 at d = 128).
-//   dQ     grid (B·H, T/64·G Q tiles), the last first; K/V tiles of 64 keys (G = 1 at d = 64:
-//          122 registers; G = 2 at d = 128).
+//   dQ     grid (B·H, T/64·G Q tiles), the last first in each section of heads; K/V tiles of 64
+//          keys (G = 1 at d = 64: 122 registers; G = 2 at d = 128).
+// Both take their blocks in the forward's order (wgmma_layout.h's work_item), in sections of
+// the heads whose blocks number at most the SMs (wave_section_heads).
 template <int D>
 constexpr int wg_dkdv_rows() { return D == 64 ? 128 : 64; }
 template <int D>
@@ -2128,8 +2131,11 @@ void attention_backward(const void* q, const void* k, const void* v, const Heads
                   allow_shared(dkdv, kv_bytes);
                   const dim3 grid = tile_grid(heads, ceil_div(T, kRows));
                   constexpr int BRw = wg_dkdv_rows<D>();
-                  const int bsection = wgmma_layout::wave_section_heads(
-                      int(grid.y), sm_count(current_device()), int(heads));
+                  // The kernels count blocks in int (wgmma_layout's work_item).
+                  MT_CHECK(int64_t(grid.x) * grid.y <= INT32_MAX, "attention_backward: ",
+                           int64_t(grid.x) * grid.y, " blocks are more than the Hopper passes count");
+                  const int bsection =
+                      wgmma_layout::wave_section_heads(int(grid.y), sm_count(device), int(heads));
                   dkdv<<<grid, 128 * G, kv_bytes, s>>>(
                       heads_map(qp, in, heads, T, d, BRw), heads_map(kp, in, heads, T, d, kRows),
                       heads_map(vp, in, heads, T, d, kRows), heads_map(gp, out, heads, T, d, BRw),

@@ -2,8 +2,8 @@
 // The Hopper attention kernels' (attention.cu) tiles in shared memory: the tensor map through
 // which the tensor memory accelerator brings them there, 128-byte swizzled, and the matrix
 // descriptors through which wgmma reads them; and the order in which the forward's persistent
-// blocks and the backward's grids take their work. Plain integer arithmetic, host and device, so the CPU tests check it
-// against the hardware's definitions and the kernel's needs.
+// blocks and the backward's grids take their work. Plain integer arithmetic, host and device, so
+// the CPU tests check it against the hardware's definitions and the kernel's needs.
 #include <cstdint>
 
 #ifdef __CUDACC__
@@ -63,6 +63,8 @@ MT_WGMMA_LAYOUT_HD constexpr TensorMapShape heads_tensor_map(int64_t heads, int6
 struct WorkItem {
   int head, tile;
 };
+// section >= 1 (at least `heads`: one section); heads · q_tiles fits in int (the launchers
+// check it).
 MT_WGMMA_LAYOUT_HD constexpr WorkItem work_item(int item, int heads, int q_tiles, int section) {
   const int first = item / (section * q_tiles) * section;  // the section's first head
   const int n = heads - first < section ? heads - first : section;
@@ -70,26 +72,33 @@ MT_WGMMA_LAYOUT_HD constexpr WorkItem work_item(int item, int heads, int q_tiles
   return {first + r % n, q_tiles - 1 - r / n};
 }
 
-// The heads of a section: the largest power of two whose K and V (kv_bytes a head) fit in a
-// third of the L2 cache (l2_bytes), at least 1 and at most `heads`. On an H100 this was the best
-// of the powers of two tried at GPT-2's shape and at T = 2048, and within 1.5% of the best at
-// [4, 16, 4096, 128] (docs/perf.md).
-MT_WGMMA_LAYOUT_HD constexpr int section_heads(int64_t kv_bytes, int64_t l2_bytes, int heads) {
-  int n = 1;
-  while (2 * n <= heads && 2 * n * kv_bytes <= l2_bytes / 3) n *= 2;
-  return n;
+// The section size for sections of at most `most` heads: as few sections as that allows, each as
+// small as that count allows (192 heads at most 66 a section: 64, 64, 64, not 66, 66, 60), so a
+// short last section does not start its longest walks last, behind the rest. At least 1, at
+// most `heads`.
+MT_WGMMA_LAYOUT_HD constexpr int balanced_section(int heads, int64_t most) {
+  const int64_t m = most < 1 ? 1 : most > heads ? heads : most;
+  const int64_t sections = (heads + m - 1) / m;
+  return int((heads + sections - 1) / sections);
 }
 
-// The backward's passes are grids of (head, tile) blocks that the hardware starts in order, the
-// blocks taken as work items in this order too (block b of the grid is work_item b). Their
-// sections: the largest power of two of heads whose `tiles` blocks each fit in one wave of `sms`
-// blocks, at least 1 and at most `heads`, so the blocks that run together share a few heads'
-// tensors in L2. On an H100 this was the best of the powers of two tried at GPT-2's shape and at
-// [4, 16, 4096, 128], within 1% at T = 2048 and 3% at [64, 6, 256, 64] (docs/perf.md).
+// The forward's sections: as many heads as have their K and V (kv_bytes a head) in a third of the
+// L2 cache (l2_bytes). On an H100 (50 MiB of L2), of the sizes tried, this was the best at GPT-2's
+// shape (64 heads), within 1% of the best at T = 2048 (32) and 1.3% at [4, 16, 4096, 128] (8),
+// where 16 heads, 32 MiB, did better (docs/perf.md).
+MT_WGMMA_LAYOUT_HD constexpr int section_heads(int64_t kv_bytes, int64_t l2_bytes, int heads) {
+  return balanced_section(heads, l2_bytes / 3 / kv_bytes);
+}
+
+// The backward's passes are grids of (head, tile) blocks that the hardware starts in order; block
+// b of the grid takes work item b. Their sections: as many heads as have at most `sms` blocks
+// (`tiles` a head) together, so the blocks running at once share a few heads' tensors in L2 (at
+// d = 64 an SM holds two dK/dV blocks or more dQ blocks, so this is a measured size, not one
+// wave). On an H100, of the sizes tried, this tied with the best at GPT-2's shape (8 heads) and
+// at [4, 16, 4096, 128] (4), 1.6% below the best at T = 2048 (4) and 1.9% at [64, 6, 256, 64]
+// (32) (docs/perf.md).
 MT_WGMMA_LAYOUT_HD constexpr int wave_section_heads(int tiles, int sms, int heads) {
-  int n = 1;
-  while (2 * n <= heads && 2 * n * tiles <= sms) n *= 2;
-  return n;
+  return balanced_section(heads, sms / tiles);
 }
 
 }  // namespace mt::wgmma_layout
