@@ -522,19 +522,19 @@ TEST(AttentionWgmmaLayout, SectionsAreAsFewAsTheLimitAllowsAndNoLargerThanNeeded
 // number at most the SMs. The shapes measured in docs/perf.md.
 TEST(AttentionWgmmaLayout, SectionSizesAtTheMeasuredShapes) {
   using mt::wgmma_layout::section_heads;
-  using mt::wgmma_layout::wave_section_heads;
+  using mt::wgmma_layout::backward_section_heads;
   constexpr int64_t MiB = 1 << 20, l2 = 50 * MiB;
   EXPECT_EQ(section_heads(2 * 1024 * 64 * 2, l2, 192), 64);   // [16, 12, 1024, 64]
   EXPECT_EQ(section_heads(2 * 2048 * 64 * 2, l2, 96), 32);    // [8, 12, 2048, 64]
   EXPECT_EQ(section_heads(2 * 4096 * 128 * 2, l2, 64), 8);    // [4, 16, 4096, 128]
   EXPECT_EQ(section_heads(2 * 64 * 64 * 2, l2, 192), 192);    // all fit: one section
   EXPECT_EQ(section_heads(64 * MiB, l2, 12), 1);              // not even one fits: one a section
-  EXPECT_EQ(wave_section_heads(16, 132, 192), 8);  // [16, 12, 1024, 64]: 16 key tiles a head
-  EXPECT_EQ(wave_section_heads(32, 132, 96), 4);   // [8, 12, 2048, 64]
-  EXPECT_EQ(wave_section_heads(32, 132, 64), 4);   // [4, 16, 4096, 128]: 128 rows a block
-  EXPECT_EQ(wave_section_heads(4, 132, 384), 32);  // [64, 6, 256, 64]: 33 fit, 12 sections of 32
-  EXPECT_EQ(wave_section_heads(4, 132, 5), 5);
-  EXPECT_EQ(wave_section_heads(300, 132, 12), 1);  // one head has more blocks than SMs
+  EXPECT_EQ(backward_section_heads(16, 132, 192), 8);  // [16, 12, 1024, 64]: 16 key tiles a head
+  EXPECT_EQ(backward_section_heads(32, 132, 96), 4);   // [8, 12, 2048, 64]
+  EXPECT_EQ(backward_section_heads(32, 132, 64), 4);   // [4, 16, 4096, 128]: 128 rows a block
+  EXPECT_EQ(backward_section_heads(4, 132, 384), 32);  // [64, 6, 256, 64]: 12 sections of 32
+  EXPECT_EQ(backward_section_heads(4, 132, 5), 5);
+  EXPECT_EQ(backward_section_heads(300, 132, 12), 1);  // one head has more blocks than SMs
 }
 
 // Finite differences of the same fixed mask (a pure function of the key): T of 5, 7 and 13 (not

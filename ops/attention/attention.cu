@@ -46,7 +46,8 @@
 //              without dropout (the same bits as the mma.sync passes): grids (B·H, T/64·G K or
 //              Q tiles), G = 1 warpgroup a block at d = 64 (Q tiles of 128 rows for dK/dV),
 //              2 at d = 128; block b takes the b-th (head, tile) of the forward's order, in
-//              sections of the heads whose blocks number at most the SMs (wave_section_heads).
+//              sections of the heads whose blocks number at most the SMs
+//              (backward_section_heads).
 // CUDA-core path (f32; bf16 and f16 at other d ≤ 256): one warp per row (forward, dQ) or per key
 // (dK, dV), lane ℓ scoring key (or query) j0 + ℓ of each group of 32, fp32 throughout.
 // Dropout on P (attention.h): each kernel that supports it (all but D's and the Hopper backward
@@ -1182,7 +1183,7 @@ __global__ void __launch_bounds__(256, 1)
 //   dQ     grid (B·H, T/64·G Q tiles), the last first in each section of heads; K/V tiles of 64
 //          keys (G = 1 at d = 64: 122 registers; G = 2 at d = 128).
 // Both take their blocks in the forward's order (wgmma_layout.h's work_item), in sections of
-// the heads whose blocks number at most the SMs (wave_section_heads).
+// the heads whose blocks number at most the SMs (backward_section_heads).
 template <int D>
 constexpr int wg_dkdv_rows() { return D == 64 ? 128 : 64; }
 template <int D>
@@ -2134,8 +2135,8 @@ void attention_backward(const void* q, const void* k, const void* v, const Heads
                   // The kernels count blocks in int (wgmma_layout's work_item).
                   MT_CHECK(int64_t(grid.x) * grid.y <= INT32_MAX, "attention_backward: ",
                            int64_t(grid.x) * grid.y, " blocks are more than the Hopper passes count");
-                  const int bsection =
-                      wgmma_layout::wave_section_heads(int(grid.y), sm_count(device), int(heads));
+                  const int bsection = wgmma_layout::backward_section_heads(
+                      int(grid.y), sm_count(device), int(heads));
                   dkdv<<<grid, 128 * G, kv_bytes, s>>>(
                       heads_map(qp, in, heads, T, d, BRw), heads_map(kp, in, heads, T, d, kRows),
                       heads_map(vp, in, heads, T, d, kRows), heads_map(gp, out, heads, T, d, BRw),

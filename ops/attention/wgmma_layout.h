@@ -97,7 +97,7 @@ MT_WGMMA_LAYOUT_HD constexpr int section_heads(int64_t kv_bytes, int64_t l2_byte
 // wave). On an H100, of the sizes tried, this tied with the best at GPT-2's shape (8 heads) and
 // at [4, 16, 4096, 128] (4), 1.6% below the best at T = 2048 (4) and 1.9% at [64, 6, 256, 64]
 // (32) (docs/perf.md).
-MT_WGMMA_LAYOUT_HD constexpr int wave_section_heads(int tiles, int sms, int heads) {
+MT_WGMMA_LAYOUT_HD constexpr int backward_section_heads(int tiles, int sms, int heads) {
   return balanced_section(heads, sms / tiles);
 }
 
