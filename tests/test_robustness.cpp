@@ -26,6 +26,7 @@
 #include <fstream>
 #include <random>
 #include <set>
+#include <sstream>
 #include <thread>
 #include <tuple>
 
@@ -600,12 +601,16 @@ TEST(RunFolder, PruningRemovesOnlyThisRunsCheckpoints) {
   EXPECT_EQ(owners(ckpt), (std::vector<std::string>{"2:new", "3:new", "20:old", "30:old"}));
 }
 
-// Resuming a finished run used to append a second test record and report no checkpoint.
+// Resuming a finished run used to append a second test record and report no checkpoint; then
+// its summary held losses of 0, which read as a perfect score.
 TEST(RunFolder, ResumingACompleteRunSaysSoAndWritesNothing) {
   TempDir dir;
   const std::string ckpt = dir / "ckpt";
   app::ConfigTrainer first(fault_config(dir), kCPU);
-  first.run();
+  const train::RunSummary ended = first.run();
+  ASSERT_TRUE(std::isfinite(ended.train_loss) && std::isfinite(ended.val_loss) &&
+              std::isfinite(ended.test_loss));
+  ASSERT_TRUE(ended.val_metrics.contains("accuracy") && ended.test_metrics.contains("accuracy"));
   const std::string metrics = read_text(ckpt + "/metrics.jsonl"), curve = read_text(ckpt + "/curve.svg");
   app::ConfigTrainer again(fault_config(dir), kCPU);
   again.resume(ckpt);
@@ -613,9 +618,39 @@ TEST(RunFolder, ResumingACompleteRunSaysSoAndWritesNothing) {
   const train::RunSummary s = again.run();
   EXPECT_EQ(s.steps, 24);
   EXPECT_EQ(s.checkpoint, ckpt + "/step-000024.safetensors");
+  // The summary the run ended with, read back from its records (JSON keeps a double's digits).
+  EXPECT_EQ(s.train_loss, ended.train_loss);
+  EXPECT_EQ(s.val_loss, ended.val_loss);
+  EXPECT_EQ(s.val_metrics, ended.val_metrics);
+  EXPECT_EQ(s.test_loss, ended.test_loss);
+  EXPECT_EQ(s.test_metrics, ended.test_metrics);
   EXPECT_TRUE(log.contains("the run is already complete: " + ckpt + "/step-000024.safetensors is at step 24"));
   EXPECT_EQ(read_text(ckpt + "/metrics.jsonl"), metrics);
   EXPECT_EQ(read_text(ckpt + "/curve.svg"), curve);
+  // Complete at an earlier checkpoint (the run made shorter), only the records up to it count:
+  // its last logged loss is step 20's, and the test set was measured at step 24, not there.
+  app::ConfigTrainer shorter(fault_config(dir, {"optim.steps=20"}), kCPU);
+  shorter.resume(ckpt + "/step-000020.safetensors");
+  const train::RunSummary at20 = shorter.run();
+  EXPECT_EQ(at20.steps, 20);
+  EXPECT_TRUE(std::isnan(at20.test_loss)) << at20.test_loss;
+  double logged = NAN;
+  std::istringstream lines(metrics);
+  for (std::string line; std::getline(lines, line);)
+    if (const auto j = nlohmann::json::parse(line); j["step"] == 20 && j.contains("loss"))
+      logged = j["loss"].get<double>();
+  EXPECT_EQ(at20.train_loss, logged);
+  EXPECT_NE(at20.train_loss, ended.train_loss);
+}
+
+// A run without validation has no validation loss: NaN, not a 0 that reads as a perfect score.
+TEST(RunFolder, ALossNoRunMeasuredIsNaN) {
+  TempDir dir;
+  app::ConfigTrainer t(fault_config(dir, {"data.val_fraction=0"}), kCPU);
+  const train::RunSummary s = t.run();
+  EXPECT_TRUE(std::isnan(s.val_loss)) << s.val_loss;
+  EXPECT_TRUE(s.val_metrics.empty());
+  EXPECT_TRUE(std::isfinite(s.train_loss) && std::isfinite(s.test_loss));
 }
 
 // Zero padding stops at six digits: sorted as text, step-1000000 came before step-999999, so

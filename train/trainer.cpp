@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string_view>
 
 #include <spdlog/spdlog.h>
@@ -73,6 +74,41 @@ constexpr std::string_view kScalerPrefix = "loss_scaler.";
 
 // The run's length (options.steps) in each checkpoint's metadata.
 constexpr const char* kRunStepsKey = "run_steps";
+
+// What run `run_id` ended at `last_step` with, as its records of steps up to that one in the
+// metrics file `path` say: the last logged loss, the last validation and the test set's, each
+// with its metrics ("val_accuracy" is the validation's "accuracy"). What no record says stays
+// NaN; a path that is not a regular file (a pipe, /dev/stdout) cannot be read back.
+RunSummary recorded_summary(const std::string& path, const std::string& run_id, int64_t last_step) {
+  RunSummary s;
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return s;
+  const auto metrics_of = [](const nlohmann::json& record, std::string_view prefix) {
+    Metrics m;
+    for (const auto& [key, v] : record.items())
+      if (key.starts_with(prefix) && key != std::string(prefix) + "loss" && v.is_number())
+        m[key.substr(prefix.size())] = v.get<double>();
+    return m;
+  };
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    const bool ours = j.is_object() && j.contains("run_id") && j["run_id"] == run_id;
+    if (!ours || !j.contains("step") || !j["step"].is_number_integer() ||
+        j["step"].get<int64_t>() > last_step)
+      continue;
+    if (j.contains("loss") && j["loss"].is_number()) s.train_loss = j["loss"].get<double>();
+    if (j.contains("val_loss") && j["val_loss"].is_number()) {
+      s.val_loss = j["val_loss"].get<double>();
+      s.val_metrics = metrics_of(j, "val_");
+    }
+    if (j.contains("test_loss") && j["test_loss"].is_number()) {
+      s.test_loss = j["test_loss"].get<double>();
+      s.test_metrics = metrics_of(j, "test_");
+    }
+  }
+  return s;
+}
 
 bool is_terminal() { return ::isatty(::fileno(stdout)) == 1; }
 
@@ -395,12 +431,13 @@ struct Trainer::RunState {
 RunSummary Trainer::run() {
   graph_.reset();  // a graph records this run's loss and norm tensors; a second run() makes its own
   if (resumed_ && step_ >= options_.steps) {
-    // Nothing to train, so nothing is written: no second test record, no rewritten curve.
+    // Nothing to train, so nothing is written: no second test record, no rewritten curve. The
+    // summary is the one the run ended with, read back from what it logged.
     if (lead())
       spdlog::info("the run is already complete: {} is at step {} and optim.steps is {} (raise "
                    "optim.steps to train on); nothing to do",
                    resumed_from_, step_, options_.steps);
-    RunSummary done;
+    RunSummary done = lead() ? recorded_summary(metrics_path(options_), run_id_, step_) : RunSummary{};
     done.steps = step_;
     done.checkpoint = resumed_from_;
     return done;

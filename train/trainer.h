@@ -39,6 +39,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -64,12 +65,15 @@ struct StepGraph;  // train/step_graph.h
 // "auto" is cuda:0 when a GPU is visible, else cpu.
 Device resolve_device(const std::string& spec);
 
+// What a run ended with. A loss no run measured (no test set, no validation) is NaN, never a
+// 0 that reads as a perfect score. Resuming a run that is already complete trains nothing and
+// returns the summary its metrics file recorded (on the rank that wrote it; NaN elsewhere).
 struct RunSummary {
   int64_t steps = 0;
-  double train_loss = 0;  // the last logged step's
-  double val_loss = 0;
+  double train_loss = std::numeric_limits<double>::quiet_NaN();  // the last logged step's
+  double val_loss = std::numeric_limits<double>::quiet_NaN();
   Metrics val_metrics;  // the task's, e.g. {"accuracy": 0.97}
-  double test_loss = 0;  // when there is a test set
+  double test_loss = std::numeric_limits<double>::quiet_NaN();  // when there is a test set
   Metrics test_metrics;
   std::string checkpoint;  // the last one written
 };
