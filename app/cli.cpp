@@ -91,7 +91,7 @@ struct UsageError : mt::Error {
 
 // On a terminal the live progress line may still hold the cursor: an error starts on a line of
 // its own there. Into a file or a pipe there is no such line, so no blank line either.
-const char* fresh_line() { return ::isatty(2) ? "\n" : ""; }
+const char* fresh_line() { return mt::app::errors_share_the_terminal() ? "\n" : ""; }
 
 // --device is checked here, so that its error names --device rather than the --set it becomes.
 void check_device_flag(const std::string& d) {
@@ -182,6 +182,8 @@ int inference_command(int argc, char** argv) {
 }
 
 }  // namespace
+
+bool mt::app::errors_share_the_terminal() { return ::isatty(1) == 1 && ::isatty(2) == 1; }
 
 int mt::app::run_cli(int argc, char** argv, const std::string& version) {
   std::string config_path, device, resume;

@@ -28,4 +28,9 @@ namespace mt::app {
 // processes of /proc/self/exe, which must then be the `train` program itself.
 int run_cli(int argc, char** argv, const std::string& version = "minitrain " MT_VERSION "\n");
 
+// Whether stdout and stderr are both terminals. Then a runtime error's message starts with a
+// newline, which ends the line stdout may have left open there (the live progress line, text
+// being sampled); anywhere else the message is a line of its own already.
+bool errors_share_the_terminal();
+
 }  // namespace mt::app

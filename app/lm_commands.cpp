@@ -12,6 +12,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "app/cli.h"
 #include "app/inference.h"
 #include "data/data.h"
 #include "data/token_shards.h"
@@ -225,7 +226,9 @@ int sample_command(const std::vector<std::string>& args) {
   try {
     train::sample(*model, ids, vocab, c.block_size, so, device);
   } catch (const Error&) {  // non-finite logits (exit 3), a device error: after what was drawn
-    if (started) write("\n");
+    // The text so far stays, ended by one newline: where the error shares the terminal, its
+    // message's own (run_cli's) ends it.
+    if (started && !errors_share_the_terminal()) write("\n");
     throw;
   }
   if (!started) write(prompt);  // --tokens 0

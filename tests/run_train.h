@@ -1,6 +1,8 @@
 #pragma once
 // Runs the `train` program this build made, as a user would from a shell.
+#include <pty.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <string>
@@ -33,6 +35,27 @@ inline int run_train(const std::string& args, std::string* out = nullptr, bool w
 inline int run_train_within(int limit_s, const std::string& args, std::string* out = nullptr) {
   return run_shell("timeout -k 5 " + std::to_string(limit_s) + " " + std::string(MT_BINARY_DIR) +
                    "/train " + args + " 2>&1", out);
+}
+
+// Runs `train ARGS` on a pseudo-terminal, stdout and stderr both, as from an interactive shell
+// (the live line is drawn there), and returns what it wrote: newlines arrive as "\r\n". A per-call
+// limit (coreutils' timeout, far beyond the seconds it takes) bounds a hang.
+inline std::string run_on_terminal(const std::string& args) {
+  int terminal = -1;
+  const pid_t pid = ::forkpty(&terminal, nullptr, nullptr, nullptr);
+  if (pid == 0) {
+    const std::string cmd = "exec timeout -k 5 120 " + std::string(MT_BINARY_DIR) + "/train " + args;
+    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  std::string out;
+  if (pid < 0) return out;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(terminal, buf, sizeof buf)) > 0;) out.append(buf, size_t(n));  // EIO: it ended
+  ::close(terminal);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return out;
 }
 
 }  // namespace mt::test

@@ -4,10 +4,6 @@
 // data.test_fraction, the label column's hint, and the live line on a terminal.
 #include <gtest/gtest.h>
 
-#include <pty.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -479,26 +475,6 @@ TEST(Cli, AWrongLabelColumnGetsAHint) {
 
 namespace {
 
-// Runs `train ARGS` on a pseudo-terminal, so that it draws its live line, and returns what it
-// wrote there. A per-call limit (coreutils' timeout, far beyond the seconds it takes) bounds a hang.
-std::string run_on_terminal(const std::string& args) {
-  int terminal = -1;
-  const pid_t pid = ::forkpty(&terminal, nullptr, nullptr, nullptr);
-  if (pid == 0) {
-    const std::string cmd = "exec timeout -k 5 120 " + std::string(MT_BINARY_DIR) + "/train " + args;
-    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  std::string out;
-  if (pid < 0) return out;
-  char buf[4096];
-  for (ssize_t n; (n = ::read(terminal, buf, sizeof buf)) > 0;) out.append(buf, size_t(n));  // EIO: it ended
-  ::close(terminal);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return out;
-}
-
 // The number after `prefix` in `text`'s last occurrence of it, as printed ("" when absent).
 std::string value_after(const std::string& text, const std::string& prefix) {
   const size_t at = text.rfind(prefix);
@@ -514,7 +490,7 @@ std::string value_after(const std::string& text, const std::string& prefix) {
 // line of a window of one step, the loss that line prints: never the previous line's value.
 TEST(Cli, TheLiveLineShowsTheLatestLoss) {
   TempDir dir;
-  const std::string out = run_on_terminal(
+  const std::string out = test::run_on_terminal(
       "--config " + kMlp + " --device cpu --set data.samples=2000 --set optim.steps=4 "
       "--set logging.every=1 --set checkpoint.dir=" + (dir / "ck"));
   const std::string last_logged = value_after(out, "step 4/4 | loss ");

@@ -176,6 +176,33 @@ TEST(SampleCli, LogitsThatOverflowExitWithCode3) {
   EXPECT_EQ(stdout_only, "") << "printed before the first token was drawn";
 }
 
+// Logits that turn non-finite after a token was drawn: every embedding 3e38, so positions 0 and
+// 1 (the prompt) hold rows of 3e38 that LayerNorm takes to its bias, 0, and logits of 0 (a
+// uniform draw), while position 2's embedding adds another 3e38 and overflows. The text drawn so
+// far stays, ended by exactly one newline: in a file, and on a terminal that shows the error
+// too, where the error's own newline is that one (there was a blank line before the message).
+TEST(SampleCli, AnErrorMidSampleEndsTheTextWithOneNewline) {
+  test::TempDir t;
+  const std::string path =
+      save_tiny_gpt(t.path, 256, "{kind: text, tokenizer: bytes}", "late", [](nn::GPT& m) {
+        for (const auto& [name, p] : m.named_parameters()) {
+          if (name == "transformer.wte.weight") p.detach().fill_(3e38);
+          if (name == "transformer.wpe.weight") p.detach().narrow(0, 2, 6).fill_(3e38);
+        }
+      });
+  const std::string args = "sample --checkpoint " + path + " --prompt ab --tokens 3 --seed 1";
+  const std::string error = "train: sample: the logits at token 1 after the prompt are not finite";
+  expect_fails(args, 3, error);
+  std::string text;
+  EXPECT_EQ(test::run_train(args, &text, false), 3);
+  ASSERT_EQ(text.size(), 4u) << "the prompt, the one token drawn, a newline: " << text;
+  const char drawn = text[2];
+  ASSERT_TRUE(drawn != '\n' && drawn != '\r') << "a drawn newline would hide the count below";
+  EXPECT_EQ(text, std::string("ab") + drawn + "\n");
+  const std::string screen = test::run_on_terminal(args);
+  EXPECT_NE(screen.find(std::string("ab") + drawn + "\r\n" + error), std::string::npos) << screen;
+}
+
 TEST(TokenizeCli, WritesAShardTheReaderTakesAndRefusesBadInput) {
   test::TempDir t;
   const std::filesystem::path text = t.path / "a.txt", shard = t.path / "a.bin";
