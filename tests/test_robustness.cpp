@@ -309,6 +309,48 @@ TEST(BadData, AValidationSplitOfNoSamplesIsAConfigError) {
   EXPECT_NO_THROW(app::ConfigTrainer t(fault_config(dir, sets), kCPU));
 }
 
+// MNIST files of no images used to be refused by the validation split ("holds out none of the 0
+// mnist samples (use 0 for no validation)"), which pointed at the wrong setting; an empty test set
+// was taken for none. Both are data errors naming the set and its folder.
+TEST(BadData, AnEmptyDataSetIsADataErrorNamingIt) {
+  TempDir dir;
+  // MNIST's four files in `folder`, each set of `n` 2×2 images.
+  const auto write_mnist = [&](const std::string& folder, uint32_t n) {
+    fs::create_directories(dir / folder);
+    const auto be32 = [](std::string& b, uint32_t v) {
+      for (int shift = 24; shift >= 0; shift -= 8) b.push_back(char(v >> shift));
+    };
+    for (const char* prefix : {"train", "t10k"}) {
+      std::string images, labels;
+      for (uint32_t v : {0x803u, n, 2u, 2u}) be32(images, v);
+      images.append(4 * n, char(7));
+      for (uint32_t v : {0x801u, n}) be32(labels, v);
+      for (uint32_t i = 0; i < n; ++i) labels.push_back(char(i % 2));
+      std::ofstream(dir / (folder + "/" + prefix + "-images-idx3-ubyte")) << images;
+      std::ofstream(dir / (folder + "/" + prefix + "-labels-idx1-ubyte")) << labels;
+    }
+  };
+  write_mnist("empty", 0);
+  write_mnist("eight", 8);
+  const auto mnist = [&](const std::string& train, const std::string& test) {
+    return fault_config(dir, {"data.kind=mnist", "data.path=" + (dir / train),
+                              "data.test_path=" + (dir / test), "model.input=4",
+                              "model.classes=2", "optim.batch_size=2", "optim.microbatches=1",
+                              "data.val_fraction=0.25"});
+  };
+  for (const auto& [train, test, set] : {std::tuple("empty", "eight", "training"),
+                                         std::tuple("eight", "empty", "test")}) {
+    try {
+      app::ConfigTrainer t(mnist(train, test), kCPU);
+      ADD_FAILURE() << "expected a DataError for the empty " << set << " set";
+    } catch (const data::DataError& e) {
+      EXPECT_CONTAINS(e.what(), std::string("the mnist ") + set + " set (" + (dir / "empty") +
+                                    ") has no samples");
+    }
+  }
+  EXPECT_NO_THROW(app::ConfigTrainer t(mnist("eight", "eight"), kCPU));
+}
+
 // ---- crash safety -------------------------------------------------------------------------
 
 // What a kill inside a save leaves (a temp file, an optimizer file whose model file never got
