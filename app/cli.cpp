@@ -89,8 +89,8 @@ struct UsageError : mt::Error {
   using mt::Error::Error;
 };
 
-// On a terminal the live progress line may still hold the cursor: an error starts on a line of
-// its own there. Into a file or a pipe there is no such line, so no blank line either.
+// Where stdout and stderr share a terminal, the live progress line may still hold the cursor:
+// an error starts on a line of its own there. Elsewhere there is no such line, so no blank line.
 const char* fresh_line() { return mt::app::errors_share_the_terminal() ? "\n" : ""; }
 
 // --device is checked here, so that its error names --device rather than the --set it becomes.

@@ -28,9 +28,10 @@ namespace mt::app {
 // processes of /proc/self/exe, which must then be the `train` program itself.
 int run_cli(int argc, char** argv, const std::string& version = "minitrain " MT_VERSION "\n");
 
-// Whether stdout and stderr are both terminals. Then a runtime error's message starts with a
-// newline, which ends the line stdout may have left open there (the live progress line, text
-// being sampled); anywhere else the message is a line of its own already.
+// Whether stdout and stderr are both terminals (taken to be one). Then the message of an error
+// found while running (exit 1, 3 or 4) starts with a newline, which ends the line stdout may
+// have left open there (the live progress line, text being sampled); anywhere else the message
+// is a line of its own already.
 bool errors_share_the_terminal();
 
 }  // namespace mt::app

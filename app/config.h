@@ -193,7 +193,8 @@ namespace mt::data {
 // or data.test_fraction).
 // Whatever a loader applies (MNIST's normalization, say) is applied the same for every caller:
 // training, `train eval` and `train predict` see the same features. A file that cannot be read
-// or parsed is a DataError. data.header "auto" is decided for each file on its own.
+// or parsed, or that holds no samples, is a DataError. data.header "auto" is decided for each
+// file on its own.
 Dataset load_dataset(const DataConfig& d, const ModelConfig& m, bool test);
 // With data.test_fraction, the test set is a seeded draw (data.seed) of that share of data.path's
 // rows, kept in file order, and the training set is the other rows.

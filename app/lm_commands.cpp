@@ -225,7 +225,7 @@ int sample_command(const std::vector<std::string>& args) {
   }
   try {
     train::sample(*model, ids, vocab, c.block_size, so, device);
-  } catch (const Error&) {  // non-finite logits (exit 3), a device error: after what was drawn
+  } catch (...) {  // non-finite logits (exit 3), a device error, memory: after what was drawn
     // The text so far stays, ended by one newline: where the error shares the terminal, its
     // message's own (run_cli's) ends it.
     if (started && !errors_share_the_terminal()) write("\n");

@@ -33,12 +33,11 @@ std::string shape_text(const Dataset& set) {
 ArraySource::ArraySource(Dataset train, Dataset test, ArrayOptions options)
     : train_(std::move(train)), test_(std::move(test)), options_(options) {
   for (const Dataset* set : {&train_, &test_}) check_finite(*set);
-  // An empty file is the data's fault, not the split's: without this, val_fraction's check below
-  // would name the split and suggest turning validation off. (No test set at all has no file.)
-  if (train_.size == 0 || (test_.size == 0 && !test_.file.empty()))
-    throw DataError(detail::concat("the ", train_.name, train_.size == 0 ? " training" : " test",
-                                   " set (", origin(train_.size == 0 ? train_ : test_),
-                                   ") has no samples"));
+  // No samples is the data's fault, not the split's: without this, val_fraction's check below
+  // would name the split and suggest turning validation off. (A test set may be empty: none.)
+  if (train_.size == 0)
+    throw DataError(detail::concat("the training set", train_.name.empty() ? "" : " " + train_.name,
+                                   " has no samples"));
   // The model reads a test sample as it learned a training one: 14×56 images are not 28×28 ones,
   // though both are 784 features.
   if (test_.size > 0 && (test_.dim != train_.dim || test_.sample_shape != train_.sample_shape))

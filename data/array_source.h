@@ -25,9 +25,9 @@ struct ArrayOptions {
 
 class ArraySource : public Source {
  public:
-  // `test` of size 0: no test set. NaN or inf in a feature is a DataError; a val_fraction that
-  // holds out no sample, or a training split smaller than one batch, a ConfigError naming the
-  // key (data.val_fraction, optim.batch_size).
+  // `test` of size 0: no test set. A `train` of no samples, or NaN or inf in a feature, is a
+  // DataError; a val_fraction that holds out no sample, or a training split smaller than one
+  // batch, a ConfigError naming the key (data.val_fraction, optim.batch_size).
   ArraySource(Dataset train, Dataset test, ArrayOptions options);
   ~ArraySource() override;
 

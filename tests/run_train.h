@@ -44,14 +44,16 @@ inline std::string run_on_terminal(const std::string& args) {
   int terminal = -1;
   const pid_t pid = ::forkpty(&terminal, nullptr, nullptr, nullptr);
   if (pid == 0) {
-    const std::string cmd = "exec timeout -k 5 120 " + std::string(MT_BINARY_DIR) + "/train " + args;
+    const std::string cmd =
+        "exec timeout -k 5 120 " + std::string(MT_BINARY_DIR) + "/train " + args;
     ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
     ::_exit(127);
   }
   std::string out;
   if (pid < 0) return out;
   char buf[4096];
-  for (ssize_t n; (n = ::read(terminal, buf, sizeof buf)) > 0;) out.append(buf, size_t(n));  // EIO: it ended
+  // Read until EIO: the program has ended and closed the terminal.
+  for (ssize_t n; (n = ::read(terminal, buf, sizeof buf)) > 0;) out.append(buf, size_t(n));
   ::close(terminal);
   int status = 0;
   ::waitpid(pid, &status, 0);

@@ -244,7 +244,8 @@ TEST(Inference, NonFiniteOutputsAndWeightsAreErrors) {
   const auto edited = [&](const std::string& folder, const std::string& name,
                           const std::function<void(Tensor&)>& edit) {
     train::Checkpoint c = train::load_checkpoint(ckpt);
-    const auto it = std::find_if(c.model.begin(), c.model.end(), [&](auto& p) { return p.first == name; });
+    const auto it =
+        std::find_if(c.model.begin(), c.model.end(), [&](auto& p) { return p.first == name; });
     EXPECT_NE(it, c.model.end()) << name;
     if (it != c.model.end()) edit(it->second);
     std::map<std::string, std::string> meta;
@@ -253,8 +254,9 @@ TEST(Inference, NonFiniteOutputsAndWeightsAreErrors) {
     return train::save_checkpoint(dir / folder, c.run_id, c.step, c.model, c.optimizer, meta, 1);
   };
   // Every first-layer weight 1: a row of 3e38s sums past the largest float in any order, so its
-  // logits are non-finite whatever kernel the BLAS picks. With the trained weights the sum stayed
-  // finite or not by the BLAS's order of summation: a CPU with AVX-512 evaluated it.
+  // logits are non-finite whatever kernel the BLAS picks. With the trained weights, whether the
+  // sum overflowed hung on the BLAS's order: on an AVX-512 CPU it stayed finite, and eval of the
+  // one row gave a loss.
   const std::string ones = edited("ones", "layers.0.weight", [](Tensor& w) {
     std::fill_n(w.data<float>(), w.numel(), 1.0f);
   });
@@ -271,21 +273,24 @@ TEST(Inference, NonFiniteOutputsAndWeightsAreErrors) {
   const std::string test_csv = dir / "test.csv";
   std::ofstream(test_csv) << "3e38,3e38,3e38,3e38,3e38,3e38,3e38,3e38,1\n";
   try {
-    app::evaluate_checkpoint(ones, {"data.kind=csv", "data.path=" + test_csv, "data.test_path=" + test_csv,
-                                    "data.standardize=false"}, "test");
+    app::evaluate_checkpoint(ones, {"data.kind=csv", "data.path=" + test_csv,
+                                    "data.test_path=" + test_csv, "data.standardize=false"},
+                             "test");
     ADD_FAILURE() << "evaluated";
   } catch (const train::NonFiniteError& e) {
     EXPECT_NE(std::string(e.what()).find("test: the loss is"), std::string::npos) << e.what();
   }
   // A NaN weight.
-  const std::string bad = edited("nan", "layers.0.weight", [](Tensor& w) { w.data<float>()[3] = NAN; });
+  const std::string bad =
+      edited("nan", "layers.0.weight", [](Tensor& w) { w.data<float>()[3] = NAN; });
   for (auto run : {std::function<void()>([&] { app::evaluate_checkpoint(bad, {}, "test"); }),
                    std::function<void()>([&] { app::predict_csv(bad, in, out); })}) {
     try {
       run();
       ADD_FAILURE() << "used the NaN weight";
     } catch (const app::InferenceError& e) {
-      EXPECT_NE(std::string(e.what()).find("parameter 'layers.0.weight' holds nan"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("parameter 'layers.0.weight' holds nan"),
+                std::string::npos) << e.what();
     }
   }
 }

@@ -34,10 +34,12 @@
 
 #include "app/config.h"
 #include "app/config_trainer.h"
+#include "app/inference.h"
 #include "app/memory.h"
 #include "core/atomic_file.h"
 #include "core/device.h"
 #include "core/safetensors.h"
+#include "data/array_source.h"
 #include "data/data.h"
 #include "tests/bit_flip.h"
 #include "tests/expect_error.h"
@@ -349,6 +351,41 @@ TEST(BadData, AnEmptyDataSetIsADataErrorNamingIt) {
     }
   }
   EXPECT_NO_THROW(app::ConfigTrainer t(mnist("eight", "eight"), kCPU));
+  // train eval on an empty test folder reported `loss 0 (0 samples)` and exited 0.
+  const std::string ckpt = app::ConfigTrainer(mnist("eight", "eight"), kCPU).run().checkpoint;
+  try {
+    app::evaluate_checkpoint(ckpt, {"data.test_path=" + (dir / "empty")}, "test");
+    ADD_FAILURE() << "evaluated an empty test set";
+  } catch (const data::DataError& e) {
+    EXPECT_CONTAINS(e.what(), "the mnist test set (" + (dir / "empty") + ") has no samples");
+  }
+  // With data.test_fraction the file is named before the split: then a split that takes every
+  // sample is the split's fault.
+  const auto fraction = [&](const std::string& train, const std::string& share) {
+    return fault_config(dir, {"data.kind=mnist", "data.path=" + (dir / train),
+                              "data.test_fraction=" + share, "model.input=4", "model.classes=2",
+                              "optim.batch_size=2", "optim.microbatches=1"});
+  };
+  try {
+    app::ConfigTrainer t(fraction("empty", "0.5"), kCPU);
+    ADD_FAILURE() << "trained on an empty file";
+  } catch (const data::DataError& e) {
+    EXPECT_CONTAINS(e.what(), "the mnist data (" + (dir / "empty") + ") has no samples");
+  }
+  test::expect_error([&] { app::ConfigTrainer t(fraction("eight", "0.99"), kCPU); },
+                     {"data.test_fraction: 0.99 holds out all of the 8 samples of " + (dir / "eight"),
+                      "leaving none to train on"});
+  // Arrays handed to the source directly: the training set is named too.
+  data::Dataset none;
+  none.name = "mine";
+  none.dim = 4;
+  none.classes = 2;
+  try {
+    data::ArraySource source(none, {}, {.batch_size = 2, .microbatches = 1});
+    ADD_FAILURE() << "a source of no samples";
+  } catch (const data::DataError& e) {
+    EXPECT_CONTAINS(e.what(), "the training set mine has no samples");
+  }
 }
 
 // ---- crash safety -------------------------------------------------------------------------
@@ -676,13 +713,42 @@ TEST(RunFolder, ResumingACompleteRunSaysSoAndWritesNothing) {
   const train::RunSummary at20 = shorter.run();
   EXPECT_EQ(at20.steps, 20);
   EXPECT_TRUE(std::isnan(at20.test_loss)) << at20.test_loss;
+  EXPECT_TRUE(std::isnan(at20.val_loss)) << "the one validation was at step 24";
   double logged = NAN;
   std::istringstream lines(metrics);
   for (std::string line; std::getline(lines, line);)
-    if (const auto j = nlohmann::json::parse(line); j["step"] == 20 && j.contains("loss"))
+    if (const auto j = nlohmann::json::parse(line); j.value("step", -1) == 20 && j.contains("loss"))
       logged = j["loss"].get<double>();
   EXPECT_EQ(at20.train_loss, logged);
   EXPECT_NE(at20.train_loss, ended.train_loss);
+}
+
+// The test set is measured once, after a run's last save. A run of 20 steps, resumed to 24 and
+// killed in its test evaluation (its step-24 test record missing), is complete at step 24 with
+// no test loss: step 20's belongs to another model.
+TEST(RunFolder, AResumedCompleteRunTakesNoEarlierEndsTestLoss) {
+  TempDir dir;
+  const std::string ckpt = dir / "ckpt";
+  const train::RunSummary at20 =
+      app::ConfigTrainer(fault_config(dir, {"optim.steps=20"}), kCPU).run();
+  ASSERT_TRUE(std::isfinite(at20.test_loss));
+  app::ConfigTrainer longer(fault_config(dir), kCPU);
+  longer.resume(ckpt);
+  ASSERT_TRUE(std::isfinite(longer.run().test_loss));
+  std::string kept;  // the metrics without the step-24 test record
+  std::istringstream lines(read_text(ckpt + "/metrics.jsonl"));
+  for (std::string line; std::getline(lines, line);)
+    if (const auto j = nlohmann::json::parse(line);
+        !(j.contains("test_loss") && j.value("step", -1) == 24))
+      kept += line + "\n";
+  std::ofstream(ckpt + "/metrics.jsonl", std::ios::trunc) << kept;
+  app::ConfigTrainer again(fault_config(dir), kCPU);
+  again.resume(ckpt);
+  const train::RunSummary s = again.run();
+  EXPECT_EQ(s.steps, 24);
+  EXPECT_TRUE(std::isnan(s.test_loss)) << s.test_loss << ", step 20's " << at20.test_loss;
+  EXPECT_TRUE(s.test_metrics.empty());
+  EXPECT_TRUE(std::isfinite(s.train_loss) && std::isfinite(s.val_loss));
 }
 
 // A run without validation has no validation loss: NaN, not a 0 that reads as a perfect score.

@@ -75,11 +75,13 @@ constexpr std::string_view kScalerPrefix = "loss_scaler.";
 // The run's length (options.steps) in each checkpoint's metadata.
 constexpr const char* kRunStepsKey = "run_steps";
 
-// What run `run_id` ended at `last_step` with, as its records of steps up to that one in the
-// metrics file `path` say: the last logged loss, the last validation and the test set's, each
-// with its metrics ("val_accuracy" is the validation's "accuracy"). What no record says stays
-// NaN; a path that is not a regular file (a pipe, /dev/stdout) cannot be read back.
-RunSummary recorded_summary(const std::string& path, const std::string& run_id, int64_t last_step) {
+// What run `run_id` ended at `last_step` with, as its records in the metrics file `path` say:
+// the last logged loss and the last validation of steps up to that one, and the test set's of
+// that step alone (a run measures it once, after its last save: a record of an earlier end is
+// another model's), each with its metrics ("val_accuracy" is the validation's "accuracy"). What
+// no record says stays NaN; so does everything when `path` is not a regular file (a pipe).
+RunSummary recorded_summary(const std::string& path, const std::string& run_id,
+                            int64_t last_step) {
   RunSummary s;
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) return s;
@@ -102,7 +104,7 @@ RunSummary recorded_summary(const std::string& path, const std::string& run_id, 
       s.val_loss = j["val_loss"].get<double>();
       s.val_metrics = metrics_of(j, "val_");
     }
-    if (j.contains("test_loss") && j["test_loss"].is_number()) {
+    if (j.contains("test_loss") && j["test_loss"].is_number() && j["step"] == last_step) {
       s.test_loss = j["test_loss"].get<double>();
       s.test_metrics = metrics_of(j, "test_");
     }
@@ -437,7 +439,8 @@ RunSummary Trainer::run() {
       spdlog::info("the run is already complete: {} is at step {} and optim.steps is {} (raise "
                    "optim.steps to train on); nothing to do",
                    resumed_from_, step_, options_.steps);
-    RunSummary done = lead() ? recorded_summary(metrics_path(options_), run_id_, step_) : RunSummary{};
+    RunSummary done =
+        lead() ? recorded_summary(metrics_path(options_), run_id_, step_) : RunSummary{};
     done.steps = step_;
     done.checkpoint = resumed_from_;
     return done;
