@@ -7,7 +7,8 @@
 //   step s, rank r of N:   starts = step_window_starts(training windows, B, seed, s)
 //                          rank r takes its contiguous shard of the B starts (sizes differ by
 //                          at most one), split into `microbatches` parts
-//   validation:            `eval_windows` starts spread evenly over the held-out tail
+//   validation:            `eval_windows` starts spread evenly over the held-out tail, or
+//                          with 0 the windows that tile it (each token a target once)
 //
 // So batches are a pure function of (seed, step), N ranks together see what one rank sees, and a
 // resumed run sees what an uninterrupted one would.
@@ -26,7 +27,7 @@ struct TokenSourceOptions {
   int64_t batch_size = 32;     // windows per optimizer step, over all ranks
   int64_t microbatches = 1;    // per rank
   double val_fraction = 0.1;   // the held-out tail of the stream
-  int64_t eval_windows = 256;  // validation windows (0: every window of the held-out part)
+  int64_t eval_windows = 256;  // validation windows (0: the held-out part tiled, T apart)
   uint64_t seed = 1;
 };
 

@@ -89,6 +89,12 @@ std::vector<int64_t> TokenWindows::evenly_spaced(int64_t count) const {
   return starts;
 }
 
+std::vector<int64_t> TokenWindows::tiling() const {
+  std::vector<int64_t> starts;
+  for (int64_t s = 0; s < windows(); s += T_) starts.push_back(s);
+  return starts;
+}
+
 std::vector<int64_t> step_window_starts(int64_t windows, int64_t batch, uint64_t seed,
                                         int64_t step) {
   MT_CHECK(windows >= 1 && batch >= 1, "step_window_starts: ", windows, " windows, batch ", batch);

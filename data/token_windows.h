@@ -59,6 +59,9 @@ class TokenWindows {
   std::pair<Tensor, Tensor> gather(const std::vector<int64_t>& starts, Device device) const;
   // `count` starts spread evenly over the windows (all of them when there are fewer).
   std::vector<int64_t> evenly_spaced(int64_t count) const;
+  // The windows that tile the split, 0, T, 2T, ...: each token a target once, as llm.c reads its
+  // validation split (a tail of fewer than T targets fills no window and is left out).
+  std::vector<int64_t> tiling() const;
 
  private:
   const TokenStream& stream_;

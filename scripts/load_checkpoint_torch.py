@@ -11,7 +11,8 @@ file's metadata holds the run's config, which gives the model's shape and the da
 text with tokenizer bytes (data.path read as bytes) or data.kind tokens (an llm.c shard);
 --data replaces data.path (a relative one is relative to this process's working directory, as
 for `train`). The validation windows are minitrain's (data/token_windows.h): eval_windows windows
-of T + 1 tokens spread evenly over the last round(val_fraction · n) tokens.
+of T + 1 tokens spread evenly over the last round(val_fraction · n) tokens, or with 0 the windows
+that tile them, T apart.
 
 The checkpoint's tensors carry nanoGPT's names (docs/gpt.md has the table), so they load into the
 nn.Module with load_state_dict, after adding nanoGPT's second name of the tied table,
@@ -29,7 +30,7 @@ import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpt_reference import read_safetensors  # noqa: E402
-from shakespeare_reference import GPT, split_begin, validation_loss  # noqa: E402
+from shakespeare_reference import GPT, split_begin, validation_loss, validation_starts  # noqa: E402
 
 
 def model_file(path):
@@ -83,7 +84,7 @@ def main():
     T = data.get("block_size", 0) or m["block_size"]
     count = data.get("eval_windows", 256)
     begin = split_begin(len(tokens), data.get("val_fraction", 0.1))
-    windows = min(count, len(tokens) - begin - T) if count > 0 else len(tokens) - begin - T
+    windows = len(validation_starts(len(tokens) - begin - T, count, T))
     loss = validation_loss(model, tokens, begin, T, count, cfg.get("eval", {}).get("batch_size", 1024), device,
                            lambda: torch.autocast(device_type=device.type, enabled=False))
     print(f"val: loss {loss:.8f} ({windows} windows)")

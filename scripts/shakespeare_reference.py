@@ -141,8 +141,12 @@ def split_begin(n, val_fraction):
     return n - int(math.floor(val_fraction * n + 0.5))
 
 
-def evenly_spaced(windows, count):
-    if count == 0 or count >= windows:
+def validation_starts(windows, count, T):
+    """minitrain's validation windows (data/token_windows.h): `count` spread evenly, or with 0 the
+    windows that tile the split, T apart."""
+    if count == 0:
+        return list(range(0, windows, T))
+    if count >= windows:
         return list(range(windows))
     return [0] if count == 1 else [i * (windows - 1) // (count - 1) for i in range(count)]
 
@@ -155,12 +159,12 @@ def window_batch(tokens, starts, T):
 
 @torch.no_grad()
 def validation_loss(model, tokens, begin, T, count, batch, device, autocast):
-    """Mean next-token loss over `count` windows spread evenly over tokens[begin:]: minitrain's
-    validation (every window has T targets, so the mean of window means is the mean)."""
+    """Mean next-token loss over minitrain's validation windows of tokens[begin:] (every window
+    has T targets, so the mean of window means is the mean)."""
     was_training = model.training
     model.eval()
     val = tokens[begin:]
-    starts = evenly_spaced(len(val) - T, count)
+    starts = validation_starts(len(val) - T, count, T)
     total = 0.0
     for b in range(0, len(starts), batch):
         x, y = window_batch(val, starts[b:b + batch], T)

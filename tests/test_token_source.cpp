@@ -59,4 +59,24 @@ TEST(TokenSource, RanksTogetherSeeTheOneRankBatch) {
   test::expect_error([&] { three.shard(0, 3); }, {"batch_size 4", "3 ranks", "microbatches = 2"});
 }
 
+// eval_windows 0 is the held-out part tiled: windows T apart, each token a target once, as
+// llm.c reads its validation split. It was every window, one a token apart: T times the work
+// for the same targets (on a 100-million-token validation shard, 100 million windows).
+TEST(TokenSource, ZeroEvalWindowsTileTheHeldOutPart) {
+  // 500 tokens, the last 100 held out (tokens 400 .. 499): 92 windows of 8 + 1 tokens, of which
+  // those at 0, 8, ..., 88 tile it, 12 of them; the targets 497 .. 499 fill no window.
+  data::TokenSource source(counting(500), "bytes",
+                           {.block_size = 8, .batch_size = 4, .val_fraction = 0.2,
+                            .eval_windows = 0});
+  EXPECT_EQ(source.held_out_size(data::HeldOut::validation), 12);
+  std::vector<double> targets;
+  source.for_each_held_out(data::HeldOut::validation, 5, kCPU, [&](const data::Batch& b) {
+    const auto y = b.y.to_vector();
+    targets.insert(targets.end(), y.begin(), y.end());
+  });
+  std::vector<double> expected;
+  for (int t = 401; t <= 496; ++t) expected.push_back(t);
+  EXPECT_EQ(targets, expected);
+}
+
 }  // namespace

@@ -86,7 +86,9 @@ std::vector<ParamKey> token_keys(bool text) {
        .meaning = "tokens per window; 0 is model.block_size", .constraints = "0 … model.block_size",
        .check = [](const Params& p) { return p.integer("block_size") >= 0 ? "" : "must be >= 0"; }},
       {.name = "eval_windows", .type = ParamType::integer, .default_value = "256",
-       .meaning = "validation windows, spread over the held-out tail; 0 all", .constraints = "≥ 0",
+       .meaning = "validation windows, spread over the held-out tail; 0: the windows that tile "
+                  "it, T apart, so each held-out token is a target once (llm.c's validation)",
+       .constraints = "≥ 0",
        .check = [](const Params& p) { return p.integer("eval_windows") >= 0 ? "" : "must be >= 0"; }}};
   if (text) {
     keys.push_back({.name = "tokenizer", .type = ParamType::string, .default_value = "bytes",
