@@ -67,19 +67,21 @@ std::vector<Batch> TokenSource::step_batches(int64_t step, Device device) const 
   return out;
 }
 
+std::vector<int64_t> TokenSource::validation_starts() const {
+  if (!val_) return {};
+  return o_.eval_windows > 0 ? val_->evenly_spaced(o_.eval_windows) : val_->tiling();
+}
+
 int64_t TokenSource::held_out_size(HeldOut which) const {
-  if (which != HeldOut::validation || !val_) return 0;
-  return o_.eval_windows > 0 ? std::min(o_.eval_windows, val_->windows())
-                             : int64_t(val_->tiling().size());
+  return which == HeldOut::validation ? int64_t(validation_starts().size()) : 0;
 }
 
 void TokenSource::for_each_held_out(HeldOut which, int64_t batch_size, Device device,
                                     const std::function<void(const Batch&)>& visit) const {
   MT_CHECK(batch_size > 0, "TokenSource: batch_size must be positive, got ", batch_size);
-  const int64_t n = held_out_size(which);
-  if (n == 0) return;
-  const std::vector<int64_t> starts =
-      o_.eval_windows > 0 ? val_->evenly_spaced(n) : val_->tiling();
+  if (which != HeldOut::validation) return;
+  const std::vector<int64_t> starts = validation_starts();
+  const int64_t n = int64_t(starts.size());
   for (int64_t b = 0; b < n; b += batch_size) {
     const int64_t e = std::min(n, b + batch_size);
     auto [x, y] = val_->gather({starts.begin() + b, starts.begin() + e}, device);

@@ -65,6 +65,9 @@ class TokenSource : public Source {
   int64_t first_microbatch() const { return rank_ * o_.microbatches; }
 
  private:
+  // The validation windows' starts: eval_windows spread evenly, or with 0 the tiling.
+  std::vector<int64_t> validation_starts() const;
+
   TokenStream stream_;
   std::string tokenizer_;
   TokenSourceOptions o_;

@@ -17,6 +17,7 @@
 #include "data/csv.h"
 #include "data/data.h"
 #include "data/idx.h"
+#include "tests/idx_file.h"
 #include "tests/temp_dir.h"
 
 namespace fs = std::filesystem;
@@ -418,12 +419,8 @@ TEST(Safetensors, HeaderOverTheSizeLimitIsRejected) {
 // ---- IDX ----
 
 std::vector<uint8_t> idx_bytes(uint32_t magic, std::vector<uint32_t> dims, size_t data_bytes) {
-  std::vector<uint8_t> b;
-  auto be32 = [&](uint32_t v) {
-    for (int s = 24; s >= 0; s -= 8) b.push_back(uint8_t(v >> s));
-  };
-  be32(magic);
-  for (uint32_t d : dims) be32(d);
+  const std::string header = test::idx_header(magic, dims);
+  std::vector<uint8_t> b(header.begin(), header.end());
   for (size_t i = 0; i < data_bytes; ++i) b.push_back(uint8_t(i * 7 + 3));
   return b;
 }

@@ -43,6 +43,7 @@
 #include "data/data.h"
 #include "tests/bit_flip.h"
 #include "tests/expect_error.h"
+#include "tests/idx_file.h"
 #include "tests/log_capture.h"
 #include "tests/temp_dir.h"
 #include "train/checkpoint.h"
@@ -319,17 +320,13 @@ TEST(BadData, AnEmptyDataSetIsADataErrorNamingIt) {
   // MNIST's four files in `folder`, each set of `n` 2×2 images.
   const auto write_mnist = [&](const std::string& folder, uint32_t n) {
     fs::create_directories(dir / folder);
-    const auto be32 = [](std::string& b, uint32_t v) {
-      for (int shift = 24; shift >= 0; shift -= 8) b.push_back(char(v >> shift));
-    };
-    for (const char* prefix : {"train", "t10k"}) {
-      std::string images, labels;
-      for (uint32_t v : {0x803u, n, 2u, 2u}) be32(images, v);
-      images.append(4 * n, char(7));
-      for (uint32_t v : {0x801u, n}) be32(labels, v);
-      for (uint32_t i = 0; i < n; ++i) labels.push_back(char(i % 2));
-      std::ofstream(dir / (folder + "/" + prefix + "-images-idx3-ubyte")) << images;
-      std::ofstream(dir / (folder + "/" + prefix + "-labels-idx1-ubyte")) << labels;
+    std::string labels = test::idx_header(0x801, {n});
+    for (uint32_t i = 0; i < n; ++i) labels.push_back(char(i % 2));
+    for (const std::string prefix : {"train", "t10k"}) {
+      std::ofstream(dir / (folder + "/" + prefix + "-images-idx3-ubyte"), std::ios::binary)
+          << test::idx_header(0x803, {n, 2, 2}) << std::string(4 * n, char(7));
+      std::ofstream(dir / (folder + "/" + prefix + "-labels-idx1-ubyte"), std::ios::binary)
+          << labels;
     }
   };
   write_mnist("empty", 0);
@@ -1286,14 +1283,12 @@ TEST(BadData, LoadsAreEstimatedBeforeTheyAreRead) {
   // exit waited out `timeout 20`); the check itself is plain C++ and runs on every CPU machine.
   if (cuda_available()) GTEST_SKIP() << "under ulimit -v the CUDA driver's exit is not bounded";
   TempDir dir;
-  auto be32 = [](uint32_t v) {
-    return std::string{char(v >> 24), char(v >> 16 & 255), char(v >> 8 & 255), char(v & 255)};
-  };
   fs::create_directory(dir / "mnist");
   const uint32_t n = uint32_t(1) << 28;
-  std::ofstream(dir / "mnist/train-labels-idx1-ubyte", std::ios::binary) << be32(0x801) << be32(n) << std::string(16, '\0');
+  std::ofstream(dir / "mnist/train-labels-idx1-ubyte", std::ios::binary)
+      << test::idx_header(0x801, {n}) << std::string(16, '\0');
   std::ofstream(dir / "mnist/train-images-idx3-ubyte", std::ios::binary)
-      << be32(0x803) << be32(n) << be32(1) << be32(1) << std::string(16, '\0');
+      << test::idx_header(0x803, {n, 1, 1}) << std::string(16, '\0');
   {
     std::ofstream big(dir / "big.yaml");
     for (int i = 0; i < 1'000'000; ++i) big << 'k' << i << ": 1\n";
